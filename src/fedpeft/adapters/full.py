@@ -1,0 +1,48 @@
+"""Full fine-tuning baseline: every backbone weight is trainable and exchanged (FedAvg over all of them).
+
+The shared frozen module is never modified: the client trains its own copy of the weights and the
+forward pass runs through ``torch.func.functional_call`` with them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedpeft.adapters.base import ADAPTERS, Params
+from fedpeft.backbones.loading import Backbone
+from fedpeft.config import AdapterConfig
+
+PREFIX = "backbone."
+
+
+@ADAPTERS.register("full", "all backbone weights trained and exchanged (full fine-tuning baseline)")
+class FullFineTuning:
+    name = "full"
+
+    def __init__(self, cfg: AdapterConfig) -> None:
+        self.cfg = cfg
+        self._embed_key: str | None = None
+
+    def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
+        emb = backbone.input_embeddings().weight
+        params = {}
+        for name, p in backbone.model.named_parameters():
+            params[PREFIX + name] = p.detach().clone()
+            if p is emb:
+                self._embed_key = PREFIX + name
+        return params
+
+    def _embedding_key(self, backbone: Backbone) -> str:
+        if self._embed_key is None:
+            emb = backbone.input_embeddings().weight
+            self._embed_key = next(PREFIX + n for n, p in backbone.model.named_parameters() if p is emb)
+        return self._embed_key
+
+    def embed(self, backbone: Backbone, params: Params, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(input_ids, params[self._embedding_key(backbone)])
+
+    def extend(self, params, embeds, attention_mask, lead):
+        return embeds, attention_mask, lead, 0
+
+    def overrides(self, params: Params) -> Params | None:
+        return {k[len(PREFIX):]: v for k, v in params.items() if k.startswith(PREFIX)}

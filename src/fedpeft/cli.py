@@ -1,0 +1,114 @@
+"""Command line: ``fedpeft run | methods | tasks | models``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Federated fine-tuning of frozen language models with parameter-efficient methods.")
+console = Console()
+
+
+def _fail(msg: str) -> None:
+    Console(stderr=True).print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def run(
+    config: Annotated[Optional[Path], typer.Argument(help="experiment YAML (omit to use the defaults)")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="override a key, e.g. federation.rounds=2")] = [],
+    out: Annotated[Optional[Path], typer.Option(help="run directory (default runs/<name>)")] = None,
+    resume: Annotated[bool, typer.Option(help="continue from the last checkpoint in --out")] = False,
+    runtime: Annotated[Optional[str], typer.Option(help="shortcut for --set runtime.name=...")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress bars")] = False,
+) -> None:
+    """Run an experiment (or resume one) and print the per-round table."""
+    from fedpeft.config import ConfigError, load_config
+    from fedpeft.registry import UnknownNameError
+    from fedpeft.runtime.registry import RUNTIMES
+
+    overrides = list(set_) + ([f"runtime.name={runtime}"] if runtime else []) + (["runtime.progress=false"] if quiet else [])
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    name = cfg.name or f"{cfg.method.name}-{cfg.task.name}-{cfg.model.name}-s{cfg.seed}"
+    out_dir = out or Path("runs") / name
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        summary = RUNTIMES.get(cfg.runtime.name)(cfg, out_dir, resume=resume)
+    except (FileExistsError, UnknownNameError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    _print_table(out_dir, summary)
+
+
+def _print_table(out_dir: Path, summary: dict) -> None:
+    from fedpeft.tracking.rundir import RunDir
+
+    table = Table(title=f"{summary['method']} on {summary['task']} with {summary['model']}")
+    for col in ("round", "accuracy", "loss", "local acc (mean/min/max)", "bytes up", "bytes down", "seconds"):
+        table.add_column(col, justify="right")
+    for r in RunDir(out_dir).read_metrics():
+        local = ("-" if r["local_accuracy_mean"] is None else
+                 f"{r['local_accuracy_mean']:.3f}/{r['local_accuracy_min']:.3f}/{r['local_accuracy_max']:.3f}")
+        table.add_row(str(r["round"]), f"{r['accuracy']:.4f}", f"{r['loss']:.4f}", local,
+                      f"{r['bytes_up']:,}", f"{r['bytes_down']:,}", f"{r['wall_seconds']:.1f}")
+    console.print(table)
+    console.print(
+        f"final accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}); "
+        f"upload per client-round {summary['bytes_up_per_client_round']:,.0f} B = "
+        f"{summary['upload_ratio_vs_full']:.3e} x full fine-tuning ({summary['full_model_bytes_fp32']:,} B); "
+        f"trainable params {summary['trainable_params']:,}; {summary['wall_seconds']:.0f} s")
+    console.print(f"run directory: {out_dir}")
+
+
+def _list(title: str, rows: list[tuple[str, str]]) -> None:
+    table = Table(title=title)
+    table.add_column("name")
+    table.add_column("description")
+    for n, d in rows:
+        table.add_row(n, d)
+    console.print(table)
+
+
+@app.command()
+def methods() -> None:
+    """List method presets."""
+    from fedpeft.methods import PRESETS
+
+    _list("methods", [(e.name, e.obj.description) for e in PRESETS.entries()])
+
+
+@app.command()
+def tasks() -> None:
+    """List tasks (plus hf:<dataset> for users with a network)."""
+    from fedpeft.data import TASKS
+
+    _list("tasks", [(e.name, e.description) for e in TASKS.entries()]
+          + [("hf:<name>[:<config>]", "any Hugging Face dataset (needs a network)")])
+
+
+@app.command()
+def models() -> None:
+    """List built-in backbones (any Hugging Face id or local path also works)."""
+    from fedpeft.backbones import BACKBONES
+
+    _list("models", [(e.name, e.description) for e in BACKBONES.entries()]
+          + [("<hf id or path>", "any Hugging Face encoder, masked LM or causal LM")])
+
+
+def main() -> None:  # console-script entry point
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

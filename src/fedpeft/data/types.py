@@ -1,0 +1,38 @@
+"""Plain data records shared by tasks, templates and partitioners."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled example; ``text_b`` is set for sentence-pair tasks."""
+
+    text_a: str
+    label: int
+    text_b: str | None = None
+
+
+@dataclass
+class TaskData:
+    """A loaded classification task: splits plus everything a readout needs to score classes.
+
+    ``template`` is for masked LMs and must contain ``{mask}``; ``causal_template`` ends where the
+    label word is predicted as the next token. Both use ``{text_a}`` and, for pairs, ``{text_b}``.
+    """
+
+    name: str
+    class_names: list[str]
+    train: list[Example]
+    test: list[Example]
+    label_words: list[str]
+    label_descriptions: list[str]
+    template: str = "{text_a} It was {mask}."
+    causal_template: str = "{text_a}\nAnswer:"
+    is_pair: bool = False
+    info: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)

@@ -1,0 +1,60 @@
+"""Named registries: one explicit table per axis, with errors that list what exists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownNameError(KeyError):
+    """Raised when a registry lookup fails; the message names the registry and the allowed values."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want the plain message
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    name: str
+    obj: T
+    description: str
+
+
+class Registry(Generic[T]):
+    """A name -> object table for one kind of thing (tasks, adapters, aggregators, ...)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry[T]] = {}
+
+    def register(self, name: str, description: str = "") -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            self.add(name, obj, description)
+            return obj
+
+        return deco
+
+    def add(self, name: str, obj: T, description: str = "") -> None:
+        if name in self._entries:
+            raise ValueError(f"{self.kind} '{name}' is already registered")
+        self._entries[name] = Entry(name, obj, description)
+
+    def get(self, name: str) -> T:
+        try:
+            return self._entries[name].obj
+        except KeyError:
+            raise UnknownNameError(
+                f"unknown {self.kind} '{name}'; allowed: {', '.join(sorted(self._entries))}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def entries(self) -> Iterator[Entry[T]]:
+        return iter(sorted(self._entries.values(), key=lambda e: e.name))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries

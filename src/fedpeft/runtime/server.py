@@ -1,0 +1,93 @@
+"""Server-side round logic shared by all runtimes: select, encode, validate, aggregate, account.
+
+A runtime only has to move bytes: ``plan_round`` gives the encoded instruction for each selected
+client, the runtime delivers them and hands back whatever came back (bytes, or the exception that
+stood in for a reply), and ``finish_round`` decodes, validates, aggregates and returns the new
+state plus per-client records. Byte counts are the lengths of the real encoded messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedpeft.comm.codec import Message, decode, encode
+from fedpeft.config import ExperimentConfig
+from fedpeft.methods.base import Method
+from fedpeft.rng import SERVER, numpy_rng
+from fedpeft.runtime.validation import InvalidReply, validate_reply
+from fedpeft.selection import select_clients
+
+log = logging.getLogger(__name__)
+
+
+class RoundFailed(RuntimeError):
+    """Fewer than ``federation.min_clients`` valid replies: the round is not applied."""
+
+
+@dataclass
+class RoundPlan:
+    round: int
+    instructions: dict[int, bytes]
+    bytes_down: dict[int, int] = field(default_factory=dict)
+
+
+class RoundDriver:
+    def __init__(self, cfg: ExperimentConfig, method: Method) -> None:
+        self.cfg, self.method = cfg, method
+
+    def plan_round(self, state: Message, round: int) -> RoundPlan:
+        ids = list(range(self.cfg.federation.num_clients))
+        selected = select_clients(ids, self.cfg.federation.clients_per_round,
+                                  numpy_rng(self.cfg.seed, round, SERVER, "select"))
+        msgs = self.method.configure_round(state, round, selected, numpy_rng(self.cfg.seed, round, SERVER, "configure"))
+        encoded = {cid: encode(m, self.method.wire) for cid, m in msgs.items()}
+        return RoundPlan(round, encoded, {cid: len(b) for cid, b in encoded.items()})
+
+    def finish_round(self, state: Message, plan: RoundPlan,
+                     results: dict[int, bytes | BaseException]) -> tuple[Message, list[dict[str, Any]]]:
+        schema = self.method.reply_schema(state)
+        accepted: dict[int, Message] = {}
+        records = []
+        for cid in sorted(plan.instructions):
+            rec: dict[str, Any] = {"client": cid, "bytes_down": plan.bytes_down[cid], "bytes_up": 0}
+            res = results.get(cid, RuntimeError("no reply"))
+            if isinstance(res, BaseException):
+                rec["status"] = "failed"
+                rec["error"] = f"{type(res).__name__}: {res}"
+                log.warning("round %d: client %d failed: %s", plan.round, cid, rec["error"])
+            else:
+                rec["bytes_up"] = len(res)
+                try:
+                    reply = decode(res)
+                    validate_reply(reply, schema)
+                except (InvalidReply, ValueError) as e:
+                    rec["status"] = "rejected"
+                    rec["error"] = str(e)
+                    log.warning("round %d: rejected reply of client %d: %s", plan.round, cid, e)
+                else:
+                    rec["status"] = "ok"
+                    rec.update({k: v for k, v in reply.scalars.items() if isinstance(v, (int, float))})
+                    accepted[cid] = reply
+            records.append(rec)
+        need = self.cfg.federation.min_clients
+        if len(accepted) < need:
+            raise RoundFailed(f"round {plan.round}: {len(accepted)} valid replies, "
+                              f"federation.min_clients is {need}")
+        return self.method.aggregate(state, plan.round, accepted), records
+
+    def plan_evaluate(self, state: Message, round: int) -> dict[int, bytes]:
+        ids = list(range(self.cfg.federation.num_clients))
+        msgs = self.method.configure_evaluate(state, round, ids)
+        return {cid: encode(m, self.method.wire) for cid, m in msgs.items()}
+
+    @staticmethod
+    def finish_evaluate(round: int, results: dict[int, bytes | BaseException]) -> dict[int, dict[str, Any]]:
+        out = {}
+        for cid, res in sorted(results.items()):
+            if isinstance(res, BaseException):
+                log.warning("round %d: evaluation on client %d failed: %s", round, cid, res)
+                continue
+            out[cid] = decode(res).scalars | {"bytes_up": len(res)}
+        return out

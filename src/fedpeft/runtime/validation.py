@@ -1,0 +1,39 @@
+"""Reject malformed client replies before they can reach aggregation."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedpeft.comm.codec import Message
+from fedpeft.methods.base import ReplySchema
+
+
+class InvalidReply(ValueError):
+    """A reply that must not be aggregated; the message says why."""
+
+
+def validate_reply(reply: Message, schema: ReplySchema) -> None:
+    """Check keys, shapes, wire dtype, finiteness and required scalars; raise InvalidReply otherwise."""
+    got, want = set(reply.tensors), set(schema.tensors)
+    if got != want:
+        missing, extra = sorted(want - got), sorted(got - want)
+        raise InvalidReply(f"tensor keys differ: missing {missing}, unexpected {extra}")
+    for name, shape in schema.tensors.items():
+        t = reply.tensors[name]
+        if tuple(t.shape) != tuple(shape):
+            raise InvalidReply(f"'{name}' has shape {tuple(t.shape)}, expected {tuple(shape)}")
+        if t.dtype != schema.dtype:
+            raise InvalidReply(f"'{name}' has dtype {t.dtype}, expected {schema.dtype}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise InvalidReply(f"'{name}' contains NaN or Inf")
+    for key in schema.scalars:
+        if key not in reply.scalars:
+            raise InvalidReply(f"scalar '{key}' is missing")
+        v = reply.scalars[key]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise InvalidReply(f"scalar '{key}' is not a finite number: {v!r}")
+    n = reply.scalars.get("num_examples")
+    if n is not None and (int(n) != n or n <= 0):
+        raise InvalidReply(f"num_examples must be a positive integer, got {n!r}")

@@ -1,0 +1,1 @@
+"""Run directories: resolved config, metrics.jsonl, checkpoints, summary.json."""

@@ -1,0 +1,74 @@
+"""Per-round metric records and the run summary (field names are a contract read by benchmarks)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+TIMING_FIELDS = ("wall_seconds", "train_seconds", "eval_seconds")
+
+
+def round_record(round: int, global_metrics: dict[str, float], clients: list[dict[str, Any]],
+                 local_eval: dict[int, dict[str, Any]], eval_bytes_down: int, wall_seconds: float) -> dict[str, Any]:
+    """One ``metrics.jsonl`` line: global test metrics, local accuracy spread, bytes this round, time."""
+    ok = [c for c in clients if c["status"] == "ok"]
+    local_acc = [m["accuracy"] for m in local_eval.values() if m.get("num_examples", 0) > 0]
+    for c in clients:
+        if c["client"] in local_eval:
+            c["local_accuracy"] = local_eval[c["client"]].get("accuracy")
+    return {
+        "round": round,
+        "accuracy": global_metrics["accuracy"],
+        "loss": global_metrics["loss"],
+        "local_accuracy_mean": statistics.fmean(local_acc) if local_acc else None,
+        "local_accuracy_min": min(local_acc) if local_acc else None,
+        "local_accuracy_max": max(local_acc) if local_acc else None,
+        "local_accuracy": {str(k): v.get("accuracy") for k, v in sorted(local_eval.items())},
+        "bytes_up": sum(c["bytes_up"] for c in clients),
+        "bytes_down": sum(c["bytes_down"] for c in clients),
+        "eval_bytes_down": eval_bytes_down,
+        "eval_bytes_up": sum(int(v.get("bytes_up", 0)) for v in local_eval.values()),
+        "num_selected": len(clients),
+        "num_ok": len(ok),
+        "num_failed": sum(c["status"] == "failed" for c in clients),
+        "num_rejected": sum(c["status"] == "rejected" for c in clients),
+        "train_loss": statistics.fmean(c["train_loss"] for c in ok) if ok and "train_loss" in ok[0] else None,
+        "clients": clients,
+        "wall_seconds": wall_seconds,
+    }
+
+
+def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, backbone_params: int,
+                  extra: dict[str, Any]) -> dict[str, Any]:
+    """Totals over the run; ``upload_ratio_vs_full`` compares with sending every backbone weight in fp32."""
+    accs = [r["accuracy"] for r in records]
+    up = sum(r["bytes_up"] for r in records)
+    down = sum(r["bytes_down"] for r in records)
+    client_rounds = sum(r["num_ok"] + r["num_rejected"] for r in records) or 1
+    sent = sum(r["num_selected"] for r in records) or 1
+    per_client_up = up / client_rounds
+    full_bytes = 4 * backbone_params
+    return {
+        "method": cfg.method.name,
+        "task": cfg.task.name,
+        "model": cfg.model.name,
+        "runtime": cfg.runtime.name,
+        "seed": cfg.seed,
+        "rounds": len(records),
+        "final_accuracy": accs[-1] if accs else None,
+        "best_accuracy": max(accs) if accs else None,
+        "final_loss": records[-1]["loss"] if records else None,
+        "final_local_accuracy_mean": records[-1]["local_accuracy_mean"] if records else None,
+        "bytes_up_total": up,
+        "bytes_down_total": down,
+        "bytes_up_per_client_round": per_client_up,
+        "bytes_down_per_client_round": down / sent,
+        "eval_bytes_total": sum(r["eval_bytes_down"] + r["eval_bytes_up"] for r in records),
+        "trainable_params": trainable_params,
+        "backbone_params": backbone_params,
+        "full_model_bytes_fp32": full_bytes,
+        "upload_ratio_vs_full": per_client_up / full_bytes,
+        "wall_seconds": sum(r["wall_seconds"] for r in records),
+        **extra,
+    } | ({"upload_framing_bytes": per_client_up - extra["upload_tensor_bytes"]}
+         if "upload_tensor_bytes" in extra else {})

@@ -1,0 +1,1 @@
+"""How a client improves its adapter locally (the local-trainer axis)."""

@@ -1,0 +1,33 @@
+"""Shared fixtures: tiny configs on synthetic data, so the unit tests run in seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedpeft.config import load_config
+
+
+def tiny_overrides(**extra: object) -> list[str]:
+    base = {
+        "task.name": "synthetic-sentiment",
+        "task.num_examples": 240,
+        "task.max_length": 24,
+        "model.name": "tiny-bert",
+        "federation.num_clients": 3,
+        "federation.rounds": 2,
+        "method.adapter.num_tokens": 4,
+        "method.trainer.max_steps": 3,
+        "method.trainer.batch_size": 8,
+        "evaluation.batch_size": 64,
+        "runtime.progress": False,
+    }
+    base.update({k.replace("__", "."): v for k, v in extra.items()})
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture
+def tiny_cfg():
+    def make(**extra: object):
+        return load_config(None, tiny_overrides(**extra))
+
+    return make
