@@ -22,7 +22,7 @@ def tiny_overrides(**extra: object) -> list[str]:
         "runtime.progress": False,
     }
     base.update({k.replace("__", "."): v for k, v in extra.items()})
-    return [f"{k}={v}" for k, v in base.items()]
+    return [f"{k}={v}" for k, v in base.items() if v is not None]  # None drops a default
 
 
 @pytest.fixture

@@ -23,11 +23,24 @@ def test_set_overrides_nested_keys_and_parse_yaml_values():
     ("federation.rounds=0", "federation.rounds"),
     ("method.trainer.lr=0", "method.trainer.lr"),
     ("task.bogus=1", "task.bogus"),
+    ("method.adapter.num_tokens=0", "method.adapter.num_tokens"),
+    ("method.adapter.position=middle", "method.adapter.position"),
+    ("method.trainer.nesterov=1", "method.trainer.nesterov"),
+    ("method.aggregator.name=median", "method.aggregator.name"),
+    ("runtime.name=mpi", "runtime.name"),
 ])
 def test_errors_name_the_field(override, field):
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
     assert field in str(e.value)
+
+
+def test_component_settings_are_resolved_with_defaults():
+    cfg = load_config(None, ["method.trainer.lr=0.1"])
+    assert cfg.method.trainer.settings()["lr"] == 0.1
+    assert cfg.method.trainer.settings()["batch_size"] == 16  # preset default kept
+    other = load_config(None, ["method.name=fedprompt", "method.trainer.name=sgd", "method.trainer.momentum=0.9"])
+    assert other.method.trainer.settings()["momentum"] == 0.9 and other.method.trainer.settings()["lr"] == 0.03
 
 
 def test_allowed_values_are_listed():

@@ -64,7 +64,8 @@ def test_backbone_is_never_modified(tiny_cfg, tmp_path):
 
 
 def test_full_finetuning_leaves_shared_backbone_untouched(tiny_cfg, tmp_path):
-    cfg = tiny_cfg(method__name="fedavg-full", method__trainer__lr=1e-2, federation__rounds=1)
+    cfg = tiny_cfg(method__name="fedavg-full", method__adapter__num_tokens=None, method__trainer__lr=1e-2,
+                   federation__rounds=1)
     exp = build_experiment(cfg)
     before = exp.backbone.checksum()
     summary = run_embedded(cfg, tmp_path / "run", experiment=exp)

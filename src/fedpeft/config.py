@@ -65,28 +65,16 @@ class FederationConfig(_Strict):
         return self
 
 
-class AdapterConfig(_Strict):
-    name: str = "soft_prompt"
-    num_tokens: int = Field(20, ge=1, description="soft prompt length m")
-    init: Literal["vocab", "words", "normal"] = "vocab"
-    init_words: list[str] | None = None
-    position: Literal["after_first", "before_all"] = "after_first"
+class Component(BaseModel):
+    """One axis of a method (adapter, trainer, aggregator): ``name`` picks a registered component and
+    the other keys are that component's own settings, validated by the pydantic model it registered
+    (``fedpeft.components.settings_of``). Resolution fills in the component's defaults."""
 
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    name: str
 
-class TrainerConfig(_Strict):
-    name: Literal["adam", "adamw", "sgd"] = "adam"
-    lr: float = Field(0.03, gt=0)
-    batch_size: int = Field(16, ge=1)
-    local_epochs: float = Field(1.0, gt=0, description="passes over the local data per round")
-    max_steps: int | None = Field(None, ge=1, description="cap on optimizer steps per round")
-    weight_decay: float = Field(0.0, ge=0)
-    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum")
-    grad_clip: float | None = Field(1.0, gt=0)
-    reset_optimizer: bool = Field(True, description="fresh optimizer state every round")
-
-
-class AggregatorConfig(_Strict):
-    name: Literal["fedavg", "uniform"] = "fedavg"
+    def settings(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
 
 
 class CodecConfig(_Strict):
@@ -95,10 +83,11 @@ class CodecConfig(_Strict):
 
 class MethodConfig(_Strict):
     name: str = "fedprompt"
-    adapter: AdapterConfig = AdapterConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    aggregator: AggregatorConfig = AggregatorConfig()
+    adapter: Component = Component(name="soft_prompt")
+    trainer: Component = Component(name="adam")
+    aggregator: Component = Component(name="fedavg")
     codec: CodecConfig = CodecConfig()
+    options: dict[str, Any] = Field(default_factory=dict, description="method-level settings of the preset")
 
 
 class EvaluationConfig(_Strict):
@@ -107,7 +96,7 @@ class EvaluationConfig(_Strict):
 
 
 class RuntimeConfig(_Strict):
-    name: Literal["embedded"] = "embedded"
+    name: str = "embedded"
     threads: int | None = Field(None, ge=1, description="torch threads; default: all cores")
     progress: bool = True
     checkpoint_every: int = Field(1, ge=1)
@@ -180,16 +169,55 @@ def resolve(raw: dict[str, Any]) -> ExperimentConfig:
         preset = PRESETS.get(name)
     except KeyError as e:
         raise ConfigError(f"method.name: {e}") from None
-    raw["method"] = _deep_merge(preset.defaults(), method) | {"name": name}
+    defaults = preset.defaults()
+    for axis in ("adapter", "trainer", "aggregator"):  # another component than the preset's: its keys only
+        user = method.get(axis)
+        if isinstance(user, dict) and "name" in user and user["name"] != defaults.get(axis, {}).get("name"):
+            defaults.pop(axis, None)
+    raw["method"] = _deep_merge(defaults, method) | {"name": name}
     try:
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format_validation_error(e)) from None
+    _resolve_components(cfg, preset)
     try:
         preset.check(cfg)
     except ValueError as e:
         raise ConfigError(f"invalid config:\n  {e}") from None
     return cfg
+
+
+def _resolve_components(cfg: ExperimentConfig, preset: Any) -> None:
+    """Validate each axis section (and ``method.options``) with its component's settings model."""
+    from fedpeft.components import component_registries
+    from fedpeft.runtime.registry import RUNTIMES
+
+    for axis, registry in component_registries().items():
+        section: Component = getattr(cfg.method, axis)
+        try:
+            entry = registry.entry(section.name)
+        except KeyError as e:
+            raise ConfigError(f"invalid config:\n  method.{axis}.name: {e}") from None
+        typed = _validate_section(entry.settings, section.settings(), f"method.{axis}")
+        setattr(cfg.method, axis, Component(name=section.name, **typed))
+    cfg.method.options = _validate_section(preset.options, cfg.method.options, "method.options")
+    try:
+        RUNTIMES.entry(cfg.runtime.name)
+    except KeyError as e:
+        raise ConfigError(f"invalid config:\n  runtime.name: {e}") from None
+
+
+def _validate_section(model: type[BaseModel] | None, values: dict[str, Any], where: str) -> dict[str, Any]:
+    if model is None:
+        if values:
+            raise ConfigError(f"invalid config:\n  {where}: unknown field(s) {sorted(values)}")
+        return {}
+    try:
+        return model.model_validate(values).model_dump(mode="json")
+    except ValidationError as e:
+        msg = _format_validation_error(e).replace("invalid config:\n  ", "")
+        lines = [f"{where}.{line.strip()}" for line in msg.splitlines()]
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from fedpeft.adapters import ADAPTERS
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.backbones.loading import Backbone, load_backbone
+from fedpeft.components import settings_of
 from fedpeft.config import ExperimentConfig
 from fedpeft.data import load_task, partition, split_like, label_histogram
 from fedpeft.data.types import TaskData
@@ -79,6 +80,6 @@ def build_experiment(cfg: ExperimentConfig) -> Experiment:
     train_parts = partition(train_labels, fed.num_clients, fed.partition, numpy_rng(cfg.seed, 0, SERVER, "partition"))
     test_parts = split_like(test_labels, train_parts, train_labels, numpy_rng(cfg.seed, 0, SERVER, "test-partition"))
     backbone = load_backbone(cfg.model.name)
-    adapter = ADAPTERS.get(cfg.method.adapter.name)(cfg.method.adapter)
+    adapter = ADAPTERS.get(cfg.method.adapter.name)(settings_of(cfg.method.adapter, ADAPTERS))
     clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length)
     return Experiment(cfg, task, backbone, clf, train_parts, test_parts)

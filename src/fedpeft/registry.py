@@ -21,6 +21,7 @@ class Entry(Generic[T]):
     name: str
     obj: T
     description: str
+    settings: type | None = None  # pydantic model of the entry's own config keys, if any
 
 
 class Registry(Generic[T]):
@@ -30,25 +31,28 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
 
-    def register(self, name: str, description: str = "") -> Callable[[T], T]:
+    def register(self, name: str, description: str = "", settings: type | None = None) -> Callable[[T], T]:
         def deco(obj: T) -> T:
-            self.add(name, obj, description)
+            self.add(name, obj, description, settings)
             return obj
 
         return deco
 
-    def add(self, name: str, obj: T, description: str = "") -> None:
+    def add(self, name: str, obj: T, description: str = "", settings: type | None = None) -> None:
         if name in self._entries:
             raise ValueError(f"{self.kind} '{name}' is already registered")
-        self._entries[name] = Entry(name, obj, description)
+        self._entries[name] = Entry(name, obj, description, settings)
 
-    def get(self, name: str) -> T:
+    def entry(self, name: str) -> Entry[T]:
         try:
-            return self._entries[name].obj
+            return self._entries[name]
         except KeyError:
             raise UnknownNameError(
                 f"unknown {self.kind} '{name}'; allowed: {', '.join(sorted(self._entries))}"
             ) from None
+
+    def get(self, name: str) -> T:
+        return self.entry(name).obj
 
     def names(self) -> list[str]:
         return sorted(self._entries)

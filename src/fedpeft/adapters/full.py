@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from fedpeft.adapters.base import ADAPTERS, Params
+from fedpeft.adapters.base import ADAPTERS, Params, Prepared
 from fedpeft.backbones.loading import Backbone
-from fedpeft.config import AdapterConfig
 
 PREFIX = "backbone."
 
@@ -19,8 +18,7 @@ PREFIX = "backbone."
 class FullFineTuning:
     name = "full"
 
-    def __init__(self, cfg: AdapterConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: None = None) -> None:
         self._embed_key: str | None = None
 
     def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
@@ -38,11 +36,9 @@ class FullFineTuning:
             self._embed_key = next(PREFIX + n for n, p in backbone.model.named_parameters() if p is emb)
         return self._embed_key
 
-    def embed(self, backbone: Backbone, params: Params, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.embedding(input_ids, params[self._embedding_key(backbone)])
-
-    def extend(self, params, embeds, attention_mask, lead):
-        return embeds, attention_mask, lead, 0
+    def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
+        embeds = torch.nn.functional.embedding(input_ids, params[self._embedding_key(backbone)])
+        return Prepared(embeds, attention_mask, lead, 0)
 
     def overrides(self, params: Params) -> Params | None:
         return {k[len(PREFIX):]: v for k, v in params.items() if k.startswith(PREFIX)}

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.adapters.base import ADAPTERS, Params
+from fedpeft.adapters.base import ADAPTERS, Params, Prepared
 from fedpeft.backbones.loading import Backbone
-from fedpeft.config import AdapterConfig
 
 
-@ADAPTERS.register("soft_prompt", "m trainable virtual-token embeddings in front of the input (FedPrompt)")
+class SoftPromptSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    num_tokens: int = Field(20, ge=1, description="soft prompt length m")
+    init: Literal["vocab", "words", "normal"] = "vocab"
+    init_words: list[str] | None = None
+    position: Literal["after_first", "before_all"] = "after_first"
+
+
+@ADAPTERS.register("soft_prompt", "m trainable virtual-token embeddings in front of the input (FedPrompt)",
+                   SoftPromptSettings)
 class SoftPrompt:
     """Trainable ``prompt`` of shape [m, hidden]; only it is trained and exchanged."""
 
     name = "soft_prompt"
 
-    def __init__(self, cfg: AdapterConfig) -> None:
+    def __init__(self, cfg: SoftPromptSettings) -> None:
         self.cfg = cfg
 
     def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
@@ -39,10 +50,8 @@ class SoftPrompt:
             rows = torch.randn(m, table.shape[1], generator=generator) * table.std()
         return {"prompt": rows.clone().float()}
 
-    def embed(self, backbone: Backbone, params: Params, input_ids: torch.Tensor) -> torch.Tensor:
-        return backbone.input_embeddings()(input_ids)
-
-    def extend(self, params, embeds, attention_mask, lead):
+    def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
+        embeds = backbone.input_embeddings()(input_ids)
         prompt = params["prompt"].to(embeds.dtype)
         at = lead if self.cfg.position == "after_first" else 0
         n = embeds.shape[0]
@@ -50,7 +59,7 @@ class SoftPrompt:
         ones = torch.ones(n, prompt.shape[0], dtype=attention_mask.dtype)
         embeds = torch.cat([embeds[:, :at], rows, embeds[:, at:]], dim=1)
         attention_mask = torch.cat([attention_mask[:, :at], ones, attention_mask[:, at:]], dim=1)
-        return embeds, attention_mask, at, prompt.shape[0]
+        return Prepared(embeds, attention_mask, at, prompt.shape[0])
 
     def overrides(self, params: Params) -> Params | None:
         return None

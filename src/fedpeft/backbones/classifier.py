@@ -77,29 +77,34 @@ class Classifier:
 
     # ---------------------------------------------------------------- forward
 
-    def _hidden(self, params: Params, batch: dict[str, torch.Tensor]):
-        embeds = self.adapter.embed(self.backbone, params, batch["input_ids"])
-        embeds, att, at, n = self.adapter.extend(params, embeds, batch["attention_mask"], int(batch["lead"]))
-        kwargs = {"inputs_embeds": embeds, "attention_mask": att}
+    def _forward(self, params: Params, batch: dict[str, torch.Tensor]):
+        prep = self.adapter.prepare(self.backbone, params, batch["input_ids"], batch["attention_mask"],
+                                    int(batch["lead"]))
+        kwargs = {"inputs_embeds": prep.embeds, "attention_mask": prep.attention_mask, **prep.extra}
         if self.backbone.family != "encoder" and self.readout != "verbalizer":
             kwargs["output_hidden_states"] = True
         over = self.adapter.overrides(params)
         model = self.backbone.model
         out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
-        return out, att, at, n
+        return out, prep
 
     def logits(self, params: Params, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        out, att, at, n = self._hidden(params, batch)
+        """Class logits [batch, num_classes] of the adapted frozen model."""
+        out, prep = self._forward(params, batch)
+        return self.readout_logits(out, prep, batch, params)
+
+    def readout_logits(self, out, prep, batch: dict[str, torch.Tensor], params: Params) -> torch.Tensor:
         if self.readout == "verbalizer":
             vocab_logits = out.logits
             if self.backbone.family == "mlm":
-                pos = batch["mask_index"] + torch.where(batch["mask_index"] >= at, n, 0)
+                mask_index = batch["mask_index"].repeat(vocab_logits.shape[0] // batch["mask_index"].shape[0])
+                pos = mask_index + torch.where(mask_index >= prep.insert_at, prep.inserted, 0)
             else:
-                pos = att.sum(1) - 1  # right padding: last attended position
+                pos = prep.attention_mask.sum(1) - 1  # right padding: last attended position
             rows = vocab_logits[torch.arange(vocab_logits.shape[0]), pos]
             return rows[:, self.label_ids]
         hidden = out.last_hidden_state if self.backbone.family == "encoder" else out.hidden_states[-1]
-        pooled = mean_pool(hidden, att)
+        pooled = mean_pool(hidden, prep.attention_mask)
         if self.readout == "similarity":
             return self.scale * F.normalize(pooled, dim=-1) @ self.anchors.T
         return pooled @ params["head.weight"].T + params["head.bias"]

@@ -73,6 +73,7 @@ class Preset:
     method_defaults: dict[str, Any]
     build: Callable[..., Method]
     checks: tuple[Callable[[Any], None], ...] = ()
+    options: type | None = None  # pydantic model of ``method.options``
 
     def defaults(self) -> dict[str, Any]:
         import copy

@@ -14,10 +14,11 @@ import torch
 from fedpeft.aggregators import AGGREGATORS
 from fedpeft.backbones.classifier import evaluate
 from fedpeft.comm.codec import WIRE_DTYPES, Message, WireSpec
+from fedpeft.components import settings_of
 from fedpeft.config import ExperimentConfig
 from fedpeft.methods.base import ClientContext, ReplySchema
 from fedpeft.rng import SERVER, torch_rng
-from fedpeft.trainers.gradient import train_local
+from fedpeft.trainers import TRAINERS, train_local
 
 
 def _float(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -32,7 +33,8 @@ class FedAvgAdapter:
         self.cfg = cfg
         self.exp = experiment
         self.clf = experiment.classifier
-        self.trainer = cfg.method.trainer
+        self.optimizer = cfg.method.trainer.name
+        self.trainer = settings_of(cfg.method.trainer, TRAINERS)
         self.combine = AGGREGATORS.get(cfg.method.aggregator.name)
         self.wire = WireSpec(cfg.method.codec.dtype)
         self.eval_batch = cfg.evaluation.batch_size
@@ -69,7 +71,7 @@ class FedAvgAdapter:
     def client_update(self, instruction: Message, client: ClientContext) -> Message:
         round = int(instruction.scalars["round"])
         gen = torch_rng(client.seed, round, client.client_id, "local-train")
-        result = train_local(self.clf, _float(instruction.tensors), client.train, self.trainer, gen,
+        result = train_local(self.clf, _float(instruction.tensors), client.train, self.optimizer, self.trainer, gen,
                              optimizer_state=client.state.tensors or None)
         if result.optimizer_state is not None:
             client.state = Message(tensors=result.optimizer_state)

@@ -12,11 +12,32 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.base import Params
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
-from fedpeft.config import TrainerConfig
+from fedpeft.registry import Registry
+
+
+class GradientSettings(BaseModel):
+    """Settings of the gradient trainers (``adam``, ``adamw``, ``sgd``: the name picks the optimizer)."""
+
+    model_config = ConfigDict(extra="forbid")
+    lr: float = Field(0.03, gt=0)
+    batch_size: int = Field(16, ge=1)
+    local_epochs: float = Field(1.0, gt=0, description="passes over the local data per round")
+    max_steps: int | None = Field(None, ge=1, description="cap on optimizer steps per round")
+    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum")
+    grad_clip: float | None = Field(1.0, gt=0)
+    reset_optimizer: bool = Field(True, description="fresh optimizer state every round")
+
+
+TRAINERS: Registry[str] = Registry("trainer")  # name -> optimizer family
+TRAINERS.add("adam", "adam", "gradient training with Adam", GradientSettings)
+TRAINERS.add("adamw", "adamw", "gradient training with AdamW (decoupled weight decay)", GradientSettings)
+TRAINERS.add("sgd", "sgd", "gradient training with SGD (optional momentum)", GradientSettings)
 
 
 @dataclass
@@ -27,16 +48,16 @@ class TrainResult:
     optimizer_state: dict[str, torch.Tensor] | None
 
 
-def num_steps(n: int, cfg: TrainerConfig) -> int:
+def num_steps(n: int, cfg: GradientSettings) -> int:
     """Optimizer steps this round: ceil(epochs * n / B), capped by max_steps."""
     steps = max(1, math.ceil(cfg.local_epochs * n / cfg.batch_size))
     return min(steps, cfg.max_steps) if cfg.max_steps else steps
 
 
-def make_optimizer(cfg: TrainerConfig, tensors: list[torch.Tensor]) -> torch.optim.Optimizer:
-    if cfg.name == "adam":
+def make_optimizer(name: str, cfg: GradientSettings, tensors: list[torch.Tensor]) -> torch.optim.Optimizer:
+    if name == "adam":
         return torch.optim.Adam(tensors, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.name == "adamw":
+    if name == "adamw":
         return torch.optim.AdamW(tensors, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(tensors, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
@@ -61,14 +82,15 @@ def train_local(
     clf: Classifier,
     params: Params,
     data: Encoded,
-    cfg: TrainerConfig,
+    optimizer: str,
+    cfg: GradientSettings,
     generator: torch.Generator,
     optimizer_state: dict[str, torch.Tensor] | None = None,
 ) -> TrainResult:
     """Train copies of ``params`` on ``data``; the shuffling order comes from ``generator`` only."""
     names = sorted(params)
     work = {k: params[k].detach().clone().float().requires_grad_(True) for k in names}
-    opt = make_optimizer(cfg, [work[k] for k in names])
+    opt = make_optimizer(optimizer, cfg, [work[k] for k in names])
     if optimizer_state and not cfg.reset_optimizer:
         _load_flat_state(opt, names, optimizer_state)
     steps, n = num_steps(len(data), cfg), len(data)
