@@ -14,7 +14,7 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Federated fine-tuning of frozen language models with parameter-efficient methods.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 120)
 
 
 def _fail(msg: str) -> None:

@@ -1,1 +1,89 @@
-"""(being written)"""
+"""Deep prompts (P-tuning v2, Liu et al. 2022; FedPepTAO spec §2.2): a key/value prefix of length h per layer.
+
+Layer ``l`` owns the tensor ``prefix.{l}`` of shape ``[h, 2, d_kv]`` (``[:, 0]`` keys, ``[:, 1]`` values,
+``d_kv = n_kv_heads * head_dim``; ``d_kv = d`` without grouped-query attention). Together they are the
+code's ``E ∈ R^{h × (L·2·d)}`` viewed as ``[h, L, 2, d]``, split per layer so a *subset* of layers can be
+exchanged by name while the rest stay on the device. The prefixes enter the frozen model as a
+``transformers.DynamicCache`` filled before the forward pass (accepted by ``BertModel`` and ``LlamaModel``
+in transformers 5); the attention mask gets ``h`` ones in front of every row; queries and sequence length
+are unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedpeft.adapters.base import ADAPTERS, Params, Prepared
+from fedpeft.backbones.loading import Backbone
+
+PREFIX = "prefix."
+
+
+def layer_key(layer: int) -> str:
+    """Name of layer ``layer``'s prefix tensor (the unit that is shared or kept local)."""
+    return f"{PREFIX}{layer}"
+
+
+def layer_of(key: str) -> int | None:
+    """Layer index of a prefix key, None for other tensors (e.g. a linear head)."""
+    return int(key[len(PREFIX):]) if key.startswith(PREFIX) else None
+
+
+def kv_geometry(backbone: Backbone) -> tuple[int, int, int]:
+    """(num layers L, key/value heads, head dim) of the backbone's self-attention."""
+    cfg = backbone.model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return int(cfg.num_hidden_layers), int(kv_heads), int(head_dim)
+
+
+class DeepPromptSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    num_tokens: int = Field(20, ge=1, description="prefix length h per layer (code: 20 RoBERTa, 5 GPT-2/LLaMA)")
+    init_std: float = Field(0.02, gt=0, description="E ~ N(0, init_std^2) (HF initializer_range)")
+    shift_positions: bool = Field(True, description="input positions start at h, as in the P-tuning v2 code "
+                                                    "(past_key_values_length = h); false: they start at 0")
+
+
+@ADAPTERS.register("deep_prompt", "P-tuning v2 deep prompts: a trainable key/value prefix of length h at every "
+                   "layer (FedPepTAO, fedavg-prefix)", DeepPromptSettings)
+class DeepPrompt:
+    """Per-layer key/value prefixes passed to the frozen backbone as a pre-filled cache."""
+
+    name = "deep_prompt"
+
+    def __init__(self, cfg: DeepPromptSettings | None = None) -> None:
+        self.cfg = cfg or DeepPromptSettings()
+
+    def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
+        """E ~ N(0, σ²) drawn as one ``[h, L, 2, d_kv]`` tensor (code layout), split into per-layer tensors."""
+        layers, kv_heads, head_dim = kv_geometry(backbone)
+        h = self.cfg.num_tokens
+        e = torch.randn(h, layers, 2, kv_heads * head_dim, generator=generator) * self.cfg.init_std
+        return {layer_key(l): e[:, l].clone() for l in range(layers)}
+
+    def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
+        from transformers import DynamicCache
+
+        layers, kv_heads, head_dim = kv_geometry(backbone)
+        embeds = backbone.input_embeddings()(input_ids)
+        n, seq = input_ids.shape
+        h = self.cfg.num_tokens
+        cache = DynamicCache(config=backbone.model.config)
+        for l in range(layers):
+            p = params[layer_key(l)].to(embeds.dtype)  # [h, 2, d_kv]
+            if p.shape[0] != h:
+                raise ValueError(f"{layer_key(l)} has {p.shape[0]} rows, method.adapter.num_tokens is {h}")
+            kv = p.view(h, 2, kv_heads, head_dim).permute(1, 2, 0, 3)  # [2, heads, h, head_dim]
+            cache.update(kv[0].unsqueeze(0).expand(n, -1, -1, -1), kv[1].unsqueeze(0).expand(n, -1, -1, -1), l)
+        full_mask = torch.cat([torch.ones(n, h, dtype=attention_mask.dtype), attention_mask], dim=1)
+        extra = {"past_key_values": cache, "attention_mask": full_mask, "use_cache": False}
+        if not self.cfg.shift_positions:
+            extra["position_ids"] = torch.arange(seq).unsqueeze(0).expand(n, -1)
+        # the readout sees the unprefixed sequence: its mask stays [n, seq]; the backbone gets ``full_mask``
+        return Prepared(embeds, attention_mask, lead, 0, extra)
+
+    def overrides(self, params: Params) -> Params | None:
+        return None

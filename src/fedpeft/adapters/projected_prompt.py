@@ -1,1 +1,125 @@
-"""(being written)"""
+"""Projected prompt of Black-Box Tuning / FedBPT (spec §2.3): p = p_0 + A z with z in R^d, A in R^{D x d}.
+
+``z`` is the only thing optimised and exchanged. ``A`` (D = m * hidden rows) is drawn from a shared
+seed on every process, entries N(0, (alpha_A * sigma_emb / (sqrt(d) * sigma_0))^2) with sigma_emb the
+std of all word-embedding entries (spec A3), and is never communicated. The prompt is *added* to
+the word embeddings of m placeholder tokens inserted after the first special token (spec A4,
+recommended form: on ``inputs_embeds``, not after the embedding LayerNorm as the authors' code does).
+
+``z`` may carry a leading population axis ``[P, d]``: the batch of n rows is then tiled P times
+(candidate-major) so that all CMA-ES candidates of an iteration run in ONE forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedpeft.adapters import identity  # noqa: F401  (registers the template-only adapters)
+from fedpeft.adapters.base import ADAPTERS, Params, Prepared
+from fedpeft.backbones.loading import Backbone
+
+
+class ProjectedPromptSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    num_tokens: int = Field(50, ge=1, description="prompt length L_p (placeholder tokens); paper code: 50")
+    intrinsic_dim: int = Field(500, ge=1, description="d, the dimension of z (paper: 500)")
+    sigma0: float = Field(1.0, gt=0, description="initial CMA-ES step size; also divides A's std (spec A3)")
+    alpha_a: float = Field(1.0, gt=0, description="extra scale of A's std (authors' code: 1)")
+    placeholder_start: int = Field(1000, ge=0, description="first vocabulary id of the placeholder tokens "
+                                                           "(BBT: ids 1000..1000+L_p-1, specials skipped)")
+    placeholder: Literal["vocab", "zeros"] = Field("vocab", description="p_0: placeholder word embeddings "
+                                                                       "(BBT 'add' mode) or zeros")
+    seed: int | None = Field(None, ge=0, description="projection seed; default: derived from the experiment "
+                                                     "seed by the method (fedpeft.rng)")
+
+
+def projection_std(sigma_emb: float, d: int, sigma0: float, alpha_a: float = 1.0) -> float:
+    """std of A's entries: alpha_A * sigma_emb / (sqrt(d) * sigma_0) (spec §2.3, A3)."""
+    return alpha_a * sigma_emb / (math.sqrt(d) * sigma0)
+
+
+def build_projection(rows: int, d: int, std: float, seed: int) -> torch.Tensor:
+    """A in R^{rows x d}, i.i.d. N(0, std^2), a pure function of ``seed`` (every client gets the same A)."""
+    g = torch.Generator()
+    g.manual_seed(int(seed))
+    return torch.randn(rows, d, generator=g) * std
+
+
+def placeholder_ids(backbone: Backbone, m: int, start: int) -> torch.Tensor:
+    """m vocabulary ids from ``start`` upward, skipping special tokens (BBT's "randomly selected words")."""
+    emb_rows = backbone.input_embeddings().weight.shape[0]
+    special = set(backbone.tokenizer.all_special_ids)
+    start = start if start + 2 * m < emb_rows else 0
+    ids = [i for i in range(start, emb_rows) if i not in special][:m]
+    if len(ids) < m:
+        raise ValueError(f"method.adapter.num_tokens: {m} placeholders do not fit the vocabulary of {backbone.name}")
+    return torch.tensor(ids)
+
+
+@ADAPTERS.register("projected_prompt", "p = p_0 + A z: z in R^d through a fixed shared random projection "
+                                       "(BBT / FedBPT)", ProjectedPromptSettings)
+class ProjectedPrompt:
+    """Holds the (cached, never trained) projection; ``z`` comes in ``params``."""
+
+    name = "projected_prompt"
+
+    def __init__(self, cfg: ProjectedPromptSettings | None = None) -> None:
+        self.cfg = cfg or ProjectedPromptSettings()
+        self._seed: int | None = self.cfg.seed
+        self._cache: dict[str, torch.Tensor] = {}
+
+    # ---------------------------------------------------------------- shared projection
+
+    def bind(self, seed: int) -> None:
+        """Set the shared projection seed (unless ``method.adapter.seed`` pins one); drops a cached A."""
+        if self.cfg.seed is None and seed != self._seed:
+            self._seed = int(seed)
+            self._cache.clear()
+
+    def projection(self, backbone: Backbone) -> torch.Tensor:
+        """A [m*hidden, d] (float32), built once per process from the shared seed."""
+        if "A" not in self._cache:
+            if self._seed is None:
+                raise ValueError("method.adapter.seed: the projection seed is unset (the method binds it "
+                                 "from the experiment seed; set it when using projected_prompt directly)")
+            table = backbone.input_embeddings().weight.detach()
+            std = projection_std(float(table.float().std()), self.cfg.intrinsic_dim, self.cfg.sigma0,
+                                 self.cfg.alpha_a)
+            rows = self.cfg.num_tokens * table.shape[1]
+            self._cache["A"] = build_projection(rows, self.cfg.intrinsic_dim, std, self._seed)
+            ids = placeholder_ids(backbone, self.cfg.num_tokens, self.cfg.placeholder_start)
+            p0 = table[ids].float().clone()
+            self._cache["p0"] = p0 if self.cfg.placeholder == "vocab" else torch.zeros_like(p0)
+        return self._cache["A"]
+
+    def prompt(self, backbone: Backbone, z: torch.Tensor) -> torch.Tensor:
+        """p_0 + A z reshaped to [P, m, hidden] for z of shape [d] or [P, d]."""
+        a = self.projection(backbone)
+        zz = z.reshape(-1, self.cfg.intrinsic_dim).to(a.dtype)
+        return self._cache["p0"].unsqueeze(0) + (zz @ a.T).view(zz.shape[0], self.cfg.num_tokens, -1)
+
+    # ---------------------------------------------------------------- adapter contract
+
+    def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
+        """z_0 = 0 (authors' code; spec S2)."""
+        return {"z": torch.zeros(self.cfg.intrinsic_dim)}
+
+    def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
+        embeds = backbone.input_embeddings()(input_ids)
+        prompt = self.prompt(backbone, params["z"]).to(embeds.dtype)  # [P, m, h]
+        pop, m, n = prompt.shape[0], prompt.shape[1], embeds.shape[0]
+        if pop > 1:  # candidate-major tiling: rows [c*n:(c+1)*n] belong to candidate c
+            embeds = embeds.repeat(pop, 1, 1)
+            attention_mask = attention_mask.repeat(pop, 1)
+        rows = prompt.repeat_interleave(n, dim=0)
+        ones = torch.ones(rows.shape[0], m, dtype=attention_mask.dtype)
+        embeds = torch.cat([embeds[:, :lead], rows, embeds[:, lead:]], dim=1)
+        attention_mask = torch.cat([attention_mask[:, :lead], ones, attention_mask[:, lead:]], dim=1)
+        return Prepared(embeds, attention_mask, lead, m)
+
+    def overrides(self, params: Params) -> Params | None:
+        return None
