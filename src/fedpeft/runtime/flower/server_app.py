@@ -1,0 +1,68 @@
+"""The Flower ServerApp: fedpeft's shared round loop (``runtime.session.run_rounds``) over a ``Grid``.
+
+``serve`` is what both Flower runtimes call: it opens the run directory (same contract as the
+embedded runtime), builds the experiment on the server (the global test set and the backbone for
+``evaluate_global``), and runs the rounds with a ``FlowerTransport``. ``server_app`` is the
+deployment entry point loaded by ``flwr run``; it reads its arguments from the run config
+(``config``, ``out``, ``resume``, ``round-timeout``, ``rejoin-wait``, ``join-timeout``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedpeft.config import ExperimentConfig, dump_config, load_config
+from fedpeft.experiment import build_experiment
+from fedpeft.methods import PRESETS
+from fedpeft.runtime.flower.transport import FlowerTransport
+from fedpeft.runtime.session import log_to, open_run, progress, run_rounds
+
+log = logging.getLogger("fedpeft.flower")
+
+
+def run_key(config_yaml: str, out_dir: Path) -> str:
+    """Names this run's folder in every node's state dir; stable across --resume of the same run."""
+    return hashlib.sha256(f"{out_dir.resolve()}\n{config_yaml}".encode()).hexdigest()[:16]
+
+
+def serve(grid: Grid, cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
+          stop_after_round: int | None = None, round_timeout: float | None = None, join_timeout: float = 300.0,
+          rejoin_wait: float = 0.0) -> dict[str, Any]:
+    """Run (or resume) the experiment with clients reached through ``grid``; returns the summary."""
+    if cfg.runtime.threads:
+        torch.set_num_threads(cfg.runtime.threads)
+    run = open_run(cfg, out_dir, resume)
+    config_yaml = dump_config(cfg)
+    settings = {"config_yaml": config_yaml, "run_key": run_key(config_yaml, run.root),
+                "state_dir": str((run.root / "client_state").resolve()), "checkpointed_round": 0}
+    with log_to(run.root / "run.log"), progress(cfg.runtime.progress) as bar:
+        exp = build_experiment(cfg)
+        method = PRESETS.get(cfg.method.name).build(cfg, exp)
+        transport = FlowerTransport(grid, settings, cfg.federation.num_clients, round_timeout=round_timeout,
+                                    join_timeout=join_timeout, rejoin_wait=rejoin_wait)
+        return run_rounds(cfg, run, exp, method, transport, resume, stop_after_round, bar)
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Deployment entry point (``flwr run``): arguments come from the run config."""
+    rc = dict(context.run_config)
+    if not rc.get("config") or not rc.get("out"):
+        raise ValueError("run config needs config='<experiment yaml>' and out='<run dir>' "
+                         "(use `fedpeft flower run`, which sets them)")
+    logging.getLogger("fedpeft").setLevel(logging.INFO)
+    cfg = load_config(str(rc["config"]))
+    timeout = float(rc.get("round-timeout", 0) or 0)
+    serve(grid, cfg, str(rc["out"]), resume=bool(rc.get("resume", False)),
+          round_timeout=timeout or None, join_timeout=float(rc.get("join-timeout", 300)),
+          rejoin_wait=float(rc.get("rejoin-wait", 0)))

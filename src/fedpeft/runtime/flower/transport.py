@@ -1,0 +1,190 @@
+"""Server side of the Flower runtimes: deliver fedpeft instructions to SuperNodes through a ``Grid``.
+
+Client ids are mapped to Flower node ids by discovery: every node not seen before gets a ``query``
+message and answers with the fedpeft client ids it owns (its ``partition-ids`` node config; in
+simulation node ``i`` owns partition ``i``). A round sends one ``train`` message per node that owns
+selected clients and waits until every node has answered, failed (an error reply, including the
+SuperLink's NODE_UNAVAILABLE once a killed node misses its heartbeats), dropped out of the grid's
+node list, or ``round_timeout`` passed. Clients without an answer become failed results, which
+``RoundDriver.finish_round`` logs and skips (the round still completes with >= min_clients).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from fedpeft.comm.codec import Message as FedMessage
+from fedpeft.runtime.flower.records import CLIENTS, NODE, SETTINGS, Instruction, Reply, count_bytes
+
+log = logging.getLogger("fedpeft.flower")
+
+
+class NodeFailure(RuntimeError):
+    """A SuperNode did not deliver a client's reply (killed, unreachable, timed out)."""
+
+
+class FlowerTransport:
+    def __init__(self, grid: Grid, settings: dict[str, Any], num_clients: int, round_timeout: float | None = None,
+                 join_timeout: float = 300.0, rejoin_wait: float = 0.0, poll_interval: float = 0.2) -> None:
+        self.grid, self.settings, self.num_clients = grid, dict(settings), num_clients
+        self.round_timeout, self.join_timeout, self.rejoin_wait = round_timeout, join_timeout, rejoin_wait
+        self.poll = poll_interval
+        self.owner: dict[int, int] = {}  # fedpeft client id -> Flower node id
+        self.known: set[int] = set()  # node ids already asked
+        self.processes: dict[str, dict[str, int]] = {}  # "node/pid" -> latest counters
+        self._round_bytes: dict[str, int] = defaultdict(int)
+        self._round_procs: dict[str, int] = {}  # "node/pid" -> backbone loads, this round
+        self._failures: list[dict[str, Any]] = []
+        self._started = False
+
+    # ------------------------------------------------------------------ discovery
+
+    def _discover(self, wait: float) -> None:
+        """Ask new nodes which clients they own; wait up to ``wait`` s until every client has an owner."""
+        deadline = time.monotonic() + wait
+        while True:
+            alive = set(self.grid.get_node_ids())
+            for cid, nid in list(self.owner.items()):
+                if nid not in alive:
+                    del self.owner[cid]
+            self.known &= alive
+            new = sorted(alive - self.known)
+            if new:
+                self._query(new)
+            if len(self.owner) >= self.num_clients or time.monotonic() >= deadline:
+                return
+            time.sleep(1.0)
+
+    def _query(self, nodes: list[int]) -> None:
+        content = RecordDict({SETTINGS: ConfigRecord({"run_key": str(self.settings["run_key"])})})
+        msgs = [Message(content, dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+        for reply in self._exchange(msgs, timeout=60.0).values():
+            if isinstance(reply, BaseException) or reply.has_error():
+                continue
+            nid = reply.metadata.src_node_id
+            ids = [int(i) for i in reply.content.config_records[CLIENTS]["client_ids"]]
+            self.known.add(nid)
+            for cid in ids:
+                if cid >= self.num_clients:
+                    log.warning("node %d owns client %d but the run has %d clients; ignored", nid, cid,
+                                self.num_clients)
+                    continue
+                if cid in self.owner and self.owner[cid] != nid:
+                    log.warning("client %d moves from node %d to node %d", cid, self.owner[cid], nid)
+                self.owner[cid] = nid
+            log.info("node %d owns clients %s", nid, ids)
+
+    # ------------------------------------------------------------------ exchange
+
+    def _exchange(self, msgs: list[Message], timeout: float | None) -> dict[int, Message | BaseException]:
+        """Push ``msgs`` and collect one reply (or failure) per destination node."""
+        pending: dict[str, int] = {}
+        out: dict[int, Message | BaseException] = {}
+        for m in msgs:
+            ids = [i for i in self.grid.push_messages([m]) if i]
+            if ids:
+                pending[ids[0]] = m.metadata.dst_node_id
+            else:
+                out[m.metadata.dst_node_id] = NodeFailure(f"node {m.metadata.dst_node_id}: message not accepted")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_alive_check = 0.0
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                nid = pending.pop(reply.metadata.reply_to_message_id, None)
+                if nid is not None:
+                    out[nid] = reply
+            if not pending:
+                break
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                for mid, nid in list(pending.items()):
+                    out[nid] = NodeFailure(f"node {nid}: no reply within {timeout:.0f} s")
+                break
+            if now - last_alive_check > 2.0:
+                alive = set(self.grid.get_node_ids())
+                for mid, nid in list(pending.items()):
+                    if nid not in alive:
+                        out[nid] = NodeFailure(f"node {nid} went offline (missed heartbeats)")
+                        del pending[mid]
+                last_alive_check = now
+            time.sleep(self.poll)
+        return out
+
+    def _round(self, kind: str, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
+        if not self._started:
+            self._discover(self.join_timeout)
+            self._started = True
+        else:
+            self._discover(self.rejoin_wait if kind == MessageType.TRAIN else 0.0)
+        results: dict[int, bytes | BaseException] = {}
+        by_node: dict[int, dict[int, bytes]] = defaultdict(dict)
+        for cid, payload in instructions.items():
+            if cid in self.owner:
+                by_node[self.owner[cid]][cid] = payload
+            else:
+                results[cid] = NodeFailure(f"no SuperNode owning client {cid} is connected")
+        msgs = []
+        for nid, payloads in sorted(by_node.items()):
+            content = Instruction(payloads, {**self.settings, "round": round}).content()
+            self._round_bytes[f"{kind}_down"] += count_bytes(content)
+            msgs.append(Message(content, dst_node_id=nid, message_type=kind, group_id=str(round)))
+        for nid, reply in self._exchange(msgs, self.round_timeout).items():
+            clients = sorted(by_node[nid])
+            if isinstance(reply, BaseException) or reply.has_error():
+                why = reply if isinstance(reply, BaseException) else NodeFailure(
+                    f"node {nid}: Flower error {reply.error.code}: {reply.error.reason}")
+                log.warning("round %d: SuperNode %d failed during %s (clients %s): %s", round, nid, kind,
+                            clients, why)
+                self._failures.append({"round": round, "node": nid, "kind": kind, "clients": clients,
+                                       "error": str(why)})
+                for cid in clients:
+                    results[cid] = why
+                continue
+            self._round_bytes[f"{kind}_up"] += count_bytes(reply.content)
+            rep = Reply.from_content(reply.content)
+            key = f"{nid}/{int(rep.node.get('pid', 0))}"
+            self.processes[key] = {k: int(v) for k, v in rep.node.items()}
+            self._round_procs[key] = self.processes[key]["backbone_loads"]
+            for cid in clients:
+                if cid in rep.payloads:
+                    results[cid] = rep.payloads[cid]
+                else:
+                    results[cid] = RuntimeError(rep.errors.get(cid, f"node {nid} sent no reply for client {cid}"))
+        return results
+
+    # ------------------------------------------------------------------ Transport protocol
+
+    def train(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
+        self._round_bytes.clear()
+        self._round_procs.clear()
+        return self._round(MessageType.TRAIN, round, instructions)
+
+    def evaluate(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
+        return self._round(MessageType.EVALUATE, round, instructions)
+
+    def client_states(self) -> dict[int, FedMessage]:
+        return {}  # client states live on the nodes (state dir), not on the server
+
+    def restore(self, client_states: dict[int, FedMessage], last_round: int) -> None:
+        self.settings["checkpointed_round"] = last_round
+
+    def checkpointed(self, round: int) -> None:
+        self.settings["checkpointed_round"] = round
+
+    def round_extra(self) -> dict[str, Any]:
+        """Flower's own ``count_bytes()`` of the records sent/received this round, and load counters."""
+        return {"flower_record_bytes": dict(self._round_bytes),
+                "model_loads": dict(sorted(self._round_procs.items()))}
+
+    def summary_extra(self) -> dict[str, Any]:
+        loads = [v["backbone_loads"] for v in self.processes.values()]
+        return {"flower": {"client_processes": len(self.processes),
+                           "max_backbone_loads_per_process": max(loads, default=0),
+                           "processes": dict(sorted(self.processes.items())),
+                           "node_failures": self._failures}}

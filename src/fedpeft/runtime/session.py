@@ -1,0 +1,160 @@
+"""The server-side round loop shared by every runtime: resume, rounds, records, checkpoints, summary.
+
+A runtime only supplies a ``Transport`` that delivers encoded instructions to clients and hands
+back what came back (reply bytes, or the exception that stood in for a reply). Everything that
+decides the numbers (selection, aggregation, global evaluation, byte accounting, checkpointing)
+lives here and in ``RoundDriver``, so the embedded and Flower runtimes cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedpeft.comm.codec import Message
+from fedpeft.config import ExperimentConfig, dump_config
+from fedpeft.experiment import Experiment
+from fedpeft.methods.base import Method
+from fedpeft.runtime.server import RoundDriver
+from fedpeft.tracking.rundir import RunDir
+from fedpeft.tracking.summary import build_summary, round_record
+
+log = logging.getLogger("fedpeft")
+
+Results = dict[int, "bytes | BaseException"]
+
+
+class StopAfterRound(Exception):
+    """Raised by ``stop_after_round`` to simulate a crash right after a checkpoint."""
+
+
+class Transport(Protocol):
+    """How a runtime moves encoded messages between the server and the clients."""
+
+    def train(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]: ...
+
+    def evaluate(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]: ...
+
+    def client_states(self) -> dict[int, Message]:
+        """Client states the server checkpoints (empty when they live on the clients)."""
+        ...
+
+    def restore(self, client_states: dict[int, Message], last_round: int) -> None:
+        """Called on resume with the checkpointed client states and round."""
+        ...
+
+    def checkpointed(self, round: int) -> None:
+        """Called after the checkpoint of ``round`` is on disk."""
+        ...
+
+    def round_extra(self) -> dict[str, Any]:
+        """Runtime-specific fields appended to this round's metrics record."""
+        ...
+
+    def summary_extra(self) -> dict[str, Any]:
+        """Runtime-specific fields added to summary.json."""
+        ...
+
+
+def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> RunDir:
+    """Create (or check, on resume) the run directory and write config.yaml."""
+    run = RunDir(out_dir)
+    config_yaml = dump_config(cfg)
+    if resume and run.saved_config() not in (None, config_yaml):
+        raise ValueError(f"{out_dir}/config.yaml differs from the config given to --resume")
+    run.prepare(config_yaml, resume)
+    return run
+
+
+@contextlib.contextmanager
+def log_to(path: Path) -> Iterator[None]:
+    """Copy the ``fedpeft`` logger (INFO and up) into ``path`` for the duration of the run."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("fedpeft")
+    root.addHandler(handler)
+    old = root.level
+    root.setLevel(min(old, logging.INFO) if old else logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old)
+        handler.close()
+
+
+def progress(enabled: bool) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), disable=not enabled, transient=False)
+
+
+def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Method, transport: Transport,
+               resume: bool, stop_after_round: int | None = None, bar: Progress | None = None) -> dict[str, Any]:
+    """Resume if asked, run the remaining rounds through ``transport``, write metrics/checkpoints/summary."""
+    driver = RoundDriver(cfg, method)
+    checksum = exp.backbone.checksum()
+    start, state = 1, method.server_init()
+    ckpt = run.load_checkpoint() if resume else None
+    if ckpt is not None:
+        last, state, client_state, _ = ckpt
+        records = run.truncate_metrics(last)
+        start = last + 1
+        transport.restore(client_state, last)
+        log.info("resuming after round %d", last)
+    else:
+        records = run.truncate_metrics(0) if resume else []
+        log.info("label histogram per client (train): %s", exp.label_histograms()["train"])
+    trainable = method.trainable_params(state)
+    bar = bar or progress(False)
+    rounds_task = bar.add_task("rounds", total=cfg.federation.rounds, completed=start - 1)
+
+    for rnd in range(start, cfg.federation.rounds + 1):
+        t0 = time.perf_counter()
+        plan = driver.plan_round(state, rnd)
+        results = transport.train(rnd, plan.instructions)
+        state, clients = driver.finish_round(state, plan, results)
+        global_metrics = method.evaluate_global(state)
+        local_eval: dict[int, dict[str, Any]] = {}
+        eval_down = 0
+        if cfg.evaluation.local:
+            eval_msgs = driver.plan_evaluate(state, rnd)
+            eval_down = sum(len(b) for b in eval_msgs.values())
+            local_eval = driver.finish_evaluate(rnd, transport.evaluate(rnd, eval_msgs))
+        rec = round_record(rnd, global_metrics, clients, local_eval, eval_down, time.perf_counter() - t0)
+        rec.update(transport.round_extra())
+        records.append(rec)
+        run.append_metrics(rec)
+        if rnd % cfg.runtime.checkpoint_every == 0 or rnd == cfg.federation.rounds:
+            run.save_checkpoint(rnd, state, transport.client_states())
+            transport.checkpointed(rnd)
+        log.info("round %d: accuracy %.4f loss %.4f up %d B down %d B (%.1fs)", rnd, rec["accuracy"],
+                 rec["loss"], rec["bytes_up"], rec["bytes_down"], rec["wall_seconds"])
+        bar.advance(rounds_task)
+        if stop_after_round is not None and rnd >= stop_after_round and rnd < cfg.federation.rounds:
+            raise StopAfterRound(f"stopped after round {rnd}")
+
+    unchanged = exp.backbone.checksum() == checksum
+    if not unchanged:  # would mean a method wrote into the shared frozen model
+        log.error("backbone weights changed during the run")
+    summary = build_summary(cfg, records, trainable, exp.backbone.num_parameters, {
+        "backbone_unchanged": unchanged,
+        **payload_split(method, state),
+        **transport.summary_extra(),
+    })
+    run.write_summary(summary)
+    return summary
+
+
+def payload_split(method: Method, state: Message) -> dict[str, int]:
+    """Tensor bytes of one upload in the wire dtype (what the paper counts); the rest is framing."""
+    schema = method.reply_schema(state)
+    numel = sum(math.prod(shape) for shape in schema.tensors.values())
+    return {"upload_tensor_bytes": numel * schema.dtype.itemsize}

@@ -1,0 +1,90 @@
+"""Templates, prompt insertion and readouts on tiny random models of each family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedpeft.adapters.soft_prompt import SoftPrompt, SoftPromptSettings
+from fedpeft.backbones.classifier import Classifier, label_token_ids
+from fedpeft.backbones.encoding import encode_examples
+from fedpeft.backbones.loading import load_backbone
+from fedpeft.data.types import Example, TaskData
+from fedpeft.runtime.embedded import run_embedded
+
+TASK = TaskData(
+    name="toy", class_names=["neg", "pos"], train=[], test=[],
+    label_words=["bad", "great"], label_descriptions=["it is bad", "it is great"],
+    template="{text_a} It was {mask}.", causal_template="Review: {text_a}\nIt was",
+)
+EXAMPLES = [Example("the film was a total waste of time and money", 0), Example("lovely", 1)]
+
+
+def _clf(model: str, readout: str = "auto", m: int = 3) -> Classifier:
+    adapter = SoftPrompt(SoftPromptSettings(num_tokens=m))
+    return Classifier(load_backbone(model), adapter, TASK, readout, max_length=12)
+
+
+def test_text_is_truncated_never_the_template_or_mask():
+    bb = load_backbone("tiny-bert-mlm")
+    enc = encode_examples(bb, TASK, EXAMPLES, max_length=10, readout="verbalizer")
+    tok = bb.tokenizer
+    first = enc.input_ids[0]
+    assert len(first) == 10
+    assert first[0] == tok.cls_token_id and first[-1] == tok.sep_token_id
+    assert first[enc.mask_index[0]] == tok.mask_token_id
+    assert tok.decode(first[enc.mask_index[0] - 2 : enc.mask_index[0]]) == "it was"
+    assert len(enc.input_ids[1]) < 10 and enc.lead == 1
+
+
+def test_soft_prompt_is_inserted_after_cls_and_mask_position_shifts():
+    clf = _clf("tiny-bert-mlm", m=3)
+    params = clf.init_params(torch.Generator().manual_seed(0))
+    enc = clf.encode(EXAMPLES)
+    batch = clf.batch(enc, [0, 1])
+    prep = clf.adapter.prepare(clf.backbone, params, batch["input_ids"], batch["attention_mask"], enc.lead)
+    assert prep.insert_at == 1 and prep.inserted == 3
+    assert torch.equal(prep.embeds[0, 1:4], params["prompt"])
+    emb = clf.backbone.input_embeddings()(batch["input_ids"])
+    assert torch.equal(prep.embeds[:, 0], emb[:, 0]) and torch.equal(prep.embeds[:, 4:], emb[:, 1:])
+    assert prep.attention_mask[1].sum() == batch["attention_mask"][1].sum() + 3
+    # verbalizer logits read at the shifted mask position equal a manual computation
+    out = clf.backbone.model(inputs_embeds=prep.embeds, attention_mask=prep.attention_mask).logits
+    manual = out[0, enc.mask_index[0] + 3, clf.label_ids]
+    assert torch.allclose(clf.logits(params, batch)[0], manual, atol=1e-6)
+
+
+def test_causal_readout_uses_last_real_token_with_right_padding():
+    clf = _clf("tiny-llama", m=2)
+    params = clf.init_params(torch.Generator().manual_seed(0))
+    enc = clf.encode(EXAMPLES)
+    both = clf.logits(params, clf.batch(enc, [0, 1]))
+    alone = clf.logits(params, clf.batch(enc, [1]))  # no padding when alone
+    assert torch.allclose(both[1], alone[0], atol=1e-5)
+
+
+def test_label_words_must_have_distinct_first_tokens():
+    bb = load_backbone("tiny-bert")
+    assert len(set(label_token_ids(bb, ["bad", "great"]))) == 2
+    with pytest.raises(ValueError, match="share a first token"):
+        label_token_ids(bb, ["great", "great"])
+
+
+def test_encoder_has_no_verbalizer_readout():
+    with pytest.raises(ValueError, match="model.readout"):
+        _clf("tiny-bert", readout="verbalizer")
+
+
+@pytest.mark.parametrize("model, readout", [("tiny-bert-mlm", "verbalizer"), ("tiny-roberta-mlm", "verbalizer"),
+                                            ("tiny-llama", "verbalizer"), ("tiny-bert", "similarity")])
+def test_every_family_runs_federated_rounds(tiny_cfg, tmp_path, model, readout):
+    summary = run_embedded(tiny_cfg(model__name=model, model__readout=readout), tmp_path / "run")
+    assert summary["rounds"] == 2 and summary["backbone_unchanged"]
+
+
+def test_linear_head_is_trained_and_exchanged(tiny_cfg, tmp_path):
+    cfg = tiny_cfg(model__readout="linear", method__trainer__lr=0.1)
+    summary = run_embedded(cfg, tmp_path / "run")
+    m, d, classes = 4, 32, 2
+    assert summary["trainable_params"] == m * d + classes * d + classes
+    assert summary["upload_tensor_bytes"] == 4 * (m * d + classes * d + classes)
