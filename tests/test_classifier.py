@@ -88,3 +88,32 @@ def test_linear_head_is_trained_and_exchanged(tiny_cfg, tmp_path):
     m, d, classes = 4, 32, 2
     assert summary["trainable_params"] == m * d + classes * d + classes
     assert summary["upload_tensor_bytes"] == 4 * (m * d + classes * d + classes)
+
+
+def test_backbone_is_loaded_once_per_process(tiny_cfg, tmp_path):
+    from fedpeft.backbones.loading import PROCESS_CACHE
+
+    run_embedded(tiny_cfg(), tmp_path / "a")
+    run_embedded(tiny_cfg(seed=3), tmp_path / "b")
+    assert PROCESS_CACHE.loads["tiny-bert"] == 1
+
+
+def test_any_local_model_directory_loads_like_a_hub_id(tmp_path, tiny_cfg):
+    bb = load_backbone("tiny-bert-mlm")
+    path = tmp_path / "my-mlm"
+    bb.model.save_pretrained(path)
+    bb.tokenizer.save_pretrained(path)
+    loaded = load_backbone(str(path))
+    assert loaded.family == "mlm" and loaded.num_parameters == bb.num_parameters
+    summary = run_embedded(tiny_cfg(model__name=str(path)), tmp_path / "run")
+    assert summary["model"] == str(path)
+
+
+def test_prompt_initialised_from_given_words():
+    adapter = SoftPrompt(SoftPromptSettings(num_tokens=4, init="words", init_words=["great", "movie"]))
+    bb = load_backbone("tiny-bert")
+    rows = adapter.init(bb, torch.Generator().manual_seed(0))["prompt"]
+    ids = bb.tokenizer(["great", "movie"], add_special_tokens=False)["input_ids"]
+    table = bb.input_embeddings().weight
+    assert torch.equal(rows[0], table[ids[0][0]]) and torch.equal(rows[1], table[ids[1][0]])
+    assert torch.equal(rows[2], rows[0])
