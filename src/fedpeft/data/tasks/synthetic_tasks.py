@@ -1,0 +1,83 @@
+"""Deterministic synthetic tasks for fast, self-contained tests."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+
+from fedpeft.config import TaskConfig
+from fedpeft.data import synthetic
+from fedpeft.data.tasks.base import (
+    PAIR_TEMPLATE,
+    TASKS,
+    TaskLoader,
+    TaskSpec,
+    sentiment_spec,
+    stratified_split,
+)
+from fedpeft.data.types import Example, TaskData
+
+# ---------------------------------------------------------------- synthetic tasks
+
+SYNTHETIC_SENTIMENT_SPEC = sentiment_spec("synthetic-sentiment", "sentence")
+SYNTHETIC_TOPIC_SPEC = TaskSpec(
+    name="synthetic-topic",
+    class_names=list(synthetic.TOPIC_NAMES),
+    label_words=list(synthetic.TOPIC_NAMES),
+    label_descriptions=[
+        "This text is about sports, games and teams.",
+        "This text is about business, markets and companies.",
+        "This text is about science and research.",
+        "This text is about politics, elections and government.",
+    ],
+    template="{text_a} This is about {mask}.",
+    causal_template="Text: {text_a}\nTopic (sports, business, science or politics):",
+)
+SYNTHETIC_PAIR_SPEC = TaskSpec(
+    name="synthetic-pair",
+    class_names=["different", "same"],
+    label_words=["no", "yes"],
+    label_descriptions=[
+        "The two sentences are about different topics.",
+        "The two sentences are about the same topic.",
+    ],
+    template=PAIR_TEMPLATE,
+    causal_template="Sentence 1: {text_a}\nSentence 2: {text_b}\nSame topic (yes or no)? Answer:",
+    is_pair=True,
+)
+
+
+def _synthetic(
+    spec: TaskSpec, generate: Callable[[int, np.random.Generator], list[Example]]
+) -> TaskLoader:
+    """Loader generating ``cfg.num_examples`` examples from the seed, split by ``test_fraction``."""
+
+    def load(cfg: TaskConfig, seed: int) -> TaskData:
+        examples = generate(cfg.num_examples, np.random.default_rng([seed, zlib.crc32(spec.name.encode())]))
+        if len(examples) < 2 * len(spec.class_names):
+            raise ValueError(f"task.num_examples ({cfg.num_examples}) is too small for {spec.name}")
+        train, test = stratified_split(examples, cfg.test_fraction, seed)
+        return spec.build(train, test, generator=f"seed {seed}")
+
+    return load
+
+
+TASKS.add(
+    "synthetic-sentiment",
+    _synthetic(SYNTHETIC_SENTIMENT_SPEC, synthetic.synthetic_sentiment),
+    "synthetic binary sentiment: majority polarity of cue words among filler",
+)
+TASKS.add(
+    "synthetic-topic",
+    _synthetic(SYNTHETIC_TOPIC_SPEC, synthetic.synthetic_topic),
+    "synthetic 4-topic classification: topic keywords among filler",
+)
+TASKS.add(
+    "synthetic-pair",
+    _synthetic(SYNTHETIC_PAIR_SPEC, synthetic.synthetic_pair),
+    "synthetic sentence pairs: 1 if both sentences share a topic",
+)
+
+
