@@ -1,4 +1,4 @@
-"""Command line: ``fedpeft run | methods | tasks | models``."""
+"""Command line: ``fedpeft run | methods | tasks | models | flower (superlink | supernode | run)``."""
 
 from __future__ import annotations
 
@@ -104,6 +104,71 @@ def models() -> None:
 
     _list("models", [(e.name, e.description) for e in BACKBONES.entries()]
           + [("<hf id or path>", "any Hugging Face encoder, masked LM or causal LM")])
+
+
+flower_app = typer.Typer(no_args_is_help=True, help="Run on Flower: a SuperLink, SuperNodes owning partitions, runs.")
+app.add_typer(flower_app, name="flower")
+
+
+@flower_app.command("superlink")
+def flower_superlink(
+    host: Annotated[str, typer.Option(help="address to bind (0.0.0.0 to accept other machines)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="one port for Flower's Fleet, Control and Runtime APIs")] = 9093,
+) -> None:
+    """Start a Flower SuperLink (insecure, no TLS) in the foreground."""
+    import os
+
+    from fedpeft.runtime.flower.local import flower_env, superlink_cmd
+
+    cmd = superlink_cmd(host, port)
+    console.print(" ".join(cmd))
+    os.execve(cmd[0], cmd, flower_env())
+
+
+@flower_app.command("supernode")
+def flower_supernode(
+    superlink: Annotated[str, typer.Option(help="SuperLink address host:port")],
+    partitions: Annotated[str, typer.Option(help="fedpeft client ids this node owns, e.g. 0,1")],
+    state_dir: Annotated[Path, typer.Option(help="where this node keeps its clients' persistent state")],
+    data_dir: Annotated[Optional[Path], typer.Option(help="folder holding the task data (FEDPEFT_DATA_DIR)")] = None,
+    port: Annotated[int, typer.Option(help="this node's local ClientApp runtime API port")] = 9094,
+) -> None:
+    """Start a Flower SuperNode owning some fedpeft clients, in the foreground."""
+    import os
+
+    from fedpeft.runtime.flower.local import flower_env, supernode_cmd
+
+    ids = [int(x) for x in partitions.split(",") if x.strip()]
+    cmd = supernode_cmd(superlink, ids, port, "127.0.0.1", state_dir, data_dir)
+    console.print(" ".join(cmd))
+    os.execve(cmd[0], cmd, flower_env())
+
+
+@flower_app.command("run")
+def flower_run(
+    config: Annotated[Optional[Path], typer.Argument(help="experiment YAML (omit to use the defaults)")] = None,
+    superlink: Annotated[str, typer.Option(help="SuperLink address host:port")] = "127.0.0.1:9093",
+    set_: Annotated[list[str], typer.Option("--set", help="override a key, e.g. federation.rounds=2")] = [],
+    out: Annotated[Optional[Path], typer.Option(help="run directory on the SuperLink machine")] = None,
+    resume: Annotated[bool, typer.Option(help="continue from the last checkpoint in --out")] = False,
+    round_timeout: Annotated[float, typer.Option(help="seconds to wait for a round's replies (0: no limit)")] = 0.0,
+    rejoin_wait: Annotated[float, typer.Option(help="seconds a round waits for missing clients' nodes")] = 0.0,
+) -> None:
+    """Submit an experiment to a SuperLink with `flwr run` and wait for it (runtime.name=flower)."""
+    from fedpeft.config import ConfigError, load_config
+    from fedpeft.runtime.flower.deployment import run_flower
+
+    try:
+        cfg = load_config(config, list(set_) + ["runtime.name=flower"])
+    except ConfigError as e:
+        _fail(str(e))
+    out_dir = out or Path("runs") / (cfg.name or f"{cfg.method.name}-{cfg.task.name}-{cfg.model.name}-s{cfg.seed}")
+    try:
+        summary = run_flower(cfg, out_dir, resume=resume, superlink=superlink, round_timeout=round_timeout or None,
+                             rejoin_wait=rejoin_wait)
+    except (FileExistsError, RuntimeError, ValueError) as e:
+        _fail(str(e))
+    _print_table(out_dir, summary)
 
 
 def main() -> None:  # console-script entry point

@@ -20,7 +20,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedpeft.comm.codec import Message as FedMessage
-from fedpeft.runtime.flower.records import CLIENTS, NODE, SETTINGS, Instruction, Reply, count_bytes
+from fedpeft.runtime.flower.records import CLIENTS, SETTINGS, Instruction, Reply, count_bytes
 
 log = logging.getLogger("fedpeft.flower")
 
@@ -37,9 +37,9 @@ class FlowerTransport:
         self.poll = poll_interval
         self.owner: dict[int, int] = {}  # fedpeft client id -> Flower node id
         self.known: set[int] = set()  # node ids already asked
-        self.processes: dict[str, dict[str, int]] = {}  # "node/pid" -> latest counters
+        self.processes: dict[str, dict[str, int]] = {}  # "pid" -> latest counters of that client process
         self._round_bytes: dict[str, int] = defaultdict(int)
-        self._round_procs: dict[str, int] = {}  # "node/pid" -> backbone loads, this round
+        self._round_procs: dict[str, int] = {}  # "pid" -> backbone loads of processes that answered this round
         self._failures: list[dict[str, Any]] = []
         self._started = False
 
@@ -148,9 +148,9 @@ class FlowerTransport:
                 continue
             self._round_bytes[f"{kind}_up"] += count_bytes(reply.content)
             rep = Reply.from_content(reply.content)
-            key = f"{nid}/{int(rep.node.get('pid', 0))}"
-            self.processes[key] = {k: int(v) for k, v in rep.node.items()}
-            self._round_procs[key] = self.processes[key]["backbone_loads"]
+            pid = str(int(rep.node.get("pid", 0)))
+            self.processes[pid] = {k: int(v) for k, v in rep.node.items()}
+            self._round_procs[pid] = self.processes[pid]["backbone_loads"]
             for cid in clients:
                 if cid in rep.payloads:
                     results[cid] = rep.payloads[cid]

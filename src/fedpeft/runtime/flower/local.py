@@ -1,0 +1,144 @@
+"""Start and stop a Flower SuperLink and SuperNodes as separate OS processes (tests, benchmarks, CLI).
+
+Every process is started in its own session (process group), so ``stop`` ends it together with
+the children Flower spawns (SuperExec, ``flwr-serverapp``, ``flwr-clientapp``) and nothing else.
+All addresses are explicit; tests pass ``host="127.0.0.1"`` and ports from ``free_port``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def flower_env() -> dict[str, str]:
+    """Environment for Flower processes: this venv's bin first on PATH (Flower spawns ``flower-superexec``,
+    ``flwr-serverapp``, ``flwr-clientapp`` by name), no update check (offline), unbuffered logs."""
+    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    return os.environ | {"PATH": path, "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(host: str, port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.3)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f} s")
+
+
+@dataclass
+class Proc:
+    """One started process (and its process group); ``log`` receives stdout and stderr."""
+
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        """Signal this process group, wait, then SIGKILL the group if it is still there."""
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # children (SuperExec, app processes) may outlive the leader; they share its group
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.popen.poll() is None:
+            self.popen.wait(5)
+
+
+def start(name: str, cmd: list[str], log: Path, cwd: Path | None = None) -> Proc:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    f = log.open("ab")
+    popen = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=flower_env(), cwd=cwd,
+                             start_new_session=True)
+    f.close()
+    return Proc(name, popen, log)
+
+
+def superlink_cmd(host: str, port: int) -> list[str]:
+    return [str(BIN / "flower-superlink"), "--insecure", "--host", host, "--port", str(port)]
+
+
+def node_config(partition_ids: list[int], state_dir: str | Path | None = None,
+                data_dir: str | Path | None = None) -> str:
+    """The ``--node-config`` string of a SuperNode owning ``partition_ids``."""
+    parts = [f"partition-ids='{','.join(str(i) for i in partition_ids)}'"]
+    if state_dir is not None:
+        parts.append(f"state-dir='{Path(state_dir).resolve()}'")
+    if data_dir is not None:
+        parts.append(f"data-dir='{Path(data_dir).resolve()}'")
+    return " ".join(parts)
+
+
+def supernode_cmd(superlink: str, partition_ids: list[int], runtime_port: int, host: str = "127.0.0.1",
+                  state_dir: str | Path | None = None, data_dir: str | Path | None = None) -> list[str]:
+    return [str(BIN / "flower-supernode"), "--insecure", "--superlink", superlink,
+            "--node-config", node_config(partition_ids, state_dir, data_dir),
+            "--host", host, "--port", str(runtime_port)]
+
+
+@dataclass
+class LocalFederation:
+    """A SuperLink plus SuperNodes on one machine; use as a context manager so all are stopped."""
+
+    root: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    nodes: dict[str, Proc] = field(default_factory=dict)
+    superlink: Proc | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start_superlink(self) -> None:
+        self.port = self.port or free_port(self.host)
+        self.superlink = start("superlink", superlink_cmd(self.host, self.port), self.root / "superlink.log")
+        wait_port(self.host, self.port)
+
+    def start_node(self, name: str, partition_ids: list[int], state_dir: Path | None = None,
+                   data_dir: Path | None = None) -> Proc:
+        state_dir = state_dir or self.root / "state" / name
+        cmd = supernode_cmd(self.address, partition_ids, free_port(self.host), self.host, state_dir, data_dir)
+        self.nodes[name] = start(name, cmd, self.root / f"{name}.log")
+        return self.nodes[name]
+
+    def stop(self) -> None:
+        for p in list(self.nodes.values()):
+            p.stop()
+        if self.superlink is not None:
+            self.superlink.stop()
+
+    def __enter__(self) -> LocalFederation:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

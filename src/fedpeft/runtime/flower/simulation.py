@@ -1,0 +1,59 @@
+"""``runtime.name: flower-sim``: Flower's Simulation Runtime (Ray backend), one virtual SuperNode per client.
+
+The ServerApp runs in a thread of this process (``serve`` with this config and run directory); the
+ClientApps run in Ray actor processes, each caching one backbone for the whole run. Node ``i`` owns
+fedpeft client ``i`` (Flower's ``partition-id``). Uses ``flwr.simulation.run_simulation``, which is
+deprecated in favour of ``flwr run`` but is the in-process API that lets ``fedpeft run`` drive it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from fedpeft.config import ExperimentConfig
+from fedpeft.runtime.session import StopAfterRound
+
+log = logging.getLogger("fedpeft.flower")
+
+
+def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
+                   stop_after_round: int | None = None, num_actors: int | None = None) -> dict[str, Any]:
+    """Run (or resume) ``cfg`` in Flower's simulation runtime; returns the summary (as summary.json)."""
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from fedpeft.runtime.flower.client_app import client_app
+    from fedpeft.runtime.flower.server_app import serve
+
+    cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"name": "flower-sim"})})
+    out: dict[str, Any] = {}
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        out["summary"] = serve(grid, cfg, out_dir, resume=resume, stop_after_round=stop_after_round,
+                               join_timeout=120.0)
+
+    cpus = num_actors or min(cfg.federation.num_clients, os.cpu_count() or 1)
+    backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+               "init_args": {"num_cpus": cpus, "include_dashboard": False}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.federation.num_clients,
+                           backend_config=backend)
+        except StopAfterRound:
+            raise
+        except RuntimeError as e:  # Flower wraps ServerApp exceptions; surface ours unchanged
+            cause = e.__cause__ or e.__context__
+            if isinstance(cause, StopAfterRound):
+                raise cause from None
+            raise
+    if "summary" not in out:
+        raise RuntimeError(f"the Flower simulation ended without a summary; see {Path(out_dir) / 'run.log'}")
+    return out["summary"]

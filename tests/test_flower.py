@@ -1,0 +1,239 @@
+"""Flower runtimes: same numbers as embedded, records without pickle, client state, resume, deployment.
+
+The fast tests check the pieces (record packing, client-state files, node config); the slow ones
+run real Flower: the simulation runtime (Ray) and a SuperLink + SuperNodes as separate processes
+on 127.0.0.1 with free ports, always stopped in ``finally`` (``LocalFederation.__exit__``).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_overrides
+
+from fedpeft.comm.codec import Message, decode, encode
+from fedpeft.config import load_config
+from fedpeft.runtime.embedded import run_embedded
+from fedpeft.runtime.session import StopAfterRound
+from fedpeft.tracking.rundir import RunDir
+from fedpeft.tracking.summary import TIMING_FIELDS
+
+flwr = pytest.importorskip("flwr")
+
+from fedpeft.runtime.flower.client_app import owned_clients
+from fedpeft.runtime.flower.client_state import ClientStateStore
+from fedpeft.runtime.flower.records import Instruction, Reply, count_bytes
+
+FLOWER_ONLY = ("flower_record_bytes", "model_loads")
+
+
+def _comparable(records):
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS + FLOWER_ONLY} for r in records]
+
+
+# ---------------------------------------------------------------- fast unit tests
+
+
+def test_records_carry_codec_bytes_unchanged_and_count_bytes():
+    a = encode(Message({"prompt": torch.randn(4, 3)}, {"num_examples": 7}))
+    b = encode(Message({"prompt": torch.randn(4, 3)}, {"num_examples": 9}))
+    ins = Instruction({0: a, 12: b}, {"round": 3, "config_yaml": "seed: 0\n"})
+    content = ins.content()
+    back = Instruction.from_content(content)
+    assert back.payloads == {0: a, 12: b} and back.settings["round"] == 3
+    assert torch.equal(decode(back.payloads[12]).tensors["prompt"], decode(b).tensors["prompt"])
+    # Flower's count: array bytes + key names, plus config values
+    expected = len(a) + len(b) + len("0") + len("12") + 8 + len("seed: 0\n") + len("round") + len("config_yaml")
+    assert count_bytes(content) == expected
+    rep = Reply.from_content(Reply({1: a}, {2: "RuntimeError: x"}, {"pid": 5, "backbone_loads": 1}).content())
+    assert rep.payloads == {1: a} and rep.errors == {2: "RuntimeError: x"} and rep.node["backbone_loads"] == 1
+
+
+def test_non_codec_arrays_are_refused():
+    from flwr.app import ArrayRecord, RecordDict
+
+    content = RecordDict({"fedpeft.payload": ArrayRecord({"0": flwr.app.Array(torch.zeros(3).numpy())})})
+    with pytest.raises(ValueError, match="not a fedpeft codec payload"):
+        Instruction.from_content(content)
+
+
+def test_client_state_store_reads_newest_state_before_the_round(tmp_path):
+    store = ClientStateStore(tmp_path)
+    assert store.load(0, 5).tensors == {}
+    for r in (1, 2, 4):
+        store.save(0, r, Message({"m": torch.full((2,), float(r))}, {"r": r}))
+    assert store.load(0, 3).scalars == {"r": 2}  # training round 4 reads the state after round 2... here <=3
+    assert store.load(0, 4).scalars == {"r": 4}
+    assert store.load(0, 0).scalars == {}
+    store.prune(0, checkpointed_round=3)  # keep the newest <= 3 (round 2) and everything after it
+    assert sorted(p.name for p in (tmp_path / "client_0").iterdir()) == ["round_2.safetensors", "round_4.safetensors"]
+    assert store.load(1, 9).scalars == {}
+
+
+def test_owned_clients_from_node_config():
+    assert owned_clients({"partition-ids": "3, 1,1"}) == [1, 3]
+    assert owned_clients({"partition-ids": 4}) == [4]
+    assert owned_clients({"partition-id": 2, "num-partitions": 5}) == [2]
+    with pytest.raises(ValueError, match="partition-ids"):
+        owned_clients({})
+
+
+# ---------------------------------------------------------------- simulation (Ray)
+
+
+def _cfg(**extra):
+    base = {"runtime.threads": 1, "method.trainer.reset_optimizer": False}  # same threads -> same floats
+    base.update({k.replace("__", "."): v for k, v in extra.items()})
+    return load_config(None, tiny_overrides(**base))
+
+
+@pytest.fixture(scope="module")
+def sim_runs(tmp_path_factory):
+    """One uninterrupted flower-sim run, the embedded run of the same config, and an interrupted+resumed sim."""
+    from fedpeft.runtime.flower.simulation import run_flower_sim
+
+    root = tmp_path_factory.mktemp("flower-sim")
+    cfg = _cfg()
+    out = {"cfg": cfg, "root": root}
+    out["embedded"] = run_embedded(cfg, root / "embedded")
+    out["sim"] = run_flower_sim(cfg, root / "sim")
+    with pytest.raises(StopAfterRound):
+        run_flower_sim(cfg, root / "cut", stop_after_round=1)
+    out["cut_records"] = RunDir(root / "cut").read_metrics()
+    out["resumed"] = run_flower_sim(cfg, root / "cut", resume=True)
+    return out
+
+
+@pytest.mark.slow
+def test_flower_sim_matches_embedded_bit_for_bit(sim_runs):
+    root = sim_runs["root"]
+    emb, sim = RunDir(root / "embedded").read_metrics(), RunDir(root / "sim").read_metrics()
+    assert [r["round"] for r in sim] == [1, 2]
+    assert [r["accuracy"] for r in sim] == [r["accuracy"] for r in emb]  # exact float equality
+    assert [r["loss"] for r in sim] == [r["loss"] for r in emb]
+    assert [(r["bytes_up"], r["bytes_down"], r["eval_bytes_up"], r["eval_bytes_down"]) for r in sim] == \
+        [(r["bytes_up"], r["bytes_down"], r["eval_bytes_up"], r["eval_bytes_down"]) for r in emb]
+    assert _comparable(sim) == _comparable(emb)  # per-client statuses, losses, local accuracies too
+    a = RunDir(root / "embedded").load_checkpoint()[1].tensors
+    b = RunDir(root / "sim").load_checkpoint()[1].tensors
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # Flower's own record size is the codec bytes plus keys and settings, never less
+    for r in sim:
+        assert r["flower_record_bytes"]["train_up"] >= r["bytes_up"]
+        assert r["flower_record_bytes"]["train_down"] >= r["bytes_down"]
+    # one backbone per client process, reused across rounds and clients
+    procs = sim_runs["sim"]["flower"]["processes"]
+    assert procs and all(p["backbone_loads"] == 1 and p["experiment_builds"] == 1 for p in procs.values())
+    assert sum(p["messages"] for p in procs.values()) >= 2 * 3 * 2  # train+eval, 3 clients, 2 rounds
+    assert {"config.yaml", "metrics.jsonl", "summary.json", "run.log", "checkpoint"} <= \
+        {p.name for p in (root / "sim").iterdir()}
+
+
+@pytest.mark.slow
+def test_flower_sim_resume_gives_uninterrupted_metrics(sim_runs):
+    root = sim_runs["root"]
+    assert [r["round"] for r in sim_runs["cut_records"]] == [1]
+    assert _comparable(RunDir(root / "cut").read_metrics()) == _comparable(RunDir(root / "sim").read_metrics())
+    assert sim_runs["resumed"]["final_accuracy"] == sim_runs["sim"]["final_accuracy"]
+    # persistent per-client state (Adam moments, reset_optimizer=false) lives in the client-side store
+    states = sorted((root / "cut" / "client_state").glob("*/client_*/round_*.safetensors"))
+    assert {p.parent.name for p in states} == {"client_0", "client_1", "client_2"}
+    assert any("::exp_avg" in k for k in decode(states[-1].read_bytes()).tensors)
+
+
+@pytest.mark.slow
+def test_fedpeft_run_cli_with_flower_sim_runtime(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedpeft.cli import app
+
+    args = ["run", "--runtime", "flower-sim", "--out", str(tmp_path / "run"), "--quiet"]
+    for item in tiny_overrides(**{"federation.rounds": 1, "evaluation.local": False}):
+        args += ["--set", item]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "final accuracy" in res.output
+    assert RunDir(tmp_path / "run").read_metrics()[0]["num_ok"] == 3
+
+
+# ---------------------------------------------------------------- deployment (SuperLink + SuperNodes)
+
+
+def _wait_for(path: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"'{text}' did not appear in {path} within {timeout:.0f} s")
+
+
+@pytest.mark.slow
+def test_deployment_superlink_and_two_supernodes(tmp_path):
+    from fedpeft.runtime.flower.deployment import run_flower
+    from fedpeft.runtime.flower.local import LocalFederation
+
+    cfg = _cfg(federation__num_clients=2, evaluation__local=False)
+    with LocalFederation(tmp_path / "fed") as fed:
+        fed.start_superlink()
+        fed.start_node("node0", [0])
+        fed.start_node("node1", [1])
+        summary = run_flower(cfg, tmp_path / "run", superlink=fed.address, timeout=420)
+        assert all(p.alive() for p in fed.nodes.values())
+    records = RunDir(tmp_path / "run").read_metrics()
+    assert [r["round"] for r in records] == [1, 2]
+    assert all(r["num_ok"] == 2 and r["num_failed"] == 0 for r in records)
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint/meta.json", "run.log"):
+        assert (tmp_path / "run" / name).exists(), name
+    assert summary["rounds"] == 2 and summary["runtime"] == "flower"
+    emb = run_embedded(cfg, tmp_path / "embedded")
+    assert summary["bytes_up_total"] == emb["bytes_up_total"]
+    assert summary["bytes_down_total"] == emb["bytes_down_total"]
+    assert [r["accuracy"] for r in records] == [r["accuracy"] for r in RunDir(tmp_path / "embedded").read_metrics()]
+    # client state went to each node's own state dir, not the server's run dir
+    assert list((tmp_path / "fed" / "state" / "node0").glob("*/client_0/round_2.safetensors"))
+    assert list((tmp_path / "fed" / "state" / "node1").glob("*/client_1/round_2.safetensors"))
+    assert all(p["backbone_loads"] == 1 for p in summary["flower"]["processes"].values())
+
+
+@pytest.mark.slow
+def test_killed_supernode_round_completes_and_node_rejoins(tmp_path):
+    from fedpeft.runtime.flower.deployment import run_flower
+    from fedpeft.runtime.flower.local import LocalFederation
+
+    cfg = _cfg(federation__rounds=3, federation__min_clients=2, evaluation__local=False)
+    run_dir = tmp_path / "run"
+    import threading
+
+    with LocalFederation(tmp_path / "fed") as fed:
+        fed.start_superlink()
+        for i in range(3):
+            fed.start_node(f"node{i}", [i])
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.update(
+            s=run_flower(cfg, run_dir, superlink=fed.address, rejoin_wait=120.0, timeout=540)), daemon=True)
+        t.start()
+        try:
+            _wait_for(run_dir / "run.log", "round 1: accuracy", 300)
+            fed.nodes["node2"].stop(signal.SIGKILL)  # mid round 2: its message is pulled or about to be
+            _wait_for(run_dir / "run.log", "failed during train", 240)
+            fed.start_node("node2-restarted", [2], state_dir=tmp_path / "fed" / "state" / "node2")
+            t.join(480)
+        finally:
+            if t.is_alive():
+                fed.stop()
+                t.join(30)
+    assert "s" in result, "the run did not finish"
+    records = RunDir(run_dir).read_metrics()
+    assert [r["round"] for r in records] == [1, 2, 3]
+    assert records[0]["num_ok"] == 3
+    assert records[1]["num_ok"] == 2 and records[1]["num_failed"] == 1
+    assert {c["client"]: c["status"] for c in records[1]["clients"]}[2] == "failed"
+    assert records[2]["num_ok"] == 3  # the restarted node serves client 2 again
+    log = (run_dir / "run.log").read_text()
+    assert "SuperNode" in log and "client 2 failed" in log
+    assert result["s"]["flower"]["node_failures"][0]["clients"] == [2]
