@@ -1,1 +1,206 @@
-"""(being written)"""
+"""Server momentum with per-client control variates (FedPepTAO Alg. 2 lines 12–25; spec §2.9 executable form).
+
+Round r on the shared tensors only, with p_i = n_i / Σ_{j∈S} n_j:
+
+1. Δw_i = w_i − w^{r−1} for the uploaded w_i (nothing but w_i, n_i, T_i is sent).
+2. w̄ = Σ p_i w_i and the pseudo-gradient P^r = w^{r−1} − w̄.
+3. c_i ← c_i − c_g − Δw_i / (T_i α) for i ∈ S (T_i local steps, α the client lr); c_i unchanged for i ∉ S.
+4. c_g ← c_g + (|S|/M) Σ_{i∈S} p_i (c_i^new − c_i^old).
+5. Round 1 (no P^{r−1}): w = w̄, m = 0. Otherwise g = P^{r−1} − P^r (code sign, A9),
+   m_i = β m + (1−β) g + c_g − c_i, m = Σ p_i m_i and w = w̄ − η^r m (step on the FedAvg result, A10;
+   every m_i from the same m^{r−1}, no chaining, A11).
+6. (selection) ``restrict`` slices w, m, c_g, every c_i and P to the selected layers.
+
+Switches give the paper-literal variants (``sign: paper``, ``base: previous``), the code-literal
+chaining, Δc weighted by T_i (code) and the optimiser ablations: ``control_variates: false`` (MomS+AdamD),
+``momentum_input: pseudo_grad`` with ``base: previous`` (MomS = FedAvgM; + control variates = MomS+Con).
+The control variates live on the server only and never enter the local update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedpeft.aggregators.fedavg import AGGREGATORS
+
+Params = dict[str, torch.Tensor]
+
+
+class MomentumCVSettings(BaseModel):
+    """``method.aggregator`` keys of ``momentum_cv``."""
+
+    model_config = ConfigDict(extra="forbid")
+    server_lr: float = Field(1e-3, ge=0, description="η (paper best 1e-3; code example 0.05)")
+    lr_decay: float = Field(1.0, gt=0, le=1, description="η^r = max(η·γ^(r−1), lr_floor); code γ = 0.99")
+    lr_floor: float = Field(1e-4, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1, description="β")
+    control_variates: bool = Field(True, description="the c_g − c_i term (false: MomS+AdamD / MomS)")
+    momentum_input: Literal["pseudo_grad_diff", "pseudo_grad"] = Field(
+        "pseudo_grad_diff", description="Alg. 2 line 19 g = P^{r−1} − P^r, or P^r itself (FedAvgM, for MomS)")
+    base: Literal["average", "previous"] = Field(
+        "average", description="server step from w̄^r (code, A10) or from w^{r−1} (paper line 22)")
+    sign: Literal["code", "paper"] = Field("code", description="g = P^{r−1} − P^r (code) or its negative (paper)")
+    chaining: bool = Field(False, description="code-exact: per-client steps chained within a round (A11)")
+    cv_weights: Literal["num_examples", "steps"] = Field("num_examples", description="weights of Δc (A15)")
+
+
+@dataclass
+class MomentumState:
+    """Server state of Alg. 2 over named tensors: w, m, c_g, c_i per client id, previous pseudo-gradient."""
+
+    w: Params
+    m: Params
+    cg: Params
+    c: dict[int, Params] = field(default_factory=dict)
+    prev: Params | None = None
+
+
+def _zeros(like: Params) -> Params:
+    return {k: torch.zeros_like(v, dtype=torch.float64) for k, v in like.items()}
+
+
+def _f64(p: Params) -> Params:
+    return {k: v.double() for k, v in p.items()}
+
+
+def _f32(p: Params) -> Params:
+    return {k: v.float() for k, v in p.items()}
+
+
+def _wsum(items: Sequence[Params], weights: Sequence[float]) -> Params:
+    out = _zeros(items[0])
+    for it, a in zip(items, weights):
+        for k in out:
+            out[k] += a * it[k].double()
+    return out
+
+
+def init_state(w: Params) -> MomentumState:
+    """Alg. 2 line 1: w^0 = w, m = 0, c_g = 0, every c_i = 0 (absent c_i read as 0)."""
+    return MomentumState(_f32(w), _f32(_zeros(w)), _f32(_zeros(w)))
+
+
+def server_lr(s: MomentumCVSettings, round: int) -> float:
+    """η^r = max(η·γ^(r−1), floor) (code schedule; constant η with γ = 1)."""
+    if s.lr_decay == 1.0:
+        return s.server_lr
+    return max(s.server_lr * s.lr_decay ** (round - 1), s.lr_floor)
+
+
+def momentum_cv_step(state: MomentumState, uploads: dict[int, Params], num_examples: dict[int, int],
+                     steps: dict[int, int], client_lr: float, num_clients: int, round: int,
+                     s: MomentumCVSettings) -> MomentumState:
+    """One server round of spec §2.9 steps 1–5 (see the module docstring); float64 math, float32 state."""
+    order = sorted(uploads)
+    if not order:
+        raise ValueError("momentum_cv: no uploads to aggregate")
+    n = torch.tensor([float(num_examples[i]) for i in order], dtype=torch.float64)
+    p = (n / n.sum()).tolist()
+    w, m, cg = _f64(state.w), _f64(state.m), _f64(state.cg)
+    ups = [_f64({k: uploads[i][k] for k in w}) for i in order]
+    wbar = _wsum(ups, p)                                                    # step 2
+    pseudo = {k: w[k] - wbar[k] for k in w}
+    c = dict(state.c)
+    new_c: dict[int, Params] = {}
+    cg_new = cg
+    if s.control_variates:                                                  # steps 3–4
+        old = [_f64(c[i]) if i in c else _zeros(w) for i in order]
+        for i, up, ci in zip(order, ups, old):
+            scale = 1.0 / (float(steps[i]) * client_lr)
+            new_c[i] = {k: ci[k] - cg[k] - scale * (up[k] - w[k]) for k in w}
+        if s.cv_weights == "steps":
+            t = torch.tensor([float(steps[i]) for i in order], dtype=torch.float64)
+            q = (t / t.sum()).tolist()
+        else:
+            q = p
+        dc = _wsum([{k: new_c[i][k] - o[k] for k in w} for i, o in zip(order, old)], q)
+        frac = len(order) / num_clients
+        cg_new = {k: cg[k] + frac * dc[k] for k in w}
+        c.update({i: _f32(v) for i, v in new_c.items()})
+    if s.momentum_input == "pseudo_grad":
+        g = pseudo
+    elif state.prev is None:                                                # A16: no g at round 1
+        return MomentumState(_f32(wbar), _f32(_zeros(w)), _f32(cg_new), c, _f32(pseudo))
+    else:
+        prev = _f64(state.prev)
+        sign = 1.0 if s.sign == "code" else -1.0
+        g = {k: sign * (prev[k] - pseudo[k]) for k in w}
+    eta, beta = server_lr(s, round), s.momentum
+    base = wbar if s.base == "average" else w
+
+    def m_i(m_from: Params, i: int) -> Params:
+        corr = ({k: cg_new[k] - new_c[i][k] for k in w} if s.control_variates else _zeros(w))
+        return {k: beta * m_from[k] + (1 - beta) * g[k] + corr[k] for k in w}
+
+    if s.chaining:                                                          # code quirk (A11)
+        ms, ws, m_cur, w_cur = [], [], m, base
+        for i in order:
+            m_cur = m_i(m_cur, i)
+            w_cur = {k: w_cur[k] - eta * m_cur[k] for k in w}
+            ms.append(m_cur)
+            ws.append(w_cur)
+        m_new, w_new = _wsum(ms, p), _wsum(ws, p)
+    else:                                                                   # step 5
+        m_new = _wsum([m_i(m, i) for i in order], p)
+        w_new = {k: base[k] - eta * m_new[k] for k in w}
+    return MomentumState(_f32(w_new), _f32(m_new), _f32(cg_new), c, _f32(pseudo))
+
+
+def restrict(state: MomentumState, keep: Iterable[str]) -> MomentumState:
+    """Step 6: slice every server tensor (w, m, c_g, all c_i, P) to the kept names (the selected layers)."""
+    keep = set(keep)
+
+    def cut(p: Params | None) -> Params | None:
+        return None if p is None else {k: v for k, v in p.items() if k in keep}
+
+    return MomentumState(cut(state.w), cut(state.m), cut(state.cg), {i: cut(v) for i, v in state.c.items()},
+                         cut(state.prev))
+
+
+# ---------------------------------------------------------------- plain-data form (checkpoints, Flower)
+
+def pack(state: MomentumState) -> Params:
+    """Named tensors ``w/…``, ``m/…``, ``cg/…``, ``c/<client>/…``, ``P/…`` (a Message's tensors)."""
+    out = {f"w/{k}": v for k, v in state.w.items()}
+    out |= {f"m/{k}": v for k, v in state.m.items()}
+    out |= {f"cg/{k}": v for k, v in state.cg.items()}
+    for i, ci in state.c.items():
+        out |= {f"c/{i}/{k}": v for k, v in ci.items()}
+    if state.prev is not None:
+        out |= {f"P/{k}": v for k, v in state.prev.items()}
+    return out
+
+
+def unpack(tensors: Params) -> MomentumState:
+    """Inverse of ``pack`` (other names are ignored)."""
+    part: dict[str, Params] = {"w": {}, "m": {}, "cg": {}, "P": {}}
+    c: dict[int, Params] = {}
+    for name, v in tensors.items():
+        head, _, rest = name.partition("/")
+        if head == "c":
+            cid, _, key = rest.partition("/")
+            c.setdefault(int(cid), {})[key] = v.float()
+        elif head in part:
+            part[head][rest] = v.float()
+    return MomentumState(part["w"], part["m"], part["cg"], c, part["P"] or None)
+
+
+class _StatefulAggregator:
+    """Registry entry: its settings validate ``method.aggregator``; the step needs server state, so it is
+    driven by the FedPepTAO-family methods and cannot stand in for a stateless FedAvg combiner."""
+
+    step = staticmethod(momentum_cv_step)
+
+    def __call__(self, *args, **kwargs):
+        raise ValueError("method.aggregator.name: 'momentum_cv' keeps server state (momentum, control "
+                         "variates); use it with the fedpeptao, moms-adamd, moms or moms-con presets")
+
+
+AGGREGATORS.add("momentum_cv", _StatefulAggregator(),
+                "server momentum + per-client control variates (FedPepTAO Alg. 2; MomS, MomS+Con, MomS+AdamD)",
+                MomentumCVSettings)

@@ -1,0 +1,386 @@
+"""FedPepTAO: layer scores (Eq. 2–4), selection, Hessian ratio, Alg. 2 server algebra, partial sharing end to end."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedpeft.adapters.deep_prompt import DeepPrompt, DeepPromptSettings, kv_geometry
+from fedpeft.aggregators.momentum_cv import (
+    MomentumCVSettings,
+    MomentumState,
+    init_state,
+    momentum_cv_step,
+    pack,
+    restrict,
+    unpack,
+)
+from fedpeft.comm.codec import Message, decode
+from fedpeft.config import ConfigError
+from fedpeft.experiment import build_experiment
+from fedpeft.methods import PRESETS
+from fedpeft.methods.peptao import (
+    aggregate_weighted,
+    cosine_kernel,
+    exact_spectrum,
+    gap_ratio,
+    kernel_score,
+    lanczos_spectrum,
+    layer_scores,
+    num_selected,
+    secant_lipschitz,
+    select_layers,
+    slq_plateau_ratio,
+)
+from fedpeft.methods.peptao.hessian import HessianOperator
+from fedpeft.runtime.embedded import StopAfterRound, run_embedded
+from fedpeft.tracking.rundir import RunDir
+from fedpeft.tracking.summary import TIMING_FIELDS
+
+EPS = 1e-5
+
+
+# ---------------------------------------------------------------- Eq. 2–4: layer scores
+
+
+def test_orthogonal_samples_score_one_and_identical_samples_score_huge():
+    n = 4
+    ortho = torch.eye(n, 10) * 3.0
+    assert torch.allclose(cosine_kernel(ortho), torch.eye(n, dtype=torch.float64))
+    assert kernel_score(cosine_kernel(ortho)) == pytest.approx(math.log(1 + EPS) + 1 / (1 + EPS), abs=1e-9)
+    same = torch.ones(n, 10) + 1e-9 * torch.arange(10.0)
+    lam = [n + EPS] + [EPS] * (n - 1)
+    expected = sum(math.log(x) + 1 / x for x in lam) / n
+    assert kernel_score(cosine_kernel(same)) == pytest.approx(expected, rel=1e-3)
+    assert kernel_score(cosine_kernel(same)) > 0.9 * (n - 1) / (n * EPS)
+    # the code's sum form is n times the paper's mean form; cosine makes the score scale-invariant
+    k = cosine_kernel(torch.randn(n, 7, generator=torch.Generator().manual_seed(0)))
+    assert kernel_score(k, reduce="sum") == pytest.approx(n * kernel_score(k))
+    x = torch.randn(n, 3, 5, generator=torch.Generator().manual_seed(1))
+    assert kernel_score(cosine_kernel(x)) == pytest.approx(kernel_score(cosine_kernel(7.5 * x)))
+
+
+def test_layer_scores_and_weighted_aggregation():
+    n = 4
+    hidden = [torch.eye(n, 6).reshape(n, 2, 3), torch.ones(n, 2, 3)]
+    s = layer_scores(hidden)
+    assert s[0] == pytest.approx(1.0, abs=1e-4) and s[1] > 1e4
+    assert layer_scores(hidden, score_last_layer=False)[1] == 0.0  # code quirk A5
+    agg = aggregate_weighted([torch.tensor([1.0, 3.0]), torch.tensor([5.0, 7.0])], [30, 10])
+    assert torch.allclose(agg, torch.tensor([2.0, 4.0], dtype=torch.float64))  # n_i/N weights (Eq. 4)
+    with pytest.raises(ValueError):
+        aggregate_weighted([torch.tensor([1.0])], [0])
+
+
+def test_selected_layers_are_the_top_ceil_r_L():
+    scores = torch.tensor([0.3, 2.0, 1.0, 5.0, 0.1, 4.0])
+    rng = np.random.default_rng(0)
+    assert [num_selected(r, 6) for r in (0.01, 0.5, 0.51, 1.0)] == [1, 3, 4, 6]
+    assert select_layers(scores, 0.5, "score", rng) == [1, 3, 5]
+    assert select_layers(scores, 0.34, "score", rng) == [1, 3, 5]  # ceil(2.04) = 3
+    assert select_layers(scores, 0.5, "ascending", rng) == [0, 1, 2]
+    assert select_layers(scores, 0.5, "descending", rng) == [3, 4, 5]
+    a = select_layers(scores, 0.5, "random", np.random.default_rng(7))
+    assert a == select_layers(scores, 0.5, "random", np.random.default_rng(7)) and len(a) == 3
+
+
+# ---------------------------------------------------------------- Alg. 1 lines 3–10: the ratio r
+
+
+def _quadratic(a: torch.Tensor):
+    return lambda th: 0.5 * th @ (a.float() @ th)
+
+
+def test_exact_and_lanczos_spectrum_of_a_quadratic_and_gap_rule():
+    q, _ = torch.linalg.qr(torch.randn(6, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    lam = torch.tensor([-0.5, 0.0, 0.1, 0.2, 3.0, 3.1], dtype=torch.float64)
+    a = q @ torch.diag(lam) @ q.T
+    op = HessianOperator(_quadratic(a), torch.zeros(6))
+    got, w = exact_spectrum(op, 6)
+    assert torch.allclose(got, lam, atol=1e-5) and torch.allclose(w.sum(), torch.tensor(1.0, dtype=torch.float64))
+    nodes, weights = lanczos_spectrum(op, 6, 6, 1, torch.Generator().manual_seed(0))
+    assert torch.allclose(nodes, lam, atol=1e-4) and weights.sum().item() == pytest.approx(1.0)
+    # a quadratic has a linear gradient: the remainder B is constant, Lipschitz 0
+    assert secant_lipschitz(_quadratic(a), op, torch.zeros(6), torch.ones(6)) == pytest.approx(0.0, abs=1e-4)
+    # first gap (ascending) above 4L: between 0.2 and 3.0 -> k = 4, r = (6 - 4)/6
+    assert gap_ratio(lam, w, lipschitz=0.5) == (pytest.approx(2 / 6), 4)
+    assert gap_ratio(lam, w, lipschitz=0.1) == (pytest.approx(5 / 6), 1)  # 0.5 > 0.4 already
+    assert gap_ratio(lam, w, lipschitz=1.0) == (1.0, None)  # no gap: keep every layer
+    # SLQ plateau (code heuristic): half the mass sits far above a cluster near 0 -> 1 − CDF(t) plateaus at 0.5
+    spec = torch.tensor([0.05, 0.1, 0.15, 0.2, 5.0, 5.1, 5.2, 5.3], dtype=torch.float64)
+    assert slq_plateau_ratio(spec, torch.full((8,), 1 / 8, dtype=torch.float64)) == pytest.approx(0.5, abs=0.01)
+
+
+def test_secant_lipschitz_of_a_quartic():
+    loss = lambda th: (th ** 4).sum() / 12  # noqa: E731  grad th^3/3, Hessian diag(th^2)
+    theta = torch.ones(3)
+    op = HessianOperator(loss, theta)
+    delta = torch.tensor([1.0, 0.0, 0.0])
+    # B(sΔ) − B(0) = H sΔ − (∇F(θ+sΔ) − ∇F(θ)) = s − ((1+s)^3 − 1)/3 = −s² − s³/3 on the first axis
+    expected = max(abs(-(s ** 2) - s ** 3 / 3) / s for s in (0.25, 0.5, 1.0))
+    assert secant_lipschitz(loss, op, theta, delta) == pytest.approx(expected, rel=1e-4)
+
+
+# ---------------------------------------------------------------- Alg. 2: server momentum + control variates
+
+
+def _p(*vals: float) -> dict[str, torch.Tensor]:
+    return {"x": torch.tensor(vals, dtype=torch.float32)}
+
+
+def test_momentum_cv_round_one_and_two_match_spec_steps():
+    s = MomentumCVSettings(server_lr=0.1, momentum=0.9)
+    alpha, M = 0.5, 4
+    st = init_state(_p(1.0, 2.0))
+    # round 1: clients 0 (n=1, T=2) and 2 (n=3, T=4)
+    up1 = {0: _p(2.0, 2.0), 2: _p(0.0, 4.0)}
+    st1 = momentum_cv_step(st, up1, {0: 1, 2: 3}, {0: 2, 2: 4}, alpha, M, 1, s)
+    wbar = 0.25 * torch.tensor([2.0, 2.0]) + 0.75 * torch.tensor([0.0, 4.0])
+    assert torch.allclose(st1.w["x"], wbar) and torch.count_nonzero(st1.m["x"]) == 0  # A16: no step in round 1
+    c0 = -(torch.tensor([2.0, 2.0]) - torch.tensor([1.0, 2.0])) / (2 * alpha)
+    c2 = -(torch.tensor([0.0, 4.0]) - torch.tensor([1.0, 2.0])) / (4 * alpha)
+    assert torch.allclose(st1.c[0]["x"], c0) and torch.allclose(st1.c[2]["x"], c2)
+    cg1 = (2 / M) * (0.25 * c0 + 0.75 * c2)
+    assert torch.allclose(st1.cg["x"], cg1)
+    p1 = torch.tensor([1.0, 2.0]) - wbar
+    assert torch.allclose(st1.prev["x"], p1)
+    # round 2: only client 0 (n=2, T=1); client 2 keeps its c_2
+    up2 = {0: _p(1.0, 1.0)}
+    st2 = momentum_cv_step(st1, up2, {0: 2}, {0: 1}, alpha, M, 2, s)
+    w1 = wbar
+    c0_new = c0 - cg1 - (torch.tensor([1.0, 1.0]) - w1) / (1 * alpha)
+    cg2 = cg1 + (1 / M) * (c0_new - c0)
+    p2 = w1 - torch.tensor([1.0, 1.0])
+    g = p1 - p2
+    m = 0.9 * 0 + 0.1 * g + cg2 - c0_new
+    assert torch.allclose(st2.c[0]["x"], c0_new, atol=1e-6)
+    assert torch.allclose(st2.c[2]["x"], c2)  # not sampled: unchanged
+    assert torch.allclose(st2.cg["x"], cg2, atol=1e-6)
+    assert torch.allclose(st2.m["x"], m, atol=1e-6)
+    assert torch.allclose(st2.w["x"], torch.tensor([1.0, 1.0]) - 0.1 * m, atol=1e-6)  # step on w̄ (A10)
+    # paper-literal switches: g with the opposite sign, step from w^{r-1}
+    lit = momentum_cv_step(st1, up2, {0: 2}, {0: 1}, alpha, M, 2, MomentumCVSettings(
+        server_lr=0.1, momentum=0.9, sign="paper", base="previous"))
+    m_lit = 0.1 * (-g) + cg2 - c0_new
+    assert torch.allclose(lit.w["x"], w1 - 0.1 * m_lit, atol=1e-6)
+
+
+def test_identical_clients_cancel_control_variates_and_chaining_differs():
+    s = MomentumCVSettings(server_lr=0.5, momentum=0.9)
+    st = init_state(_p(0.0, 0.0))
+    same = {0: _p(1.0, -1.0), 1: _p(1.0, -1.0)}
+    n, t = {0: 5, 1: 5}, {0: 3, 1: 3}
+    st1 = momentum_cv_step(st, same, n, t, 0.1, 2, 1, s)
+    st2 = momentum_cv_step(st1, {0: _p(1.5, -2.0), 1: _p(1.5, -2.0)}, n, t, 0.1, 2, 2, s)
+    assert torch.allclose(st2.cg["x"], st2.c[0]["x"], atol=1e-6)  # c_g − c_i = 0 with full participation
+    g = st1.prev["x"] - st2.prev["x"]
+    assert torch.allclose(st2.m["x"], 0.1 * g, atol=1e-6)  # plain momentum on g_g
+    no_cv = momentum_cv_step(st1, {0: _p(1.5, -2.0), 1: _p(1.5, -2.0)}, n, t, 0.1, 2, 2,
+                             MomentumCVSettings(server_lr=0.5, control_variates=False))
+    assert torch.allclose(no_cv.w["x"], st2.w["x"], atol=1e-6)
+    assert torch.equal(no_cv.c[0]["x"], st1.c[0]["x"])  # without control variates c_i is left as it was
+    chained = momentum_cv_step(st1, {0: _p(1.5, -2.0), 1: _p(1.5, -2.0)}, n, t, 0.1, 2, 2,
+                               s.model_copy(update={"chaining": True}))
+    assert not torch.allclose(chained.w["x"], st2.w["x"])
+
+
+def test_fedavgm_mode_and_state_round_trip_and_restrict():
+    s = MomentumCVSettings(server_lr=1.0, momentum=0.5, momentum_input="pseudo_grad", base="previous",
+                           control_variates=False)
+    st = init_state({"a": torch.tensor([1.0]), "b": torch.tensor([2.0])})
+    out = momentum_cv_step(st, {3: {"a": torch.tensor([0.0]), "b": torch.tensor([0.0])}}, {3: 1}, {3: 1}, 0.1, 5, 1, s)
+    assert torch.allclose(out.w["a"], torch.tensor([1.0 - 0.5 * 1.0]))  # m = (1−β) P, w = w − η m
+    full = momentum_cv_step(st, {3: {"a": torch.tensor([0.0]), "b": torch.tensor([0.0])}}, {3: 1}, {3: 1}, 0.1, 5, 1,
+                            MomentumCVSettings())
+    back = unpack(pack(full))
+    assert set(back.c) == {3} and torch.equal(back.c[3]["b"], full.c[3]["b"]) and torch.equal(back.prev["a"], full.prev["a"])
+    cut = restrict(back, {"b"})
+    assert set(cut.w) == set(cut.m) == set(cut.cg) == set(cut.c[3]) == set(cut.prev) == {"b"}
+
+
+# ---------------------------------------------------------------- deep prompts in the frozen backbones
+
+
+@pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
+def test_deep_prompt_changes_outputs_and_masked_prefix_is_a_no_op(tiny_cfg, model):
+    from fedpeft.backbones.loading import load_backbone
+
+    bb = load_backbone(model)
+    layers, kv_heads, head_dim = kv_geometry(bb)
+    ad = DeepPrompt(DeepPromptSettings(num_tokens=3, init_std=1.0, shift_positions=False))
+    params = ad.init(bb, torch.Generator().manual_seed(0))
+    assert sorted(params) == [f"prefix.{l}" for l in range(layers)]
+    assert all(v.shape == (3, 2, kv_heads * head_dim) for v in params.values())
+    ids = torch.randint(1000, 2000, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    prep = ad.prepare(bb, params, ids, mask, 1)
+    assert prep.attention_mask.shape == (2, 6) and prep.extra["attention_mask"].shape == (2, 9)
+    with torch.no_grad():
+        plain = bb.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        with_p = bb.model(**({"inputs_embeds": prep.embeds} | prep.extra), output_hidden_states=True).hidden_states[-1]
+        prep0 = ad.prepare(bb, params, ids, mask, 1)
+        prep0.extra["attention_mask"][:, :3] = 0  # prefix masked out -> the frozen model's own output
+        masked = bb.model(**({"inputs_embeds": prep0.embeds} | prep0.extra), output_hidden_states=True).hidden_states[-1]
+    assert not torch.allclose(plain, with_p, atol=1e-4)
+    assert torch.allclose(plain, masked, atol=1e-5)
+
+
+# ---------------------------------------------------------------- end to end: partial sharing
+
+
+def _cfg(tiny_cfg, **extra):
+    base = dict(method__name="fedpeptao", method__adapter__num_tokens=4, federation__num_clients=4,
+                federation__clients_per_round=2, federation__rounds=4, method__options__warmup_rounds=2)
+    return tiny_cfg(**(base | extra))
+
+
+def test_presets_are_listed():
+    for name in ("fedpeptao", "fedavg-prefix", "moms-adamd", "momd", "moms", "moms-con", "adamd"):
+        assert name in PRESETS
+
+
+def test_bad_options_name_the_field(tiny_cfg):
+    with pytest.raises(ConfigError, match="method.options.order"):
+        _cfg(tiny_cfg, method__options__order="sideways")
+    with pytest.raises(ConfigError, match="method.adapter.name"):
+        _cfg(tiny_cfg, method__adapter__name="soft_prompt")
+
+
+def test_upload_shrinks_to_selected_layers_and_private_layers_never_leave(tiny_cfg, tmp_path):
+    cfg = _cfg(tiny_cfg)
+    seen: dict[tuple[int, int], set[str]] = {}
+
+    def hook(rnd, cid, data):
+        seen[(rnd, cid)] = set(decode(data).tensors)
+        return data
+
+    summary = run_embedded(cfg, tmp_path / "run", reply_hook=hook)
+    run = RunDir(tmp_path / "run")
+    recs = run.read_metrics()
+    _, state, clients, _ = run.load_checkpoint()
+    h, d, L = 4, 32, 2
+    sl = state.scalars["selected"]
+    assert state.scalars["selection_round"] == 2 and len(sl) == math.ceil(0.5 * L)
+    assert sl == sorted(int(i) for i in np.argsort(-np.array(state.scalars["layer_scores"]), kind="stable")[:1])
+    nsl = [l for l in range(L) if l not in sl]
+    for rec in recs:
+        for c in rec["clients"]:
+            keys = seen[(rec["round"], c["client"])]
+            if rec["round"] <= 2:  # all layers (+ the L scores in the selection round)
+                prompt = h * L * 2 * d * 4
+                assert {k for k in keys if k.startswith("prefix.")} == {f"prefix.{l}" for l in range(L)}
+                extra = 4 * L if rec["round"] == 2 else 0
+                assert prompt + extra < c["bytes_up"] <= prompt + extra + 1024
+            else:
+                assert keys == {f"prefix.{l}" for l in sl}
+                assert h * len(sl) * 2 * d * 4 < c["bytes_up"] <= h * len(sl) * 2 * d * 4 + 512
+    assert summary["upload_tensor_bytes"] == h * len(sl) * 2 * d * 4
+    assert "peptao/layer_scores" in seen[(2, recs[1]["clients"][0]["client"])]
+    # the server state holds only SL slices; its NSL copy is for evaluate_global only
+    assert {k for k in state.tensors if k.startswith("w/")} == {f"w/prefix.{l}" for l in sl}
+    assert {k for k in state.tensors if k.startswith("nsl/")} == {f"nsl/prefix.{l}" for l in nsl}
+    # every trained client keeps its full prompt copy (incl. NSL layers) as private state
+    trained = {c["client"] for r in recs for c in r["clients"]}
+    assert set(clients) == trained
+    assert all({f"u/prefix.{l}" for l in range(L)} <= set(clients[c].tensors) for c in trained)
+
+
+def test_private_layers_persist_across_rounds_and_survive_resume(tiny_cfg, tmp_path):
+    cfg = _cfg(tiny_cfg, federation__rounds=5)
+    run_embedded(cfg, tmp_path / "full")
+    with pytest.raises(StopAfterRound):
+        run_embedded(cfg, tmp_path / "cut", stop_after_round=3)
+    _, state3, clients3, _ = RunDir(tmp_path / "cut").load_checkpoint()
+    run_embedded(cfg, tmp_path / "cut", resume=True)
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]  # noqa: E731
+    assert strip(RunDir(tmp_path / "cut").read_metrics()) == strip(RunDir(tmp_path / "full").read_metrics())
+    _, state_a, clients_a, _ = RunDir(tmp_path / "full").load_checkpoint()
+    _, state_b, clients_b, _ = RunDir(tmp_path / "cut").load_checkpoint()
+    assert state_a.scalars == state_b.scalars
+    assert all(torch.equal(state_a.tensors[k], state_b.tensors[k]) for k in state_a.tensors)
+    assert all(torch.equal(clients_a[c].tensors[k], clients_b[c].tensors[k]) for c in clients_a
+               for k in clients_a[c].tensors)
+    # a client not sampled in rounds 4–5 keeps its private prompts and its server-side c_i unchanged
+    recs = RunDir(tmp_path / "full").read_metrics()
+    later = {c["client"] for r in recs[3:] for c in r["clients"]}
+    idle = [c for c in clients3 if c not in later]
+    for c in idle:
+        assert all(torch.equal(clients3[c].tensors[k], clients_a[c].tensors[k]) for k in clients3[c].tensors)
+        cks = [k for k in state_a.tensors if k.startswith(f"c/{c}/")]
+        assert cks and all(torch.equal(state3.tensors[k], state_a.tensors[k]) for k in cks)
+    for c in later & set(clients3):
+        nsl = [f"u/prefix.{l}" for l in range(2) if l not in state_a.scalars["selected"]]
+        assert any(not torch.equal(clients3[c].tensors[k], clients_a[c].tensors[k]) for k in nsl)
+
+
+def test_local_adam_is_reset_so_the_same_round_gives_the_same_upload(tiny_cfg):
+    cfg = _cfg(tiny_cfg)
+    exp = build_experiment(cfg)
+    method = PRESETS.get("fedpeptao").build(cfg, exp)
+    state = method.server_init()
+    msg = method.configure_round(state, 1, [0], np.random.default_rng(0))[0]
+    ctx = exp.client(0)
+    a = method.client_update(msg, ctx)
+    b = method.client_update(msg, ctx)  # ctx.state now holds the private copy; shared slices are overwritten
+    assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+    assert a.scalars["steps"] == b.scalars["steps"] > 0
+
+
+def test_personalised_evaluation_uses_the_clients_own_nsl_prompts(tiny_cfg):
+    cfg = _cfg(tiny_cfg)
+    exp = build_experiment(cfg)
+    method = PRESETS.get("fedpeptao").build(cfg, exp)
+    shared = {"prefix.1": torch.zeros(4, 2, 32)}
+    ctx = exp.client(0)
+    ctx.state = Message(tensors={"u/prefix.0": torch.full((4, 2, 32), 0.7), "u/prefix.1": torch.ones(4, 2, 32)})
+    params = method._local_params(Message(tensors=shared), ctx)
+    assert torch.equal(params["prefix.0"], torch.full((4, 2, 32), 0.7))  # own NSL layer
+    assert torch.equal(params["prefix.1"], torch.zeros(4, 2, 32))  # server's SL layer wins
+    fresh = method._local_params(Message(tensors=shared), exp.client(1))
+    assert torch.equal(fresh["prefix.0"], method.initial_params()["prefix.0"])  # never trained: E^0 (A18)
+
+
+def test_hessian_gap_ratio_on_tiny_llama(tiny_cfg, tmp_path):
+    cfg = _cfg(tiny_cfg, model__name="tiny-llama", method__options__ratio_estimator="hessian_gap",
+               method__options__warmup_rounds=1, federation__rounds=2, method__adapter__num_tokens=2,
+               method__options__max_exact_params=16, method__options__lanczos_iters=6)
+    summary = run_embedded(cfg, tmp_path / "run")
+    recs = RunDir(tmp_path / "run").read_metrics()
+    _, state, _, _ = RunDir(tmp_path / "run").load_checkpoint()
+    rs = [c["peptao_ratio"] for c in recs[0]["clients"]]
+    ns = [c["num_examples"] for c in recs[0]["clients"]]
+    assert all(0 < r <= 1 for r in rs)
+    assert state.scalars["ratio"] == pytest.approx(sum(r * n for r, n in zip(rs, ns)) / sum(ns))
+    assert len(state.scalars["selected"]) == num_selected(state.scalars["ratio"], 2)
+    d_kv = 2 * 8  # tiny-llama: 2 key/value heads of 8
+    assert summary["upload_tensor_bytes"] == 2 * len(state.scalars["selected"]) * 2 * d_kv * 4
+
+
+def test_fedavg_prefix_sends_every_layer_every_round(tiny_cfg, tmp_path):
+    cfg = _cfg(tiny_cfg, method__name="fedavg-prefix", method__options__warmup_rounds=None, federation__rounds=2)
+    summary = run_embedded(cfg, tmp_path / "run")
+    assert summary["upload_tensor_bytes"] == 4 * 2 * 2 * 32 * 4
+    _, state, _, _ = RunDir(tmp_path / "run").load_checkpoint()
+    assert state.scalars["selected"] is None and not [k for k in state.tensors if k.startswith(("m/", "c/"))]
+
+
+@pytest.mark.slow
+def test_fedpeptao_on_minilm_halves_the_upload(tmp_path):
+    from fedpeft.config import load_config
+
+    cfg = load_config(None, [
+        "model.name=minilm", "task.name=synthetic-sentiment", "task.num_examples=120", "task.max_length=24",
+        "method.name=fedpeptao", "method.adapter.num_tokens=2", "method.options.warmup_rounds=1",
+        "method.trainer.max_steps=2", "federation.num_clients=3", "federation.rounds=2", "runtime.progress=false",
+        "evaluation.local=false"])
+    exp = build_experiment(cfg)
+    before = exp.backbone.checksum()
+    summary = run_embedded(cfg, tmp_path / "run", experiment=exp)
+    recs = RunDir(tmp_path / "run").read_metrics()
+    per_layer = 2 * 2 * 384 * 4
+    assert summary["upload_tensor_bytes"] == 3 * per_layer  # ⌈0.5 · 6⌉ layers
+    assert recs[0]["bytes_up"] / 3 > 6 * per_layer and recs[1]["bytes_up"] / 3 < 3 * per_layer + 512
+    assert exp.backbone.checksum() == before
