@@ -36,7 +36,7 @@ class TemplateOnly:
 
 def demonstration_text(task: TaskData, family: str, readout: str, ex: Example, max_words: int = 40) -> str:
     """One filled-in demonstration: the template with the text (cut to ``max_words``) and the label word."""
-    cut = lambda s: " ".join((s or "").split()[:max_words])  # noqa: E731
+    cut = lambda s: " ".join((s or "").split()[:max_words])
     word = task.label_words[ex.label]
     text = template_for(task, family, readout).replace("{text_a}", cut(ex.text_a)).replace("{text_b}", cut(ex.text_b))
     if "{mask}" in text:

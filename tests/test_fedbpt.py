@@ -1,0 +1,268 @@
+"""FedBPT end to end on tiny random backbones: projection, black box, perturbation, bytes, no gradients, resume."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_overrides
+
+from fedpeft.adapters.projected_prompt import (
+    ProjectedPrompt,
+    ProjectedPromptSettings,
+    projection_std,
+)
+from fedpeft.backbones.blackbox import BlackBox
+from fedpeft.backbones.classifier import Classifier
+from fedpeft.backbones.loading import load_backbone
+from fedpeft.comm.codec import decode, encode, framing_overhead, payload_bytes
+from fedpeft.config import ConfigError, load_config
+from fedpeft.data import load_task
+from fedpeft.experiment import build_experiment
+from fedpeft.methods import PRESETS
+from fedpeft.perturbation import perturb, ratio_fitness, replacement_vocab, text_span
+from fedpeft.runtime.embedded import StopAfterRound, run_embedded
+from fedpeft.tracking.rundir import RunDir
+from fedpeft.tracking.summary import TIMING_FIELDS
+from fedpeft.trainers.cmaes import CMAESSettings, CMAState, local_cmaes
+
+D, I, M = 24, 3, 4
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny forwards are far slower with 2 threads on a shared 2-core machine (oversubscription)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _cfg(method: str = "fedbpt", **extra):
+    base = {"method.adapter.num_tokens": M, "method.adapter.intrinsic_dim": D, "method.trainer.iterations": I} \
+        if method in ("fedbpt", "fedavg-bbt") else {}
+    over = tiny_overrides(method__name=method, method__adapter__num_tokens=None, method__trainer__max_steps=None,
+                          method__trainer__batch_size=None, task__num_examples=96, **(base | extra))
+    return load_config(None, over)
+
+
+def _classifier(model: str, seed: int = 3) -> Classifier:
+    cfg = load_config(None, tiny_overrides(**{"model.name": model}))
+    task = load_task(cfg.task, 0)
+    adapter = ProjectedPrompt(ProjectedPromptSettings(num_tokens=M, intrinsic_dim=D, seed=seed))
+    clf = Classifier(load_backbone(model), adapter, task, "auto", 20.0, 24)
+    clf.task_examples = task.train  # type: ignore[attr-defined]
+    return clf
+
+
+def test_presets_listed_and_config_errors_name_fields():
+    for name in ("fedbpt", "fedavg-bbt", "manual-prompt", "icl"):
+        assert name in PRESETS.names()
+    with pytest.raises(ConfigError, match="method.trainer.popsize"):
+        _cfg(**{"method.trainer.popsize": 1})
+    with pytest.raises(ConfigError, match="method.options.covariance"):
+        _cfg(**{"method.options.covariance": "banded"})
+
+
+def test_projection_is_shared_by_seed_with_spec_std():
+    bb = load_backbone("tiny-bert")
+    s = ProjectedPromptSettings(num_tokens=M, intrinsic_dim=200, sigma0=2.0, seed=11)
+    a1, a2 = ProjectedPrompt(s).projection(bb), ProjectedPrompt(s).projection(bb)
+    assert torch.equal(a1, a2)  # every client rebuilds the same A from the seed
+    other = ProjectedPrompt(s.model_copy(update={"seed": 12})).projection(bb)
+    assert not torch.equal(a1, other)
+    assert a1.shape == (M * bb.hidden_size, 200)
+    want = projection_std(float(bb.input_embeddings().weight.std()), 200, 2.0)
+    assert want == pytest.approx(float(bb.input_embeddings().weight.std()) / (math.sqrt(200) * 2.0))
+    assert float(a1.std()) == pytest.approx(want, rel=0.03)
+
+
+@pytest.mark.parametrize("model", ["tiny-bert", "tiny-bert-mlm", "tiny-llama"])
+def test_batched_population_equals_separate_forwards(model):
+    clf = _classifier(model)
+    data = clf.encode(clf.task_examples[:7])  # type: ignore[attr-defined]
+    z = torch.randn(5, D, generator=torch.Generator().manual_seed(0))
+    one = BlackBox(clf, batched=True)
+    sep = BlackBox(clf, batched=False)
+    lb, ls = one.sample_losses(z, data), sep.sample_losses(z, data)
+    torch.testing.assert_close(lb, ls, atol=1e-5, rtol=1e-5)
+    for c in range(5):  # also equals a lone forward of that candidate
+        torch.testing.assert_close(lb[c], BlackBox(clf).sample_losses(z[c], data)[0], atol=1e-5, rtol=1e-5)
+    assert one.usage.queries == 1 and sep.usage.queries == 5
+    assert one.usage.candidates == sep.usage.candidates == 5
+    assert one.usage.tokens == sep.usage.tokens > 5 * 7 * M
+    assert not torch.allclose(lb[0], lb[1])  # the candidates really differ
+
+
+def test_prompt_is_placeholder_embedding_plus_Az_after_first_token():
+    clf = _classifier("tiny-bert")
+    bb, ad = clf.backbone, clf.adapter
+    data = clf.encode(clf.task_examples[:2])  # type: ignore[attr-defined]
+    b = clf.batch(data, [0, 1])
+    z = torch.randn(D)
+    prep = ad.prepare(bb, {"z": z}, b["input_ids"], b["attention_mask"], data.lead)
+    a = ad.projection(bb)
+    p0 = ad.prompt(bb, torch.zeros(D))[0]
+    expected = p0 + (a @ z).view(M, -1)
+    torch.testing.assert_close(prep.embeds[0, data.lead:data.lead + M], expected)
+    assert prep.inserted == M and prep.embeds.shape[1] == b["input_ids"].shape[1] + M
+
+
+def test_perturbation_replaces_only_text_tokens_at_rate():
+    clf = _classifier("tiny-bert-mlm")
+    bb, task = clf.backbone, clf.task
+    data = clf.encode(clf.task_examples)  # type: ignore[attr-defined]
+    span = text_span(bb, task, clf.readout, 24)
+    vocab = replacement_vocab(bb)
+    special = set(bb.tokenizer.all_special_ids)
+    assert not special & set(vocab.tolist())
+    pert, replaced, eligible = perturb(data, 0.4, vocab, np.random.default_rng(0), span)
+    assert abs(replaced / eligible - 0.4) < 0.03
+    for old, new, mi in zip(data.input_ids, pert.input_ids, data.mask_index):
+        assert len(old) == len(new)
+        assert old[: span.prefix] == new[: span.prefix]  # [CLS] and any literal before the text
+        assert old[len(old) - span.suffix:] == new[len(new) - span.suffix:]  # "It was [MASK]." [SEP]
+        assert new[mi] == bb.tokenizer.mask_token_id
+    assert span.suffix >= 3
+    same, r0, _ = perturb(data, 0.0, vocab, np.random.default_rng(0), span)
+    assert same.input_ids == data.input_ids and r0 == 0
+    _, _, n_all = perturb(data, 0.5, vocab, np.random.default_rng(0), None)
+    assert n_all == sum(len(r) for r in data.input_ids)
+
+
+def test_ratio_forms_on_small_tensors():
+    clean = torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    pert = torch.tensor([[2.0, 2.0], [1.0, 4.0]])
+    torch.testing.assert_close(ratio_fitness(clean, pert, "dataset"), torch.tensor([2.0 / 2.0, 2.0 / 2.5]))
+    torch.testing.assert_close(ratio_fitness(clean, pert, "sample"), torch.tensor([(0.5 + 1.5) / 2, (2 + 0.5) / 2]))
+    assert torch.isfinite(ratio_fitness(clean, torch.zeros(2, 2))).all()
+
+
+def test_rp_zero_gives_clean_loss_fitness():
+    clf = _classifier("tiny-bert")
+    data = clf.encode(clf.task_examples[:6])  # type: ignore[attr-defined]
+    start = CMAState(np.zeros(D), 1.0, np.eye(D))
+    cfg = CMAESSettings(iterations=2, popsize=4, perturb_rate=0.0)
+    res = local_cmaes(BlackBox(clf), data, start, cfg, np.random.default_rng(5))
+    assert math.isnan(res.ratio_loss) and res.replaced_share == 0.0
+    assert res.clean_loss == pytest.approx(float(BlackBox(clf).losses(torch.from_numpy(res.state.mean).float(),
+                                                                         data)[0]), abs=1e-6)
+    assert res.sigmas.shape == (2,) and res.sigmas[0] == 1.0
+    assert res.usage["queries"] == 2 + 1  # one batched forward per iteration plus the final clean loss
+
+
+def test_uplink_is_d_plus_I_plus_1_floats_and_downlink_counts_covariance(tmp_path):
+    cfg = _cfg()
+    exp = build_experiment(cfg)
+    method = PRESETS.get("fedbpt").build(cfg, exp)
+    state = method.server_init()
+    inst = method.configure_round(state, 1, [0], np.random.default_rng(0))[0]
+    reply = method.client_update(decode(encode(inst, method.wire)), exp.client(0))
+    assert payload_bytes(reply, method.wire) == (D + I + 1) * 4
+    assert len(encode(reply, method.wire)) == (D + I + 1) * 4 + framing_overhead(reply, method.wire)
+    assert set(reply.tensors) == {"z", "sigmas", "loss"}  # the projection A is never sent
+    assert payload_bytes(inst, method.wire) == (D + D * D) * 4
+    summary = run_embedded(cfg, tmp_path / "full")
+    assert summary["upload_tensor_bytes"] == (D + I + 1) * 4
+    assert 0 < summary["upload_framing_bytes"] <= 512
+    down = {}
+    for mode in ("full", "diagonal", "none"):
+        s = run_embedded(_cfg(**{"method.options.covariance": mode, "federation.rounds": 1}), tmp_path / f"cov-{mode}")
+        down[mode] = s["bytes_down_per_client_round"]
+    assert down["full"] - down["none"] >= D * D * 4
+    assert D * 4 <= down["diagonal"] - down["none"] < D * 4 + 128
+
+
+def test_fedavg_bbt_averages_local_statistics():
+    cfg = _cfg("fedavg-bbt")
+    exp = build_experiment(cfg)
+    method = PRESETS.get("fedavg-bbt").build(cfg, exp)
+    state = method.server_init()
+    insts = method.configure_round(state, 1, [0, 1, 2], np.random.default_rng(0))
+    replies = {c: decode(encode(method.client_update(m, exp.client(c)), method.wire)) for c, m in insts.items()}
+    assert payload_bytes(replies[0], method.wire) == (D + 1 + 1 + D * D) * 4
+    new = method.aggregate(state, 1, replies)
+    n = np.array([replies[c].scalars["num_examples"] for c in range(3)], dtype=float)
+    w = n / n.sum()
+    z = sum(w[c] * replies[c].tensors["z"].double().numpy() for c in range(3))
+    np.testing.assert_allclose(new.tensors["mean"].numpy(), z, atol=1e-6)
+    sig = sum(w[c] * float(replies[c].tensors["sigma"][0]) for c in range(3))
+    assert new.scalars["sigma"] == pytest.approx(sig, rel=1e-6)
+    cov = sum(w[c] * replies[c].tensors["cov"].double().numpy() for c in range(3))
+    np.testing.assert_allclose(new.tensors["cov"].numpy(), cov, atol=1e-6)
+
+
+def test_backbone_never_gets_a_gradient(tmp_path):
+    cfg = _cfg()
+    exp = build_experiment(cfg)
+    before = exp.backbone.checksum()
+    modes = []
+    hook = exp.backbone.model.register_forward_hook(
+        lambda mod, args, out: modes.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled())))
+    try:
+        summary = run_embedded(cfg, tmp_path / "run", experiment=exp)
+    finally:
+        hook.remove()
+    assert modes and all(inf and not grad for inf, grad in modes)
+    assert exp.backbone.checksum() == before and summary["backbone_unchanged"] is True
+    assert all(not p.requires_grad and p.grad is None for p in exp.backbone.model.parameters())
+
+
+def _strip(records):
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in records]
+
+
+@pytest.mark.parametrize("method", ["fedbpt", "fedavg-bbt"])
+def test_resume_gives_identical_metrics(method, tmp_path):
+    cfg = _cfg(method, **{"federation.rounds": 3})
+    exp = build_experiment(cfg)
+    full = run_embedded(cfg, tmp_path / "full", experiment=exp)
+    with pytest.raises(StopAfterRound):
+        run_embedded(cfg, tmp_path / "cut", stop_after_round=1, experiment=exp)
+    resumed = run_embedded(cfg, tmp_path / "cut", resume=True, experiment=exp)
+    assert _strip(RunDir(tmp_path / "full").read_metrics()) == _strip(RunDir(tmp_path / "cut").read_metrics())
+    assert {k: v for k, v in full.items() if k != "wall_seconds"} == \
+        {k: v for k, v in resumed.items() if k != "wall_seconds"}
+
+
+def test_gradient_free_baselines_run(tmp_path):
+    manual = run_embedded(_cfg("manual-prompt", **{"federation.rounds": 1}), tmp_path / "manual")
+    icl = run_embedded(_cfg("icl", **{"federation.rounds": 1}), tmp_path / "icl")
+    assert manual["trainable_params"] == 0 and manual["upload_tensor_bytes"] == 0
+    assert icl["trainable_params"] == 0
+    assert 0 <= manual["final_accuracy"] <= 1 and 0 <= icl["final_accuracy"] <= 1
+
+
+def test_query_accounting_and_replacement_rate_in_a_run(tmp_path):
+    run_embedded(_cfg(**{"federation.rounds": 1, "method.trainer.iterations": 4}), tmp_path / "run")
+    clients = RunDir(tmp_path / "run").read_metrics()[0]["clients"]
+    for c in clients:  # (clean + perturbed) x I, then the final mean clean + perturbed: one batched forward each
+        assert c["queries"] == 2 * 4 + 2
+        assert c["candidates"] == 2 * 4 * 5 + 2 and c["examples"] == c["candidates"] * c["num_examples"]
+        assert abs(c["replaced_share"] - 0.5) < 0.1
+
+
+def test_local_cmaes_lowers_the_clean_loss():
+    clf = _classifier("tiny-bert")
+    data = clf.encode(clf.task_examples[:16])  # type: ignore[attr-defined]
+    cfg = CMAESSettings(iterations=12, popsize=6, perturb_rate=0.0)
+    res = local_cmaes(BlackBox(clf), data, CMAState(np.zeros(D), 1.0, np.eye(D)), cfg, np.random.default_rng(0),
+                      evaluate_start=True)
+    assert res.clean_loss < res.first_loss
+
+
+@pytest.mark.slow
+def test_fedbpt_minilm_sst2_round(tmp_path):
+    cfg = load_config(None, [
+        "task.name=sst2", "task.few_shot=4", "task.max_test=40", "task.max_length=48", "model.name=minilm",
+        "method.name=fedbpt", "method.adapter.num_tokens=5", "method.adapter.intrinsic_dim=50",
+        "method.trainer.iterations=2", "federation.num_clients=2", "federation.rounds=1",
+        "federation.partition.scheme=dirichlet", "federation.partition.alpha=1.0",
+        "federation.partition.min_size=2", "runtime.progress=false", "evaluation.local=false"])
+    exp = build_experiment(cfg)
+    before = exp.backbone.checksum()
+    s = run_embedded(cfg, tmp_path / "run", experiment=exp)
+    assert exp.backbone.checksum() == before
+    assert s["upload_tensor_bytes"] == (50 + 2 + 1) * 4 and 0.0 <= s["final_accuracy"] <= 1.0
