@@ -11,7 +11,6 @@ import torch
 from fedpeft.adapters.deep_prompt import DeepPrompt, DeepPromptSettings, kv_geometry
 from fedpeft.aggregators.momentum_cv import (
     MomentumCVSettings,
-    MomentumState,
     init_state,
     momentum_cv_step,
     pack,

@@ -85,4 +85,16 @@ class Preset:
             fn(cfg)
 
 
+def requires(axis: str, *names: str) -> Callable[[Any], None]:
+    """A preset check: ``method.<axis>.name`` must be one of ``names`` (the error names the field)."""
+
+    def check(cfg: Any) -> None:
+        got = getattr(cfg.method, axis).name
+        if got not in names:
+            raise ValueError(f"method.{axis}.name: preset '{cfg.method.name}' needs {' or '.join(names)}, "
+                             f"got '{got}'")
+
+    return check
+
+
 PRESETS: Registry[Preset] = Registry("method")

@@ -30,7 +30,7 @@ from fedpeft.backbones.classifier import evaluate
 from fedpeft.comm.codec import WIRE_DTYPES, Message, WireSpec
 from fedpeft.components import settings_of
 from fedpeft.config import ExperimentConfig
-from fedpeft.methods.base import PRESETS, ClientContext, Preset, ReplySchema
+from fedpeft.methods.base import PRESETS, ClientContext, Preset, ReplySchema, requires
 from fedpeft.perturbation import replacement_vocab, text_span
 from fedpeft.rng import SERVER, derive_seed, numpy_rng
 from fedpeft.trainers import TRAINERS
@@ -252,14 +252,6 @@ class FrozenPrompt:
 # ---------------------------------------------------------------- presets
 
 
-def _needs(axis: str, *names: str):
-    def check(cfg) -> None:
-        got = getattr(cfg.method, axis).name
-        if got not in names:
-            raise ValueError(f"method.{axis}.name: preset '{cfg.method.name}' needs {' or '.join(names)}, got '{got}'")
-    return check
-
-
 _PROJECTED = {"name": "projected_prompt", "num_tokens": 50, "intrinsic_dim": 500, "sigma0": 1.0}
 
 PRESETS.add("fedbpt", Preset(
@@ -273,7 +265,7 @@ PRESETS.add("fedbpt", Preset(
         "codec": {"dtype": "float32"},
     },
     build=lambda cfg, exp: BlackBoxPromptTuning("fedbpt", cfg, exp, "cmaes"),
-    checks=(_needs("adapter", "projected_prompt"), _needs("trainer", "cmaes"), _needs("aggregator", "server_cmaes")),
+    checks=(requires("adapter", "projected_prompt"), requires("trainer", "cmaes"), requires("aggregator", "server_cmaes")),
     options=FedBPTOptions,
 ))
 
@@ -287,7 +279,7 @@ PRESETS.add("fedavg-bbt", Preset(
         "codec": {"dtype": "float32"},
     },
     build=lambda cfg, exp: BlackBoxPromptTuning("fedavg-bbt", cfg, exp, "fedavg"),
-    checks=(_needs("adapter", "projected_prompt"), _needs("trainer", "cmaes"), _needs("aggregator", "fedavg", "uniform")),
+    checks=(requires("adapter", "projected_prompt"), requires("trainer", "cmaes"), requires("aggregator", "fedavg", "uniform")),
     options=FedBPTOptions,
 ))
 
@@ -297,7 +289,7 @@ PRESETS.add("manual-prompt", Preset(
     method_defaults={"adapter": {"name": "template_only"}, "trainer": {"name": "no-training"},
                      "aggregator": {"name": "keep-global"}, "codec": {"dtype": "float32"}},
     build=lambda cfg, exp: FrozenPrompt("manual-prompt", cfg, exp),
-    checks=(_needs("adapter", "template_only"),),
+    checks=(requires("adapter", "template_only"),),
 ))
 
 PRESETS.add("icl", Preset(
@@ -306,7 +298,7 @@ PRESETS.add("icl", Preset(
     method_defaults={"adapter": {"name": "demonstrations"}, "trainer": {"name": "no-training"},
                      "aggregator": {"name": "keep-global"}, "codec": {"dtype": "float32"}},
     build=lambda cfg, exp: FrozenPrompt("icl", cfg, exp),
-    checks=(_needs("adapter", "demonstrations"),),
+    checks=(requires("adapter", "demonstrations"),),
     options=ICLOptions,
 ))
 

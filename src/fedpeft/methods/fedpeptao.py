@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fedpeft.adapters.deep_prompt import PREFIX, layer_key, layer_of
+from fedpeft.adapters.deep_prompt import PREFIX, layer_of
 from fedpeft.aggregators import AGGREGATORS
 from fedpeft.aggregators.momentum_cv import (
     MomentumCVSettings,

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from fedpeft.methods.base import PRESETS, Preset
+from fedpeft.methods.base import PRESETS, Preset, requires
 from fedpeft.methods.fedavg_adapter import FedAvgAdapter
-
-
-def _needs_adapter(name: str):
-    def check(cfg) -> None:
-        if cfg.method.adapter.name != name:
-            raise ValueError(f"method.adapter.name: preset '{cfg.method.name}' needs '{name}', "
-                             f"got '{cfg.method.adapter.name}'")
-    return check
 
 
 PRESETS.add("fedprompt", Preset(
@@ -26,7 +18,7 @@ PRESETS.add("fedprompt", Preset(
         "codec": {"dtype": "float32"},
     },
     build=lambda cfg, exp: FedAvgAdapter("fedprompt", cfg, exp),
-    checks=(_needs_adapter("soft_prompt"),),
+    checks=(requires("adapter", "soft_prompt"),),
 ))
 
 PRESETS.add("fedavg-full", Preset(
@@ -41,5 +33,5 @@ PRESETS.add("fedavg-full", Preset(
         "codec": {"dtype": "float32"},
     },
     build=lambda cfg, exp: FedAvgAdapter("fedavg-full", cfg, exp),
-    checks=(_needs_adapter("full"),),
+    checks=(requires("adapter", "full"),),
 ))
