@@ -18,12 +18,14 @@ after every job, so an interrupted run still leaves a (marked) partial table.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,29 +65,71 @@ LABELS = {"manual-prompt": "Manual prompt", "icl": "ICL (5 demos)", "fedavg-bbt"
 
 
 def plan(args) -> list[dict]:
-    """Jobs in priority order: zero-shot, the paper's headline setting (SST-2 non-IID) over all seeds,
-    SmolLM2 zero-shot, then seed 0 of the other settings, then their further seeds, then the extras."""
+    """Jobs in priority order: zero-shot and MiniLM ICL; the paper's headline setting (non-IID) on MiniLM
+    over all seeds; SmolLM2's first trained setting and ICL; MiniLM IID over all seeds; further SmolLM2 runs."""
     tasks = args.tasks.split(",")
     trained = ("fedbpt", "fedavg-bbt", "fedprompt")
-    settings = [(t, p) for p in PARTITIONS for t in tasks]  # non-IID first
-    head, rest = settings[0], settings[1:]
+    smol = "smollm2" in args.models.split(",")
+    non_iid, iid = PARTITIONS
+
     def job(model: str, task: str, part: str, seed: int, method: str) -> dict:
         return {"model": model, "task": task, "part": part, "seed": seed, "method": method}
 
-    jobs = [job("minilm", t, "-", 0, "manual-prompt") for t in tasks]
-    jobs += [job("minilm", *head, s, m) for s in range(args.seeds) for m in trained]
-    smol = "smollm2" in args.models.split(",")
-    if smol:
-        jobs += [job("smollm2", t, "-", 0, "manual-prompt") for t in tasks]
-    jobs += [job("minilm", t, p, 0, m) for t, p in rest for m in trained]
-    jobs += [job("minilm", t, p, s, m) for s in range(1, args.seeds) for t, p in rest for m in trained]
-    jobs += [job("minilm", t, "-", 0, "icl") for t in tasks]
-    if smol:
-        jobs += [job("smollm2", tasks[0], "non-IID a=1.0", 0, m) for m in ("fedbpt", "fedavg-bbt")]
-    return jobs
+    zero_shot = [job("minilm", t, "-", 0, "manual-prompt") for t in tasks]
+    zero_shot += [job("smollm2", t, "-", 0, "manual-prompt") for t in tasks] if smol else []
+    minilm = {p: [job("minilm", t, p, s, m) for s in range(args.seeds) for t in tasks for m in trained]
+              for p in (non_iid, iid)}
+    smol_runs = [job("smollm2", t, non_iid, s, m) for s in range(args.smol_seeds) for t in tasks
+                 for m in trained] if smol else []
+    icl = {model: [job(model, t, "-", 0, "icl") for t in tasks] for model in ("minilm", "smollm2")}
+    if not smol:
+        icl["smollm2"] = []
+    return (zero_shot + icl["minilm"] + minilm[non_iid] + smol_runs[:3] + icl["smollm2"][:1] + minilm[iid]
+            + icl["smollm2"][1:] + smol_runs[3:])
 
 
 GUESS_SECONDS = {"smollm2": 400.0, "minilm": 60.0}  # before a job of that kind has run
+
+
+def _worker_init(threads: int) -> None:
+    import torch
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(threads)
+
+
+def run_pool(args, jobs: list[dict], runs: Path, deadline: float, finished, skipped: list[dict]) -> int:
+    """Run ``jobs`` in priority order on ``args.workers`` processes (one backbone each, ``args.threads``
+    torch threads); a job whose expected time no longer fits before ``deadline`` is skipped. Returns how
+    many finished runs were found in ``runs`` and collected instead of re-run."""
+    est: dict[tuple, float] = {}
+    queue, pending, reused = list(jobs), {}, 0
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_worker_init,
+                             initargs=(args.threads,)) as pool:
+        while queue or pending:
+            while queue and len(pending) < args.workers:
+                job = queue.pop(0)
+                key = (job["model"], job["task"], job["method"])
+                guess = est.get(key, GUESS_SECONDS[job["model"]] if job["method"] in ("fedbpt", "fedavg-bbt") else 0.0)
+                if time.time() + guess > deadline:
+                    skipped.append(job)
+                    continue
+                pending[pool.submit(run_job, args, job, runs)] = job
+            if not pending:
+                break
+            ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in ready:
+                job = pending.pop(fut)
+                try:
+                    res = fut.result()
+                except Exception as e:  # noqa: BLE001  (one failing job must not lose the others' results)
+                    print(f"job {job} failed: {e!r}", file=sys.stderr)
+                    continue
+                est[(job["model"], job["task"], job["method"])] = res["seconds"]
+                reused += bool(res.get("reused"))
+                finished(res)
+    return reused
 
 
 def run_job(args, job: dict, runs: Path) -> dict:
@@ -149,23 +193,18 @@ def _vm(field: str) -> float:
     return float("nan")
 
 
-def rss_probe(method: str, batched: bool) -> dict:
-    """One client round of ``method`` on MiniLM SST-2 (client 0), peak RSS with the load peak reset."""
+def rss_probe(args, model: str, method: str, batched: bool) -> dict:
+    """One client round of ``method`` on SST-2 (client 0, IID), peak RSS with the load peak reset."""
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     import numpy as np
 
     from fedpeft.config import load_config
     from fedpeft.experiment import build_experiment
     from fedpeft.methods import PRESETS
 
-    class A:  # the benchmark defaults, for the same per-method settings as the table
-        tokens, dim, iterations, popsize, fedprompt_epochs = 5, 100, 2, 5, 2
-
-    over = ["task.name=sst2", "task.few_shot=40", "task.max_test=8", "task.max_length=40", "model.name=minilm",
-            "federation.num_clients=10", "runtime.progress=false", *PARTITIONS["IID"],
-            *method_overrides(A, method, "sst2", "minilm")]
+    over = _overrides(args, model, "sst2", "IID", 0, 8) + method_overrides(args, method, "sst2", model)
     if method == "fedbpt" and not batched:
         over.append("method.trainer.batched=false")
     cfg = load_config(None, over)
@@ -179,17 +218,24 @@ def rss_probe(method: str, batched: bool) -> dict:
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM (peak RSS) to the current RSS
     t0 = time.time()
     m.client_update(inst, ctx)
-    return {"method": method, "batched": batched, "rss_before_mb": base, "peak_mb": _vm("VmHWM"),
+    return {"model": model, "method": method, "batched": batched, "rss_before_mb": base, "peak_mb": _vm("VmHWM"),
             "delta_mb": _vm("VmHWM") - base, "seconds": time.time() - t0, "examples": len(ctx.train)}
 
 
-def measure_rss() -> list[dict]:
+PROBES = [(model, method, batched) for model in ("minilm", "smollm2")
+          for method, batched in (("fedbpt", True), ("fedbpt", False), ("fedprompt", True))]
+
+
+def measure_rss(args) -> list[dict]:
+    """Each probe in a fresh process (same benchmark flags), so that peaks do not mix."""
     out = []
-    for method, batched in (("fedbpt", True), ("fedbpt", False), ("fedprompt", True)):
-        cmd = [sys.executable, str(Path(__file__)), "--rss-probe", method] + ([] if batched else ["--sequential"])
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    models = args.models.split(",")
+    for model, method, batched in (p for p in PROBES if p[0] in models):
+        cmd = [sys.executable, str(Path(__file__)), *sys.argv[1:], "--rss-probe", f"{model}:{method}"]
+        cmd += [] if batched else ["--sequential"]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, check=False)
         line = [x for x in res.stdout.splitlines() if x.startswith("{")]
-        out.append(json.loads(line[-1]) if line else {"method": method, "batched": batched,
+        out.append(json.loads(line[-1]) if line else {"model": model, "method": method, "batched": batched,
                                                       "error": res.stderr[-400:]})
     return out
 
@@ -254,8 +300,9 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
     smol = [r for r in done if r["model"] == "smollm2"]
     lines += ["", "## SmolLM2-135M (next-token verbalizer)", "",
               (f"Cut further: test sets capped at {args.smol_max_test}, T = {args.smol_rounds}, I = "
-               f"{args.smol_iterations}, d = {args.smol_dim}, m = {args.smol_tokens}, one seed, SST-2 non-IID only "
-               "for the trained methods (a SmolLM2 forward is ~10x a MiniLM one here)."), ""]
+               f"{args.smol_iterations}, d = {args.smol_dim}, m = {args.smol_tokens}, trained methods on non-IID "
+               f"α = 1.0 only, {args.smol_seeds} seed(s), as far as the time budget allowed (one SmolLM2 row costs "
+               "~10 MiniLM rows here). Same r_p and FedPrompt settings as MiniLM."), ""]
     if smol:
         lines += ["| Method | task | partition | accuracy (%) | seconds |", "|---|---|---|---|---|"]
         for r in smol:
@@ -279,23 +326,30 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
               f"({args.dim * args.dim * 4} B at d = {args.dim}; `method.options.covariance=diagonal|none` cuts it to "
               "d or 0 floats). FedAvg-BBT uploads its local covariance too. At the paper's d = 500 the FedBPT uplink "
               "is 2,036 B of tensors, the full-covariance downlink 1,000,000 B."), ""]
-    lines += ["## Peak memory of one client round (MiniLM, SST-2, 8 local examples, separate processes)", ""]
+    lines += [("## Peak memory of one client round (SST-2, client 0, IID, same settings as the runs; a fresh "
+               "process per probe)"), ""]
     if rss:
-        lines += ["| client | peak RSS MB | RSS before round MB | round's increase MB | seconds |", "|---|---|---|---|---|"]
+        lines += ["| model | client | local examples | peak RSS MB | RSS before round MB | round's increase MB | seconds |",
+                  "|---|---|---|---|---|---|---|"]
         for p in rss:
             if "error" in p:
-                lines.append(f"| {p['method']} | error: {p['error'][:80]} | | | |")
+                lines.append(f"| {p['model']} | {p['method']} | error: {p['error'][-120:]!r} | | | | |")
                 continue
             name = "FedPrompt (backward)" if p["method"] == "fedprompt" else \
                 f"FedBPT ({'batched λ' if p['batched'] else 'one candidate per forward'})"
-            lines.append(f"| {name} | {p['peak_mb']:.0f} | {p['rss_before_mb']:.0f} | {p['delta_mb']:.1f} | "
-                         f"{p['seconds']:.1f} |")
-        ok = {(p["method"], p["batched"]): p for p in rss if "error" not in p}
-        if ("fedbpt", True) in ok and ("fedprompt", True) in ok:
-            fb, fp = ok[("fedbpt", True)], ok[("fedprompt", True)]
-            lines += ["", (f"Peak RSS ratio FedPrompt / FedBPT = {fp['peak_mb'] / fb['peak_mb']:.2f} (whole process, "
-                           f"model included; paper 5.8 GB / 1.8 GB = 3.2 on GPU with RoBERTa-large); ratio of the "
-                           f"round's own increase = {fp['delta_mb'] / max(fb['delta_mb'], 1e-9):.2f}.")]
+            lines.append(f"| {p['model']} | {name} | {p['examples']} | {p['peak_mb']:.0f} | {p['rss_before_mb']:.0f} | "
+                         f"{p['delta_mb']:.1f} | {p['seconds']:.1f} |")
+        ok = {(p["model"], p["method"], p["batched"]): p for p in rss if "error" not in p}
+        lines.append("")
+        for model in ("minilm", "smollm2"):
+            fb, fs, fp = (ok.get((model, "fedbpt", True)), ok.get((model, "fedbpt", False)),
+                          ok.get((model, "fedprompt", True)))
+            if fb and fs and fp:
+                lines.append(f"- {model}: peak RSS ratio FedPrompt / FedBPT = {fp['peak_mb'] / fb['peak_mb']:.2f} "
+                             f"(batched λ) and {fp['peak_mb'] / fs['peak_mb']:.2f} (one candidate per forward); "
+                             f"ratio of the round's own increase = {fp['delta_mb'] / max(fb['delta_mb'], 1e-9):.2f} "
+                             f"and {fp['delta_mb'] / max(fs['delta_mb'], 1e-9):.2f}.")
+        lines.append("- Paper (Table 2, GPU, RoBERTa-large): 5.8 GB / 1.8 GB = 3.2.")
     lines += ["", "## Runs", "",
               "| model | task | partition | seed | method | acc % | rounds | train loss per round | seconds |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -333,7 +387,9 @@ def _parser():
     ap.add_argument("--smol-iterations", type=int, default=1)
     ap.add_argument("--smol-dim", type=int, default=50)
     ap.add_argument("--smol-tokens", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--smol-seeds", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    ap.add_argument("--workers", type=int, default=2, help="jobs run at once, one process each")
     ap.add_argument("--runs-dir", default=None)
     ap.add_argument("--no-rss", action="store_true")
     ap.add_argument("--rss-probe", default=None, help=argparse.SUPPRESS)
@@ -350,45 +406,32 @@ def _defaults():
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.rss_probe:
+        model, method = args.rss_probe.split(":")
+        print(json.dumps(rss_probe(args, model, method, not args.sequential)))
+        return
     if args.render:
         done = jobs_in(Path(args.render))
         finished = {tuple(sorted((k, r[k]) for k in ("model", "task", "part", "seed", "method"))) for r in done}
         skipped = [j for j in plan(args) if tuple(sorted(j.items())) not in finished]
-        rss = [] if args.no_rss else measure_rss()
+        rss = [] if args.no_rss else measure_rss(args)
         write_report(args, done, skipped, rss, time.time() - 60 * (args.render_minutes or 0), final=True)
         print(f"wrote {RESULTS} from {len(done)} runs")
         return
-    if args.rss_probe:
-        print(json.dumps(rss_probe(args.rss_probe, not args.sequential)))
-        return
-    import torch
-
-    torch.set_num_threads(args.threads)
     started = time.time()
     deadline = started + 60 * args.budget_min
     runs = Path(args.runs_dir or tempfile.mkdtemp(prefix="fedbpt-bench-"))
-    rss = [] if args.no_rss else measure_rss()
+    rss = [] if args.no_rss else measure_rss(args)
     done, skipped = [], []
     write_report(args, done, skipped, rss, started, final=False)
-    est: dict[tuple, float] = {}
-    reused = 0
-    for job in plan(args):
-        key = (job["model"], job["task"], job["method"])
-        guess = est.get(key, GUESS_SECONDS[job["model"]] if job["method"] in ("fedbpt", "fedavg-bbt") else 0.0)
-        if time.time() + guess > deadline:
-            skipped.append(job)
-            continue
-        try:
-            res = run_job(args, job, runs)
-        except Exception as e:  # noqa: BLE001  (one failing job must not lose the others' results)
-            print(f"job {job} failed: {e!r}", file=sys.stderr)
-            continue
-        est[key] = res["seconds"]
-        reused += bool(res.get("reused"))
+
+    def finished(res: dict) -> None:
         done.append(res)
-        print(f"[{(time.time() - started) / 60:5.1f} min] {job} acc={res['acc']:.3f} ({res['seconds']:.0f}s)",
-              flush=True)
+        print(f"[{(time.time() - started) / 60:5.1f} min] {res['model']}/{res['task']}/{res['part']}/"
+              f"s{res['seed']}/{res['method']} acc={res['acc']:.3f} ({res['seconds']:.0f}s)", flush=True)
         write_report(args, done, skipped, rss, started, final=False)
+
+    reused = run_pool(args, plan(args), runs, deadline, finished, skipped)
     args.reused = reused
     write_report(args, done, skipped, rss, started, final=True)
     (runs / "results.json").write_text(json.dumps({"done": done, "skipped": skipped, "rss": rss}, indent=1))

@@ -244,6 +244,14 @@ def test_query_accounting_and_replacement_rate_in_a_run(tmp_path):
         assert abs(c["replaced_share"] - 0.5) < 0.1
 
 
+def test_server_step_size_is_logged_and_stays_calibrated(tmp_path):
+    """Spec §8.2 check 10: with sigma' (Eq. 16) and the ratio transfer, sigma stays within [0.2, 3] sigma_0."""
+    run_embedded(_cfg(**{"federation.rounds": 4}), tmp_path / "run")
+    server = [r["server"] for r in RunDir(tmp_path / "run").read_metrics()]
+    assert len(server) == 4 and all(s["sigma_prime"] > 0 and s["sigma_server"] > 0 for s in server)
+    assert all(0.2 <= s["sigma"] <= 3.0 for s in server)
+
+
 def test_local_cmaes_lowers_the_clean_loss():
     clf = _classifier("tiny-bert")
     data = clf.encode(clf.task_examples[:16])  # type: ignore[attr-defined]
