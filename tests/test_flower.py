@@ -146,6 +146,25 @@ def test_flower_sim_resume_gives_uninterrupted_metrics(sim_runs):
 
 
 @pytest.mark.slow
+def test_fedbpt_on_flower_sim_matches_embedded(tmp_path):
+    """The black-box method crosses Flower as it crosses the embedded runtime: same CMA-ES state, same bytes."""
+    from fedpeft.runtime.flower.simulation import run_flower_sim
+
+    cfg = _cfg(method__name="fedbpt", method__adapter__num_tokens=3, method__adapter__intrinsic_dim=16,
+               method__trainer__iterations=2, method__trainer__max_steps=None, method__trainer__batch_size=None,
+               method__trainer__reset_optimizer=None)
+    run_embedded(cfg, tmp_path / "embedded")
+    summary = run_flower_sim(cfg, tmp_path / "sim")
+    emb, sim = RunDir(tmp_path / "embedded").read_metrics(), RunDir(tmp_path / "sim").read_metrics()
+    assert _comparable(sim) == _comparable(emb)  # accuracies, losses, sigma', bytes up/down, per client
+    assert summary["upload_tensor_bytes"] == (16 + 2 + 1) * 4  # z, the I sigmas, the loss
+    assert all("sigma_prime" in r["server"] for r in sim)
+    a = RunDir(tmp_path / "embedded").load_checkpoint()[1].tensors
+    b = RunDir(tmp_path / "sim").load_checkpoint()[1].tensors
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
 def test_fedpeft_run_cli_with_flower_sim_runtime(tmp_path):
     from typer.testing import CliRunner
 
