@@ -140,6 +140,30 @@ def test_ratio_forms_on_small_tensors():
     assert torch.isfinite(ratio_fitness(clean, torch.zeros(2, 2))).all()
 
 
+def test_ratio_objective_prefers_input_sensitive_prompt_under_label_skew():
+    """Spec §8.2 check 6 (the mechanism of Eq. 7 and Fig. 3) on a planted two-class signal.
+
+    A client holds 90% of class 1. A "bias-only" prompt shifts every logit toward class 1; an
+    "input-sensitive" prompt amplifies the input feature. The clean loss prefers the collapsing bias
+    prompt; the ratio to the loss on perturbed inputs (features replaced by noise) prefers the other.
+    """
+    g = torch.Generator().manual_seed(0)
+    n = 400
+    y = (torch.rand(n, generator=g) < 0.9).long()
+    clean_x = (2 * y - 1) * 0.5 + torch.randn(n, generator=g)
+    perturbed_x = torch.randn(n, generator=g)
+
+    def losses(x, gain, bias):
+        logits = torch.stack([torch.zeros(n), gain * x + bias], dim=1)
+        return torch.nn.functional.cross_entropy(logits, y, reduction="none")[None]
+
+    prompts = {"bias": (0.0, 2.2), "sensitive": (1.5, 0.0)}
+    clean = {k: losses(clean_x, *v) for k, v in prompts.items()}
+    ratio = {k: ratio_fitness(clean[k], losses(perturbed_x, *v))[0] for k, v in prompts.items()}
+    assert clean["bias"].mean() < clean["sensitive"].mean()
+    assert ratio["bias"] == pytest.approx(1.0) and ratio["sensitive"] < 0.7
+
+
 def test_rp_zero_gives_clean_loss_fitness():
     clf = _classifier("tiny-bert")
     data = clf.encode(clf.task_examples[:6])  # type: ignore[attr-defined]
