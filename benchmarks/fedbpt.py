@@ -55,13 +55,23 @@ def method_overrides(args, method: str, task: str, model: str) -> list[str]:
         "icl": ["method.name=icl", "federation.rounds=1"],
         "fedavg-bbt": ["method.name=fedavg-bbt", *bbt],
         "fedbpt": ["method.name=fedbpt", *bbt, f"method.trainer.perturb_rate={PERTURB[task]}"],
+        "fedbpt-rp0": ["method.name=fedbpt", *bbt, "method.trainer.perturb_rate=0.0"],
+        "fedbpt-ratio-up": ["method.name=fedbpt", *bbt, f"method.trainer.perturb_rate={PERTURB[task]}",
+                            "method.options.server_fitness=ratio"],
         "fedprompt": ["method.name=fedprompt", f"method.adapter.num_tokens={tokens}", "method.trainer.batch_size=8",
                       f"method.trainer.local_epochs={args.fedprompt_epochs}"],
     }[method]
 
 
 LABELS = {"manual-prompt": "Manual prompt", "icl": "ICL (5 demos)", "fedavg-bbt": "FedAvg-BBT",
-          "fedbpt": "FedBPT", "fedprompt": "FedPrompt (gradient)"}
+          "fedbpt": "FedBPT", "fedprompt": "FedPrompt (gradient)",
+          "fedbpt-rp0": "FedBPT, r_p = 0 (ablation: server CMA-ES only)",
+          "fedbpt-ratio-up": "FedBPT, ratio uploaded (ablation: authors' code, A12)"}
+ABLATIONS = ("fedbpt-rp0", "fedbpt-ratio-up")
+
+
+def black_box(method: str) -> bool:
+    return method.startswith("fedbpt") or method == "fedavg-bbt"
 
 
 def plan(args) -> list[dict]:
@@ -84,8 +94,10 @@ def plan(args) -> list[dict]:
     icl = {model: [job(model, t, "-", 0, "icl") for t in tasks] for model in ("minilm", "smollm2")}
     if not smol:
         icl["smollm2"] = []
+    ablations = [job("minilm", t, non_iid, s, m) for s in range(args.seeds) for t in tasks for m in ABLATIONS] \
+        if args.ablations else []
     return (zero_shot + icl["minilm"] + minilm[non_iid] + smol_runs[:3] + icl["smollm2"][:1] + minilm[iid]
-            + icl["smollm2"][1:] + smol_runs[3:])
+            + icl["smollm2"][1:] + smol_runs[3:] + ablations)
 
 
 GUESS_SECONDS = {"smollm2": 400.0, "minilm": 60.0}  # before a job of that kind has run
@@ -111,7 +123,7 @@ def run_pool(args, jobs: list[dict], runs: Path, deadline: float, finished, skip
             while queue and len(pending) < args.workers:
                 job = queue.pop(0)
                 key = (job["model"], job["task"], job["method"])
-                guess = est.get(key, GUESS_SECONDS[job["model"]] if job["method"] in ("fedbpt", "fedavg-bbt") else 0.0)
+                guess = est.get(key, GUESS_SECONDS[job["model"]] if black_box(job["method"]) else 0.0)
                 if time.time() + guess > deadline:
                     skipped.append(job)
                     continue
@@ -194,7 +206,8 @@ def _vm(field: str) -> float:
 
 
 def rss_probe(args, model: str, method: str, batched: bool) -> dict:
-    """One client round of ``method`` on SST-2 (client 0, IID), peak RSS with the load peak reset."""
+    """One client round of ``method`` on SST-2 (client 0, IID): peak RSS, reset after loading and a warm-up
+    forward, so that "before" holds the model and the increase is the round's own working memory."""
     import torch
 
     torch.set_num_threads(args.threads)
@@ -213,7 +226,7 @@ def rss_probe(args, model: str, method: str, batched: bool) -> dict:
     state = m.server_init()
     inst = m.configure_round(state, 1, [0], np.random.default_rng(0))[0]
     ctx = exp.client(0)
-    exp.test_encoded  # noqa: B018  (encode outside the measured window)
+    m.evaluate_global(state)  # warm-up: encodes the test set and pages the (mmapped) weights in
     base = _vm("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM (peak RSS) to the current RSS
     t0 = time.time()
@@ -289,7 +302,8 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
         vals = [r["acc"] for r in done if r["model"] == model and r["method"] == method and r["task"] == task
                 and (r["part"] == part or r["part"] == "-")]
         return _ms(vals)
-    for method in ("manual-prompt", "icl", "fedavg-bbt", "fedbpt", "fedprompt"):
+    shown = ("manual-prompt", "icl", "fedavg-bbt", "fedbpt", "fedprompt")
+    for method in shown + tuple(a for a in ABLATIONS if any(r["method"] == a for r in done)):
         tr = next((r["trainable"] for r in done if r["method"] == method and r["model"] == "minilm"), "–")
         row = [LABELS[method], str(tr)]
         for task in ("sst2", "agnews"):
@@ -318,7 +332,7 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
         if key in seen or r["model"] != "minilm":
             continue
         seen.add(key)
-        calls = f"{r['queries_per_client_round']:.0f}" if r["method"] in ("fedbpt", "fedavg-bbt") else "–"
+        calls = f"{r['queries_per_client_round']:.0f}" if black_box(r["method"]) else "–"
         lines.append(f"| {LABELS[r['method']]} | {r['task']} | {r['up']:.0f} ({r['up_tensor']}) | {r['down']:.0f} | "
                      f"{calls} |")
     lines += ["", (f"FedBPT uplink = (d + I + 1) × 4 B + framing = ({args.dim} + {args.iterations} + 1) × 4 = "
@@ -390,6 +404,8 @@ def _parser():
     ap.add_argument("--smol-seeds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--workers", type=int, default=2, help="jobs run at once, one process each")
+    ap.add_argument("--ablations", action="store_true", help="also FedBPT with r_p = 0 and with the ratio "
+                    "uploaded, non-IID, all seeds (after everything else)")
     ap.add_argument("--runs-dir", default=None)
     ap.add_argument("--no-rss", action="store_true")
     ap.add_argument("--rss-probe", default=None, help=argparse.SUPPRESS)
