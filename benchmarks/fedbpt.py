@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -176,7 +177,28 @@ def collect(job: dict, out: Path, seconds: float | None = None) -> dict:
             "queries_per_client_round": queries / max(1, sum(r["num_ok"] for r in recs)),
             "train_loss": [r.get("train_loss") for r in recs], "sigma": recs[-1]["clients"][0].get("final_sigma"),
             "seconds": seconds if seconds is not None else s["wall_seconds"],
-            "backbone_unchanged": s["backbone_unchanged"]}
+            "backbone_unchanged": s["backbone_unchanged"], **parent_skew(job, out, recs)}
+
+
+SKEWED = 0.8  # a client is "one-class" when its largest class holds >= 80% of its few-shot examples
+
+
+def parent_skew(job: dict, out: Path, recs: list[dict]) -> dict:
+    """Server CMA-ES runs: share of one-class clients among the best-half parents (ranked by the uploaded
+    loss) vs among all clients. Client label histograms come from the run log."""
+    if not job["method"].startswith("fedbpt"):
+        return {}
+    found = re.search(r"label histogram per client \(train\): (\[.*\])", (out / "run.log").read_text())
+    if not found:
+        return {}
+    hist = json.loads(found.group(1))
+    skewed = {k for k, h in enumerate(hist) if sum(h) and max(h) / sum(h) >= SKEWED}
+    key = "ratio_loss" if job["method"] == "fedbpt-ratio-up" else "train_loss"
+    parents = [c["client"] for r in recs
+               for c in sorted((c for c in r["clients"] if c["status"] == "ok"), key=lambda c: c[key])
+               [: r["num_ok"] // 2]]
+    return {"parents_skewed": sum(c in skewed for c in parents) / max(1, len(parents)),
+            "clients_skewed": len(skewed) / len(hist)}
 
 
 def jobs_in(runs: Path) -> list[dict]:
@@ -264,13 +286,24 @@ def _ms(vals: list[float]) -> str:
     return f"{m:.1f} ± {sd:.1f} (n={len(vals)})"
 
 
-def _argv_text(args) -> str:
+def _command(args) -> str:
+    """The invocation that produced the runs (``--render``/``--rss-probe`` flags dropped) and how."""
+    argv, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if a in ("--render", "--render-minutes"):
+            skip = True
+            continue
+        argv.append(a)
+    text = f"`nice -n 10 .venv/bin/python benchmarks/fedbpt.py{''.join(' ' + a for a in argv)}`"
     if getattr(args, "render", None):
-        return " (this file re-rendered from its run directories with `--render`)"
-    text = "".join(f" {a}" for a in sys.argv[1:])
-    if getattr(args, "reused", 0):
-        text += (f"` (continuing an earlier invocation: {args.reused} finished runs found in --runs-dir were "
-                 "collected, not re-run; the wall time below is this invocation's) `")
+        text += (" (runs made by that command, possibly over several invocations with the same --runs-dir; this "
+                 "file re-rendered from their run directories with `--render`, RSS probes re-measured)")
+    elif getattr(args, "reused", 0):
+        text += (f" (continuing an earlier invocation: {args.reused} finished runs found in --runs-dir were "
+                 "collected, not re-run; the wall time below is this invocation's)")
     return text
 
 
@@ -279,12 +312,12 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
     if not final:
         lines += ["**PARTIAL: the benchmark is still running or was interrupted.**", ""]
     lines += [
-        (f"Command: `nice -n 10 .venv/bin/python benchmarks/fedbpt.py{_argv_text(args)}`; wall time "
-         f"{(time.time() - started) / 60:.1f} min on the shared 2-core CPU machine (torch threads = {args.threads})."),
+        (f"Command: {_command(args)}; wall time {(time.time() - started) / 60:.1f} min on a 2-core CPU machine "
+         f"({args.workers} jobs at once, torch threads = {args.threads} each)."),
         "",
         ("Setup (paper → here): few-shot 40 examples per class in total drawn before partitioning (same), 10 clients all "
         "participating (same), Dirichlet α = 1.0 or IID (same); MiniLM-L6 with the similarity readout stands in "
-        "for RoBERTa-large. Budgets are cut to fit the 30-minute CPU limit: "
+        f"for RoBERTa-large. Budgets are cut to fit {args.budget_min:.0f} minutes of 2 CPU cores: "
         f"rounds T = {args.rounds} (code: 200), local iterations I = {args.iterations} (paper 8), λ = {args.popsize} "
         f"(same), d = {args.dim} (paper 500), prompt length m = {args.tokens} (code 50), test sets capped at "
         f"{args.max_test} examples (stratified), inputs truncated to {TASK_LEN['sst2']} (SST-2) / {TASK_LEN['agnews']} "
@@ -302,6 +335,10 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
         vals = [r["acc"] for r in done if r["model"] == model and r["method"] == method and r["task"] == task
                 and (r["part"] == part or r["part"] == "-")]
         return _ms(vals)
+
+    def single(model, method, task):  # zero-shot: one deterministic run, the same for both partitions
+        vals = [r["acc"] for r in done if r["model"] == model and r["method"] == method and r["task"] == task]
+        return f"{100 * vals[0]:.1f} (single)" if vals else "not run"
     shown = ("manual-prompt", "icl", "fedavg-bbt", "fedbpt", "fedprompt")
     for method in shown + tuple(a for a in ABLATIONS if any(r["method"] == a for r in done)):
         tr = next((r["trainable"] for r in done if r["method"] == method and r["model"] == "minilm"), "–")
@@ -309,7 +346,7 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
         for task in ("sst2", "agnews"):
             for part in ("IID", "non-IID a=1.0"):
                 row.append(cell("minilm", method, task, part) if method not in ("manual-prompt", "icl")
-                           else (cell("minilm", method, task, "-") + " (single)"))
+                           else single("minilm", method, task))
         lines.append("| " + " | ".join(row) + " |")
     smol = [r for r in done if r["model"] == "smollm2"]
     lines += ["", "## SmolLM2-135M (next-token verbalizer)", "",
@@ -318,9 +355,12 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
                f"α = 1.0 only, {args.smol_seeds} seed(s), as far as the time budget allowed (one SmolLM2 row costs "
                "~10 MiniLM rows here). Same r_p and FedPrompt settings as MiniLM."), ""]
     if smol:
-        lines += ["| Method | task | partition | accuracy (%) | seconds |", "|---|---|---|---|---|"]
+        lines += ["| Method | task | partition | seed | accuracy (%) | train loss per round | seconds |",
+                  "|---|---|---|---|---|---|---|"]
         for r in smol:
-            lines.append(f"| {LABELS[r['method']]} | {r['task']} | {r['part']} | {100 * r['acc']:.1f} | {r['seconds']:.0f} |")
+            tl = ", ".join(f"{x:.3f}" for x in r["train_loss"] if x is not None) or "–"
+            lines.append(f"| {LABELS[r['method']]} | {r['task']} | {r['part']} | {r['seed']} | {100 * r['acc']:.1f} | "
+                         f"{tl} | {r['seconds']:.0f} |")
     else:
         lines.append("No SmolLM2 job finished within the budget.")
     lines += ["", "## Communication per client per round (real encoded bytes, float32 wire)", "",
@@ -340,6 +380,16 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
               f"({args.dim * args.dim * 4} B at d = {args.dim}; `method.options.covariance=diagonal|none` cuts it to "
               "d or 0 floats). FedAvg-BBT uploads its local covariance too. At the paper's d = 500 the FedBPT uplink "
               "is 2,036 B of tensors, the full-covariance downlink 1,000,000 B."), ""]
+    skew = [r for r in done if "parents_skewed" in r and r["part"] != "IID"]
+    if skew:
+        lines += [f"## Who the server picks under label skew (FedBPT, non-IID): share of one-class clients (≥ "
+                  f"{SKEWED:.0%} of their examples in one class) among the best-half parents, all rounds", "",
+                  "| model | task | seed | method | one-class share of parents | of all clients | acc % |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in skew:
+            lines.append(f"| {r['model']} | {r['task']} | {r['seed']} | {LABELS[r['method']]} | "
+                         f"{r['parents_skewed']:.2f} | {r['clients_skewed']:.2f} | {100 * r['acc']:.1f} |")
+        lines.append("")
     lines += [("## Peak memory of one client round (SST-2, client 0, IID, same settings as the runs; a fresh "
                "process per probe)"), ""]
     if rss:
