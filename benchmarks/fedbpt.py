@@ -97,8 +97,9 @@ def plan(args) -> list[dict]:
         icl["smollm2"] = []
     ablations = [job("minilm", t, non_iid, s, m) for s in range(args.seeds) for t in tasks for m in ABLATIONS] \
         if args.ablations else []
-    return (zero_shot + icl["minilm"] + minilm[non_iid] + smol_runs[:3] + icl["smollm2"][:1] + minilm[iid]
+    jobs = (zero_shot + icl["minilm"] + minilm[non_iid] + smol_runs[:3] + icl["smollm2"][:1] + minilm[iid]
             + icl["smollm2"][1:] + smol_runs[3:] + ablations)
+    return [j for j in jobs if args.methods is None or j["method"] in args.methods.split(",")]
 
 
 GUESS_SECONDS = {"smollm2": 400.0, "minilm": 60.0}  # before a job of that kind has run
@@ -456,6 +457,8 @@ def _parser():
     ap.add_argument("--workers", type=int, default=2, help="jobs run at once, one process each")
     ap.add_argument("--ablations", action="store_true", help="also FedBPT with r_p = 0 and with the ratio "
                     "uploaded, non-IID, all seeds (after everything else)")
+    ap.add_argument("--methods", default=None, help="only these methods (comma-separated), e.g. to add the "
+                    "ablations to an earlier --runs-dir")
     ap.add_argument("--runs-dir", default=None)
     ap.add_argument("--no-rss", action="store_true")
     ap.add_argument("--rss-probe", default=None, help=argparse.SUPPRESS)
