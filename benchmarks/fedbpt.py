@@ -276,6 +276,17 @@ def measure_rss(args) -> list[dict]:
     return out
 
 
+def probes(args, runs: Path) -> list[dict]:
+    """Measure the RSS probes and keep them in ``runs/rss.json``; with ``--no-rss``, reuse that file if any."""
+    saved = runs / "rss.json"
+    if args.no_rss:
+        return json.loads(saved.read_text()) if saved.exists() else []
+    rss = measure_rss(args)
+    runs.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(rss, indent=1))
+    return rss
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -297,11 +308,13 @@ def _command(args) -> str:
         if a in ("--render", "--render-minutes"):
             skip = True
             continue
+        if a == "--no-rss" and getattr(args, "render", None):
+            continue
         argv.append(a)
     text = f"`nice -n 10 .venv/bin/python benchmarks/fedbpt.py{''.join(' ' + a for a in argv)}`"
     if getattr(args, "render", None):
         text += (" (runs made by that command, possibly over several invocations with the same --runs-dir; this "
-                 "file re-rendered from their run directories with `--render`, RSS probes re-measured)")
+                 "file re-rendered from their run directories with `--render`)")
     elif getattr(args, "reused", 0):
         text += (f" (continuing an earlier invocation: {args.reused} finished runs found in --runs-dir were "
                  "collected, not re-run; the wall time below is this invocation's)")
@@ -381,7 +394,8 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
               f"({args.dim * args.dim * 4} B at d = {args.dim}; `method.options.covariance=diagonal|none` cuts it to "
               "d or 0 floats). FedAvg-BBT uploads its local covariance too. At the paper's d = 500 the FedBPT uplink "
               "is 2,036 B of tensors, the full-covariance downlink 1,000,000 B."), ""]
-    skew = [r for r in done if "parents_skewed" in r and r["part"] != "IID"]
+    skew = sorted((r for r in done if "parents_skewed" in r and r["part"] != "IID"),
+                  key=lambda r: (r["model"], r["task"], r["method"], r["seed"]))
     if skew:
         lines += [f"## Who the server picks under label skew (FedBPT, non-IID): share of one-class clients (≥ "
                   f"{SKEWED:.0%} of their examples in one class) among the best-half parents, all rounds", "",
@@ -460,7 +474,7 @@ def _parser():
     ap.add_argument("--methods", default=None, help="only these methods (comma-separated), e.g. to add the "
                     "ablations to an earlier --runs-dir")
     ap.add_argument("--runs-dir", default=None)
-    ap.add_argument("--no-rss", action="store_true")
+    ap.add_argument("--no-rss", action="store_true", help="skip the RSS probes (reuse RUNS_DIR/rss.json if there)")
     ap.add_argument("--rss-probe", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sequential", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--render", default=None, metavar="RUNS_DIR",
@@ -483,14 +497,14 @@ def main(argv: list[str] | None = None) -> None:
         done = jobs_in(Path(args.render))
         finished = {tuple(sorted((k, r[k]) for k in ("model", "task", "part", "seed", "method"))) for r in done}
         skipped = [j for j in plan(args) if tuple(sorted(j.items())) not in finished]
-        rss = [] if args.no_rss else measure_rss(args)
+        rss = probes(args, Path(args.render))
         write_report(args, done, skipped, rss, time.time() - 60 * (args.render_minutes or 0), final=True)
         print(f"wrote {RESULTS} from {len(done)} runs")
         return
     started = time.time()
     deadline = started + 60 * args.budget_min
     runs = Path(args.runs_dir or tempfile.mkdtemp(prefix="fedbpt-bench-"))
-    rss = [] if args.no_rss else measure_rss(args)
+    rss = probes(args, runs)
     done, skipped = [], []
     write_report(args, done, skipped, rss, started, final=False)
 
