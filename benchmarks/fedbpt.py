@@ -1,18 +1,21 @@
 """FedBPT benchmark at CPU scale; writes benchmarks/results/fedbpt.md.
 
 Few-shot (40 examples per class in total, drawn before partitioning), 10 clients, all participating,
-Dirichlet alpha = 1.0 (non-IID) and IID, SST-2 and AG News from ../shared/data. Methods: manual
-prompt, ICL, FedAvg-BBT, FedBPT (both through the forward-only black box) and gradient FedPrompt.
-Reports final-round test accuracy (mean +- std over the seeds that finished), bytes per client per
-round up/down, queries, and the peak RSS of one FedBPT client round vs one FedPrompt client round
-(each in its own subprocess, VmHWM reset after the model is loaded).
+Dirichlet alpha = 1.0 (non-IID) and IID, SST-2 and AG News from ../shared/data, MiniLM (3 seeds) and
+SmolLM2 (fewer rounds, non-IID, ``--smol-seeds``). Methods: manual prompt, ICL, FedAvg-BBT, FedBPT (both
+through the forward-only black box), gradient FedPrompt, and with ``--ablations`` FedBPT with r_p = 0
+and with the ratio uploaded (authors' code). Reports final-round test accuracy (mean +- std over the
+seeds that finished), bytes per client per round up/down, black-box calls, which clients the server
+picks as parents under label skew, and the peak RSS of one FedBPT vs one FedPrompt client round (each
+in a fresh process, peak reset after loading and a warm-up forward).
 
-The machine is 2 shared CPU cores, so budgets are far below the paper's (I = 8, d = 500, 50 prompt
-tokens, 200 rounds): see the flags. Jobs run in priority order (seed 0 of every setting first) under
-a wall-clock deadline; jobs that do not fit are listed as not run. The results file is rewritten
-after every job, so an interrupted run still leaves a (marked) partial table.
+Budgets are far below the paper's (I = 8, d = 500, 50 prompt tokens, 200 rounds): see the flags. Jobs
+run in priority order (zero-shot, non-IID, SmolLM2, IID, ablations) on ``--workers`` processes under
+a wall-clock deadline; jobs that do not fit are listed as not run. Finished runs in ``--runs-dir`` are
+collected, not re-run, so a cut benchmark can be continued (``--methods`` adds runs of some methods);
+``--render RUNS_DIR`` rewrites the results file from the run directories.
 
-    nice -n 10 .venv/bin/python benchmarks/fedbpt.py            # <= 30 min
+    nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt-bench     # ~90 min, 2 cores
 """
 
 from __future__ import annotations
@@ -449,10 +452,10 @@ def _parser():
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget-min", type=float, default=27.0, help="wall-clock budget for all jobs")
+    ap.add_argument("--budget-min", type=float, default=90.0, help="wall-clock budget for all jobs")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iterations", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--popsize", type=int, default=5)
     ap.add_argument("--dim", type=int, default=100)
     ap.add_argument("--tokens", type=int, default=5)
@@ -462,8 +465,8 @@ def _parser():
     ap.add_argument("--tasks", default="sst2,agnews")
     ap.add_argument("--models", default="minilm,smollm2")
     ap.add_argument("--smol-max-test", type=int, default=100)
-    ap.add_argument("--smol-rounds", type=int, default=1)
-    ap.add_argument("--smol-iterations", type=int, default=1)
+    ap.add_argument("--smol-rounds", type=int, default=3)
+    ap.add_argument("--smol-iterations", type=int, default=2)
     ap.add_argument("--smol-dim", type=int, default=50)
     ap.add_argument("--smol-tokens", type=int, default=5)
     ap.add_argument("--smol-seeds", type=int, default=1)
