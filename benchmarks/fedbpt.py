@@ -80,7 +80,8 @@ def black_box(method: str) -> bool:
 
 def plan(args) -> list[dict]:
     """Jobs in priority order: zero-shot and MiniLM ICL; the paper's headline setting (non-IID) on MiniLM
-    over all seeds; SmolLM2's first trained setting and ICL; MiniLM IID over all seeds; further SmolLM2 runs."""
+    over all seeds; SmolLM2's first trained setting and ICL; MiniLM IID over all seeds; further SmolLM2 runs;
+    the ablations last. ``--methods`` keeps only the jobs of those methods."""
     tasks = args.tasks.split(",")
     trained = ("fedbpt", "fedavg-bbt", "fedprompt")
     smol = "smollm2" in args.models.split(",")
