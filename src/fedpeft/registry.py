@@ -9,8 +9,10 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-class UnknownNameError(KeyError):
-    """Raised when a registry lookup fails; the message names the registry and the allowed values."""
+class UnknownNameError(KeyError, ValueError):
+    """Raised when a registry lookup fails; the message names the registry and the allowed values.
+
+    Also a ``ValueError``, so that a pydantic validator can simply look the name up."""
 
     def __str__(self) -> str:  # KeyError quotes its argument; we want the plain message
         return str(self.args[0])

@@ -78,16 +78,12 @@ class PepTAOOptions(BaseModel):
     @field_validator("ratio_estimator")
     @classmethod
     def _estimator(cls, v: str) -> str:
-        if v not in RATIO_ESTIMATORS:
-            raise ValueError(f"unknown ratio estimator '{v}'; allowed: {', '.join(RATIO_ESTIMATORS.names())}")
-        return v
+        return RATIO_ESTIMATORS.entry(v).name
 
     @field_validator("order")
     @classmethod
     def _order(cls, v: str) -> str:
-        if v not in LAYER_ORDERS:
-            raise ValueError(f"unknown layer order '{v}'; allowed: {', '.join(LAYER_ORDERS.names())}")
-        return v
+        return LAYER_ORDERS.entry(v).name
 
 
 def _float(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
