@@ -1,0 +1,91 @@
+"""Small fixed runs of every preset whose ``metrics.jsonl`` (timing fields removed) was recorded before the
+composable-core refactor; ``tests/test_golden.py`` checks that the refactored code reproduces them exactly.
+
+``python tests/golden/cases.py`` re-records the fixtures (only when a change of numbers is intended).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+TIMING = ("wall_seconds", "train_seconds", "eval_seconds")
+
+_TINY = {"task.name": "synthetic-sentiment", "task.num_examples": 96, "task.max_length": 24,
+         "federation.num_clients": 3, "federation.rounds": 2, "evaluation.batch_size": 64,
+         "runtime.progress": False, "runtime.threads": 1}
+_GRAD = {"method.trainer.max_steps": 3, "method.trainer.batch_size": 8}
+_PEP = {"method.adapter.num_tokens": 3, "federation.rounds": 3, "federation.num_clients": 4,
+        "federation.clients_per_round": 3, **_GRAD}
+_BPT = {"method.adapter.num_tokens": 4, "method.adapter.intrinsic_dim": 12, "method.trainer.iterations": 2}
+
+# case name -> overrides (method.name and model.name included)
+CASES: dict[str, dict[str, object]] = {
+    "fedprompt-bert": {"method.name": "fedprompt", "model.name": "tiny-bert", "method.adapter.num_tokens": 4, **_GRAD},
+    "fedprompt-llama": {"method.name": "fedprompt", "model.name": "tiny-llama", "method.adapter.num_tokens": 4,
+                        **_GRAD},
+    "fedprompt-linear-partial": {"method.name": "fedprompt", "model.name": "tiny-bert", "model.readout": "linear",
+                                 "method.adapter.num_tokens": 4, "federation.num_clients": 4,
+                                 "federation.clients_per_round": 2, "federation.rounds": 3,
+                                 "method.trainer.reset_optimizer": False, "federation.partition.scheme": "dirichlet",
+                                 **_GRAD},
+    "fedprompt-uniform-fp16": {"method.name": "fedprompt", "model.name": "tiny-bert", "method.adapter.num_tokens": 4,
+                               "method.aggregator.name": "uniform", "method.codec.dtype": "float16", **_GRAD},
+    "fedavg-full-bert": {"method.name": "fedavg-full", "model.name": "tiny-bert", **_GRAD},
+    "fedbpt-bert": {"method.name": "fedbpt", "model.name": "tiny-bert", **_BPT},
+    "fedbpt-llama-diag": {"method.name": "fedbpt", "model.name": "tiny-llama", "method.options.covariance": "diagonal",
+                          "method.options.server_fitness": "ratio", **_BPT},
+    "fedavg-bbt-bert": {"method.name": "fedavg-bbt", "model.name": "tiny-bert", **_BPT},
+    "manual-prompt-llama": {"method.name": "manual-prompt", "model.name": "tiny-llama", "federation.rounds": 1},
+    "icl-llama": {"method.name": "icl", "model.name": "tiny-llama", "federation.rounds": 1},
+    "fedpeptao-bert": {"method.name": "fedpeptao", "model.name": "tiny-bert", "method.options.warmup_rounds": 1,
+                       **_PEP},
+    "fedpeptao-llama-hessian": {"method.name": "fedpeptao", "model.name": "tiny-llama",
+                                "method.options.warmup_rounds": 2, "method.options.ratio_estimator": "hessian_gap",
+                                "method.options.score_at": "global", **_PEP},
+    "fedavg-prefix-bert": {"method.name": "fedavg-prefix", "model.name": "tiny-bert", **_PEP},
+    "moms-adamd-bert": {"method.name": "moms-adamd", "model.name": "tiny-bert", **_PEP},
+    "momd-bert": {"method.name": "momd", "model.name": "tiny-bert", **_PEP},
+    "moms-bert": {"method.name": "moms", "model.name": "tiny-bert", **_PEP},
+    "moms-con-bert": {"method.name": "moms-con", "model.name": "tiny-bert", **_PEP},
+    "adamd-bert": {"method.name": "adamd", "model.name": "tiny-bert", **_PEP},
+}
+
+
+def overrides(case: str) -> list[str]:
+    return [f"{k}={v}" for k, v in (_TINY | CASES[case]).items()]
+
+
+def strip(records: list[dict]) -> list[dict]:
+    """Records without timing fields (at any depth)."""
+    def clean(x):
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items() if k not in TIMING}
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+    return [clean(r) for r in records]
+
+
+def run_case(case: str, out: Path) -> list[dict]:
+    from fedpeft.config import load_config
+    from fedpeft.runtime.embedded import run_embedded
+
+    run_embedded(load_config(None, overrides(case)), out)
+    return strip([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()])
+
+
+def fixture(case: str) -> Path:
+    return HERE / f"{case}.json"
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    for case in sys.argv[1:] or CASES:
+        with tempfile.TemporaryDirectory() as d:
+            recs = run_case(case, Path(d) / case)
+        fixture(case).write_text(json.dumps(recs, indent=1, sort_keys=True) + "\n")
+        print(case, [r["accuracy"] for r in recs], [r["bytes_up"] for r in recs])
