@@ -151,7 +151,7 @@ def run_pool(args, jobs: list[dict], runs: Path, deadline: float, finished, skip
 
 
 def run_job(args, job: dict, runs: Path) -> dict:
-    from fedpeft.config import load_config
+    from fedpeft.resolve import load_config
     from fedpeft.runtime.embedded import run_embedded
 
     max_test = args.max_test if job["model"] == "minilm" else args.smol_max_test
@@ -240,7 +240,7 @@ def rss_probe(args, model: str, method: str, batched: bool) -> dict:
     torch.set_num_threads(args.threads)
     import numpy as np
 
-    from fedpeft.config import load_config
+    from fedpeft.resolve import load_config
     from fedpeft.experiment import build_experiment
     from fedpeft.methods import PRESETS
 

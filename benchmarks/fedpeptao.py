@@ -59,7 +59,7 @@ def union_accuracy(records: list[dict], shard_sizes: list[int]) -> list[float]:
 
 
 def run_one(task: str, seed: int, label: str, args, extra: list[str] | None = None) -> dict:
-    from fedpeft.config import load_config
+    from fedpeft.resolve import load_config
     from fedpeft.experiment import build_experiment
     from fedpeft.runtime.embedded import run_embedded
     from fedpeft.tracking.rundir import RunDir

@@ -14,7 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
-from fedpeft.config import load_config
+from fedpeft.resolve import load_config
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.runtime.flower.deployment import run_flower
 from fedpeft.runtime.flower.local import LocalFederation

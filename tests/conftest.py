@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedpeft.config import load_config
+from fedpeft.resolve import load_config
 
 
 def tiny_overrides(**extra: object) -> list[str]:

@@ -51,7 +51,7 @@ def test_config_error_names_the_field_and_exits_2(tmp_path):
 
 
 def test_example_configs_resolve():
-    from fedpeft.config import load_config
+    from fedpeft.resolve import load_config
 
     for path in Path("examples").glob("*.yaml"):
         load_config(path)

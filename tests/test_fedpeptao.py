@@ -368,7 +368,7 @@ def test_fedavg_prefix_sends_every_layer_every_round(tiny_cfg, tmp_path):
 
 @pytest.mark.slow
 def test_fedpeptao_on_minilm_halves_the_upload(tmp_path):
-    from fedpeft.config import load_config
+    from fedpeft.resolve import load_config
 
     cfg = load_config(None, [
         "model.name=minilm", "task.name=synthetic-sentiment", "task.num_examples=120", "task.max_length=24",

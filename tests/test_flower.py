@@ -16,7 +16,7 @@ import torch
 from conftest import tiny_overrides
 
 from fedpeft.comm.codec import Message, decode, encode
-from fedpeft.config import load_config
+from fedpeft.resolve import load_config
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.runtime.session import StopAfterRound
 from fedpeft.tracking.rundir import RunDir

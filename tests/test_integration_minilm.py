@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedpeft.backbones.classifier import evaluate
-from fedpeft.config import load_config
+from fedpeft.resolve import load_config
 from fedpeft.data import shared_data_dir
 from fedpeft.experiment import build_experiment
 from fedpeft.methods import PRESETS

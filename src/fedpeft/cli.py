@@ -1,4 +1,4 @@
-"""Command line: ``fedpeft run | methods | tasks | models | flower (superlink | supernode | run)``."""
+"""Command line: ``fedpeft run | methods | components | tasks | models | flower (superlink | supernode | run)``."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ def run(
     quiet: Annotated[bool, typer.Option(help="no progress bars")] = False,
 ) -> None:
     """Run an experiment (or resume one) and print the per-round table."""
-    from fedpeft.config import ConfigError, load_config
+    from fedpeft.config import ConfigError
     from fedpeft.registry import UnknownNameError
-    from fedpeft.runtime.registry import RUNTIMES
+    from fedpeft.resolve import load_config
+    from fedpeft.runtime.registry import runtime as runtime_fn
 
     overrides = list(set_) + ([f"runtime.name={runtime}"] if runtime else []) + (["runtime.progress=false"] if quiet else [])
     try:
@@ -44,7 +45,7 @@ def run(
     out_dir = out or Path("runs") / name
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        summary = RUNTIMES.get(cfg.runtime.name)(cfg, out_dir, resume=resume)
+        summary = runtime_fn(cfg.runtime.name)(cfg, out_dir, resume=resume)
     except (FileExistsError, UnknownNameError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     _print_table(out_dir, summary)
@@ -85,6 +86,16 @@ def methods() -> None:
     from fedpeft.methods import PRESETS
 
     _list("methods", [(e.name, e.obj.description) for e in PRESETS.entries()])
+
+
+@app.command()
+def components() -> None:
+    """List the components of every axis (method.adapter, trainer, aggregator, selector, sharing, ...)."""
+    from fedpeft.components import AXIS_REGISTRIES, LIST_REGISTRIES
+
+    rows = [(f"method.{axis}: {e.name}", e.description)
+            for axis, reg in (AXIS_REGISTRIES | LIST_REGISTRIES).items() for e in reg.entries()]
+    _list("components", rows)
 
 
 @app.command()
@@ -154,7 +165,8 @@ def flower_run(
     rejoin_wait: Annotated[float, typer.Option(help="seconds a round waits for missing clients' nodes")] = 0.0,
 ) -> None:
     """Submit an experiment to a SuperLink with `flwr run` and wait for it (runtime.name=flower)."""
-    from fedpeft.config import ConfigError, load_config
+    from fedpeft.config import ConfigError
+    from fedpeft.resolve import load_config
     from fedpeft.runtime.flower.deployment import run_flower
 
     try:

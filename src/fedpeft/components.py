@@ -1,27 +1,25 @@
-"""The registries of the three method axes, and typed access to a section's settings."""
+"""The catalogue of method components: one registry per axis (and per list of transforms and wrappers).
+
+Only entry points (``fedpeft.resolve``, ``fedpeft.build``) import this module; the components themselves
+import just their own axis's ``base`` module, so adding one is a new file plus a registration.
+"""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel
-
-from fedpeft.config import Component
+from fedpeft.adapters import ADAPTERS
+from fedpeft.aggregators import AGGREGATORS, WRAPPERS
 from fedpeft.registry import Registry
+from fedpeft.selection import SELECTORS
+from fedpeft.sharing import SHARING
+from fedpeft.trainers import TRAINERS
+from fedpeft.transforms import TRANSFORMS
 
-M = TypeVar("M", bound=BaseModel)
+# ``method.<axis>`` -> registry of that axis
+AXIS_REGISTRIES: dict[str, Registry[Any]] = {
+    "adapter": ADAPTERS, "trainer": TRAINERS, "aggregator": AGGREGATORS, "selector": SELECTORS, "sharing": SHARING,
+}
+# ``method.<list>`` -> registry of its entries
+LIST_REGISTRIES: dict[str, Registry[Any]] = {"transforms": TRANSFORMS, "wrappers": WRAPPERS}
 
-
-def component_registries() -> dict[str, Registry[Any]]:
-    """axis name -> registry; every registered component may declare a pydantic settings model."""
-    from fedpeft.adapters import ADAPTERS
-    from fedpeft.aggregators import AGGREGATORS
-    from fedpeft.trainers import TRAINERS
-
-    return {"adapter": ADAPTERS, "trainer": TRAINERS, "aggregator": AGGREGATORS}
-
-
-def settings_of(section: Component, registry: Registry[Any]) -> Any:
-    """The typed settings object of a resolved section (``None`` if the component declares none)."""
-    model = registry.entry(section.name).settings
-    return model.model_validate(section.settings()) if model is not None else None

@@ -11,15 +11,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedpeft.adapters import ADAPTERS
+from fedpeft.adapters import ADAPTERS, AdapterContext
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
-from fedpeft.backbones.loading import Backbone, load_backbone
-from fedpeft.components import settings_of
+from fedpeft.backbones.loading import Backbone, load_backbone, resolve_device
+from fedpeft.clients import ClientContext
 from fedpeft.config import ExperimentConfig
-from fedpeft.data import load_task, partition, split_like, label_histogram
+from fedpeft.data import label_histogram, load_task, partition, split_like
 from fedpeft.data.types import TaskData
-from fedpeft.methods.base import ClientContext
 from fedpeft.rng import SERVER, numpy_rng
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,9 @@ def build_experiment(cfg: ExperimentConfig) -> Experiment:
     fed = cfg.federation
     train_parts = partition(train_labels, fed.num_clients, fed.partition, numpy_rng(cfg.seed, 0, SERVER, "partition"))
     test_parts = split_like(test_labels, train_parts, train_labels, numpy_rng(cfg.seed, 0, SERVER, "test-partition"))
-    backbone = load_backbone(cfg.model.name)
-    adapter = ADAPTERS.get(cfg.method.adapter.name)(settings_of(cfg.method.adapter, ADAPTERS))
-    clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length)
+    backbone = load_backbone(cfg.model.name).to(resolve_device(cfg.runtime.device))
+    adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
+    clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length,
+                     cfg.runtime.autocast)
+    adapter.bind(AdapterContext(cfg.seed, task, clf.readout))
     return Experiment(cfg, task, backbone, clf, train_parts, test_parts)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -55,6 +55,11 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         return self.entry(name).obj
+
+    def settings_of(self, section: Any) -> Any:
+        """Typed settings of a resolved config section (``name`` plus keys); None if the entry declares none."""
+        model = self.entry(section.name).settings
+        return model.model_validate(section.settings()) if model is not None else None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

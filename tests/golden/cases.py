@@ -35,16 +35,16 @@ CASES: dict[str, dict[str, object]] = {
                                "method.aggregator.name": "uniform", "method.codec.dtype": "float16", **_GRAD},
     "fedavg-full-bert": {"method.name": "fedavg-full", "model.name": "tiny-bert", **_GRAD},
     "fedbpt-bert": {"method.name": "fedbpt", "model.name": "tiny-bert", **_BPT},
-    "fedbpt-llama-diag": {"method.name": "fedbpt", "model.name": "tiny-llama", "method.options.covariance": "diagonal",
-                          "method.options.server_fitness": "ratio", **_BPT},
+    "fedbpt-llama-diag": {"method.name": "fedbpt", "model.name": "tiny-llama", "method.trainer.covariance": "diagonal",
+                          "method.trainer.server_fitness": "ratio", **_BPT},
     "fedavg-bbt-bert": {"method.name": "fedavg-bbt", "model.name": "tiny-bert", **_BPT},
     "manual-prompt-llama": {"method.name": "manual-prompt", "model.name": "tiny-llama", "federation.rounds": 1},
     "icl-llama": {"method.name": "icl", "model.name": "tiny-llama", "federation.rounds": 1},
-    "fedpeptao-bert": {"method.name": "fedpeptao", "model.name": "tiny-bert", "method.options.warmup_rounds": 1,
+    "fedpeptao-bert": {"method.name": "fedpeptao", "model.name": "tiny-bert", "method.sharing.warmup_rounds": 1,
                        **_PEP},
     "fedpeptao-llama-hessian": {"method.name": "fedpeptao", "model.name": "tiny-llama",
-                                "method.options.warmup_rounds": 2, "method.options.ratio_estimator": "hessian_gap",
-                                "method.options.score_at": "global", **_PEP},
+                                "method.sharing.warmup_rounds": 2, "method.sharing.ratio_estimator": "hessian_gap",
+                                "method.sharing.score_at": "global", **_PEP},
     "fedavg-prefix-bert": {"method.name": "fedavg-prefix", "model.name": "tiny-bert", **_PEP},
     "moms-adamd-bert": {"method.name": "moms-adamd", "model.name": "tiny-bert", **_PEP},
     "momd-bert": {"method.name": "momd", "model.name": "tiny-bert", **_PEP},
@@ -70,7 +70,7 @@ def strip(records: list[dict]) -> list[dict]:
 
 
 def run_case(case: str, out: Path) -> list[dict]:
-    from fedpeft.config import load_config
+    from fedpeft.resolve import load_config
     from fedpeft.runtime.embedded import run_embedded
 
     run_embedded(load_config(None, overrides(case)), out)

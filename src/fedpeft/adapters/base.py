@@ -25,22 +25,63 @@ class Prepared:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class AdapterContext:
+    """What every process knows without communication: the run seed, the task and the resolved readout."""
+
+    seed: int
+    task: Any
+    readout: str
+
+
 class Adapter(Protocol):
     """Trainable tensors around a frozen backbone.
 
-    ``init`` returns the initial tensors (plain data, exchanged by name). ``prepare`` turns a token
-    batch into backbone inputs using them; ``overrides`` returns backbone weights to use instead of
-    the frozen ones (full fine-tuning) through ``torch.func.functional_call``, or None.
+    ``bind`` receives the run's shared context once (a projection seed, a demonstration pool); ``init``
+    returns the initial tensors (plain data, exchanged by name); ``units`` groups tensor names into the
+    units a method may share or prune separately (layers, heads); ``prepare`` turns a token batch into
+    backbone inputs using them; ``overrides`` returns backbone weights to use instead of the frozen ones
+    (full fine-tuning) through ``torch.func.functional_call``, or None.
     """
 
     name: str
 
+    def bind(self, ctx: AdapterContext) -> None: ...
+
     def init(self, backbone: Backbone, generator: torch.Generator) -> Params: ...
+
+    def units(self, params: Params) -> dict[str, str]: ...
 
     def prepare(self, backbone: Backbone, params: Params, input_ids: torch.Tensor,
                 attention_mask: torch.Tensor, lead: int) -> Prepared: ...
 
     def overrides(self, params: Params) -> Params | None: ...
+
+
+class AdapterBase:
+    """Defaults: nothing to bind, every tensor its own unit, no backbone weight overridden."""
+
+    name = ""
+
+    def __init__(self, cfg: Any = None) -> None:
+        self.cfg = cfg
+
+    def bind(self, ctx: AdapterContext) -> None:
+        pass
+
+    def units(self, params: Params) -> dict[str, str]:
+        return {k: k for k in params}
+
+    def overrides(self, params: Params) -> Params | None:
+        return None
+
+
+def insert_rows(embeds: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
+                at: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Splice ``rows`` ([n, m, d]) into every sequence at position ``at``; the mask gets m ones there."""
+    ones = torch.ones(rows.shape[0], rows.shape[1], dtype=attention_mask.dtype, device=attention_mask.device)
+    embeds = torch.cat([embeds[:, :at], rows.to(embeds.device, embeds.dtype), embeds[:, at:]], dim=1)
+    return embeds, torch.cat([attention_mask[:, :at], ones, attention_mask[:, at:]], dim=1)
 
 
 ADAPTERS: Registry[type] = Registry("adapter")  # class taking its settings object (or None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.adapters.base import ADAPTERS, Params, Prepared
+from fedpeft.adapters.base import ADAPTERS, AdapterBase, Params, Prepared
 from fedpeft.backbones.loading import Backbone
 
 PREFIX = "prefix."
@@ -49,13 +49,17 @@ class DeepPromptSettings(BaseModel):
 
 @ADAPTERS.register("deep_prompt", "P-tuning v2 deep prompts: a trainable key/value prefix of length h at every "
                    "layer (FedPepTAO, fedavg-prefix)", DeepPromptSettings)
-class DeepPrompt:
+class DeepPrompt(AdapterBase):
     """Per-layer key/value prefixes passed to the frozen backbone as a pre-filled cache."""
 
     name = "deep_prompt"
 
     def __init__(self, cfg: DeepPromptSettings | None = None) -> None:
-        self.cfg = cfg or DeepPromptSettings()
+        super().__init__(cfg or DeepPromptSettings())
+
+    def units(self, params: Params) -> dict[str, str]:
+        """Each layer's prefix is one unit (``layer<l>``); other tensors (a linear head) are their own."""
+        return {k: (f"layer{layer_of(k)}" if layer_of(k) is not None else k) for k in params}
 
     def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
         """E ~ N(0, σ²) drawn as one ``[h, L, 2, d_kv]`` tensor (code layout), split into per-layer tensors."""
@@ -78,12 +82,10 @@ class DeepPrompt:
                 raise ValueError(f"{layer_key(l)} has {p.shape[0]} rows, method.adapter.num_tokens is {h}")
             kv = p.view(h, 2, kv_heads, head_dim).permute(1, 2, 0, 3)  # [2, heads, h, head_dim]
             cache.update(kv[0].unsqueeze(0).expand(n, -1, -1, -1), kv[1].unsqueeze(0).expand(n, -1, -1, -1), l)
-        full_mask = torch.cat([torch.ones(n, h, dtype=attention_mask.dtype), attention_mask], dim=1)
+        ones = torch.ones(n, h, dtype=attention_mask.dtype, device=attention_mask.device)
+        full_mask = torch.cat([ones, attention_mask], dim=1)
         extra = {"past_key_values": cache, "attention_mask": full_mask, "use_cache": False}
         if not self.cfg.shift_positions:
-            extra["position_ids"] = torch.arange(seq).unsqueeze(0).expand(n, -1)
+            extra["position_ids"] = torch.arange(seq, device=input_ids.device).unsqueeze(0).expand(n, -1)
         # the readout sees the unprefixed sequence: its mask stays [n, seq]; the backbone gets ``full_mask``
         return Prepared(embeds, attention_mask, lead, 0, extra)
-
-    def overrides(self, params: Params) -> Params | None:
-        return None

@@ -8,24 +8,25 @@ from __future__ import annotations
 
 import torch
 
-from fedpeft.adapters.base import ADAPTERS, Params, Prepared
+from fedpeft.adapters.base import ADAPTERS, AdapterBase, Params, Prepared
 from fedpeft.backbones.loading import Backbone
 
 PREFIX = "backbone."
 
 
 @ADAPTERS.register("full", "all backbone weights trained and exchanged (full fine-tuning baseline)")
-class FullFineTuning:
+class FullFineTuning(AdapterBase):
     name = "full"
 
     def __init__(self, cfg: None = None) -> None:
+        super().__init__(cfg)
         self._embed_key: str | None = None
 
     def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
         emb = backbone.input_embeddings().weight
         params = {}
         for name, p in backbone.model.named_parameters():
-            params[PREFIX + name] = p.detach().clone()
+            params[PREFIX + name] = p.detach().cpu().clone()
             if p is emb:
                 self._embed_key = PREFIX + name
         return params

@@ -10,28 +10,24 @@
 from __future__ import annotations
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.adapters.base import ADAPTERS, Params, Prepared
+from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, Params, Prepared, insert_rows
 from fedpeft.backbones.encoding import template_for
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example, TaskData
+from fedpeft.rng import SERVER, numpy_rng
 
 
 @ADAPTERS.register("template_only", "no trainable tensors: the task template alone (manual prompt)")
-class TemplateOnly:
+class TemplateOnly(AdapterBase):
     name = "template_only"
-
-    def __init__(self, cfg: None = None) -> None:
-        pass
 
     def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
         return {}
 
     def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
         return Prepared(backbone.input_embeddings()(input_ids), attention_mask, lead, 0)
-
-    def overrides(self, params: Params) -> Params | None:
-        return None
 
 
 def demonstration_text(task: TaskData, family: str, readout: str, ex: Example, max_words: int = 40) -> str:
@@ -52,27 +48,40 @@ def demonstration_ids(backbone: Backbone, task: TaskData, readout: str, examples
     return torch.tensor(backbone.tokenizer(joined, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
 
-@ADAPTERS.register("demonstrations", "in-context demonstrations spliced after the first special token (ICL)")
-class Demonstrations:
+class DemonstrationSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    num_demos: int = Field(5, ge=0, le=32, description="demonstrations (FedBPT's ICL baseline: up to 5)")
+    max_words: int = Field(40, ge=1, description="words kept of each demonstration text")
+
+
+@ADAPTERS.register("demonstrations", "in-context demonstrations spliced after the first special token (ICL)",
+                   DemonstrationSettings)
+class Demonstrations(AdapterBase):
+    """``demo_ids``: k random training examples of the task's pool, drawn from the run seed at ``init``."""
+
     name = "demonstrations"
 
-    def __init__(self, cfg: None = None) -> None:
-        pass
+    def __init__(self, cfg: DemonstrationSettings | None = None) -> None:
+        super().__init__(cfg or DemonstrationSettings())
+        self.ctx: AdapterContext | None = None
+
+    def bind(self, ctx: AdapterContext) -> None:
+        self.ctx = ctx
 
     def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
-        return {"demo_ids": torch.zeros(0, dtype=torch.long)}
+        if self.ctx is None:
+            return {"demo_ids": torch.zeros(0, dtype=torch.long)}
+        pool = self.ctx.task.train
+        rng = numpy_rng(self.ctx.seed, 0, SERVER, "icl-demos")
+        k = min(self.cfg.num_demos, len(pool))
+        demos = [pool[int(i)] for i in rng.choice(len(pool), size=k, replace=False)]
+        return {"demo_ids": demonstration_ids(backbone, self.ctx.task, self.ctx.readout, demos, self.cfg.max_words)}
 
     def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
         embeds = backbone.input_embeddings()(input_ids)
-        demo = params["demo_ids"].long()
+        demo = params["demo_ids"].long().to(input_ids.device)
         if demo.numel() == 0:
             return Prepared(embeds, attention_mask, lead, 0)
-        n = embeds.shape[0]
-        rows = backbone.input_embeddings()(demo).unsqueeze(0).expand(n, -1, -1)
-        ones = torch.ones(n, demo.numel(), dtype=attention_mask.dtype)
-        embeds = torch.cat([embeds[:, :lead], rows, embeds[:, lead:]], dim=1)
-        attention_mask = torch.cat([attention_mask[:, :lead], ones, attention_mask[:, lead:]], dim=1)
+        rows = backbone.input_embeddings()(demo).unsqueeze(0).expand(embeds.shape[0], -1, -1)
+        embeds, attention_mask = insert_rows(embeds, attention_mask, rows, lead)
         return Prepared(embeds, attention_mask, lead, demo.numel())
-
-    def overrides(self, params: Params) -> Params | None:
-        return None

@@ -18,9 +18,9 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.adapters import identity  # noqa: F401  (registers the template-only adapters)
-from fedpeft.adapters.base import ADAPTERS, Params, Prepared
+from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, Params, Prepared, insert_rows
 from fedpeft.backbones.loading import Backbone
+from fedpeft.rng import SERVER, derive_seed
 
 
 class ProjectedPromptSettings(BaseModel):
@@ -62,19 +62,23 @@ def placeholder_ids(backbone: Backbone, m: int, start: int) -> torch.Tensor:
 
 @ADAPTERS.register("projected_prompt", "p = p_0 + A z: z in R^d through a fixed shared random projection "
                                        "(BBT / FedBPT)", ProjectedPromptSettings)
-class ProjectedPrompt:
+class ProjectedPrompt(AdapterBase):
     """Holds the (cached, never trained) projection; ``z`` comes in ``params``."""
 
     name = "projected_prompt"
 
     def __init__(self, cfg: ProjectedPromptSettings | None = None) -> None:
-        self.cfg = cfg or ProjectedPromptSettings()
+        super().__init__(cfg or ProjectedPromptSettings())
         self._seed: int | None = self.cfg.seed
         self._cache: dict[str, torch.Tensor] = {}
 
     # ---------------------------------------------------------------- shared projection
 
-    def bind(self, seed: int) -> None:
+    def bind(self, ctx: AdapterContext) -> None:
+        """Derive the shared projection seed from the run seed (unless ``method.adapter.seed`` pins one)."""
+        self.bind_seed(derive_seed(ctx.seed, 0, SERVER, "projection"))
+
+    def bind_seed(self, seed: int) -> None:
         """Set the shared projection seed (unless ``method.adapter.seed`` pins one); drops a cached A."""
         if self.cfg.seed is None and seed != self._seed:
             self._seed = int(seed)
@@ -90,16 +94,17 @@ class ProjectedPrompt:
             std = projection_std(float(table.float().std()), self.cfg.intrinsic_dim, self.cfg.sigma0,
                                  self.cfg.alpha_a)
             rows = self.cfg.num_tokens * table.shape[1]
-            self._cache["A"] = build_projection(rows, self.cfg.intrinsic_dim, std, self._seed)
+            a = build_projection(rows, self.cfg.intrinsic_dim, std, self._seed)  # seeded on the CPU
+            self._cache["A"] = a.to(table.device)
             ids = placeholder_ids(backbone, self.cfg.num_tokens, self.cfg.placeholder_start)
-            p0 = table[ids].float().clone()
+            p0 = table[ids.to(table.device)].float().clone()
             self._cache["p0"] = p0 if self.cfg.placeholder == "vocab" else torch.zeros_like(p0)
         return self._cache["A"]
 
     def prompt(self, backbone: Backbone, z: torch.Tensor) -> torch.Tensor:
         """p_0 + A z reshaped to [P, m, hidden] for z of shape [d] or [P, d]."""
         a = self.projection(backbone)
-        zz = z.reshape(-1, self.cfg.intrinsic_dim).to(a.dtype)
+        zz = z.reshape(-1, self.cfg.intrinsic_dim).to(a.device, a.dtype)
         return self._cache["p0"].unsqueeze(0) + (zz @ a.T).view(zz.shape[0], self.cfg.num_tokens, -1)
 
     # ---------------------------------------------------------------- adapter contract
@@ -115,11 +120,5 @@ class ProjectedPrompt:
         if pop > 1:  # candidate-major tiling: rows [c*n:(c+1)*n] belong to candidate c
             embeds = embeds.repeat(pop, 1, 1)
             attention_mask = attention_mask.repeat(pop, 1)
-        rows = prompt.repeat_interleave(n, dim=0)
-        ones = torch.ones(rows.shape[0], m, dtype=attention_mask.dtype)
-        embeds = torch.cat([embeds[:, :lead], rows, embeds[:, lead:]], dim=1)
-        attention_mask = torch.cat([attention_mask[:, :lead], ones, attention_mask[:, lead:]], dim=1)
+        embeds, attention_mask = insert_rows(embeds, attention_mask, prompt.repeat_interleave(n, dim=0), lead)
         return Prepared(embeds, attention_mask, lead, m)
-
-    def overrides(self, params: Params) -> Params | None:
-        return None

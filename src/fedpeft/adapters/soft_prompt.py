@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.adapters.base import ADAPTERS, Params, Prepared
+from fedpeft.adapters.base import ADAPTERS, AdapterBase, Params, Prepared, insert_rows
 from fedpeft.backbones.loading import Backbone
 
 
@@ -21,13 +21,10 @@ class SoftPromptSettings(BaseModel):
 
 @ADAPTERS.register("soft_prompt", "m trainable virtual-token embeddings in front of the input (FedPrompt)",
                    SoftPromptSettings)
-class SoftPrompt:
+class SoftPrompt(AdapterBase):
     """Trainable ``prompt`` of shape [m, hidden]; only it is trained and exchanged."""
 
     name = "soft_prompt"
-
-    def __init__(self, cfg: SoftPromptSettings) -> None:
-        self.cfg = cfg
 
     def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
         """Rows copied from vocabulary embeddings (seeded sample or given words), or N(0, σ_emb²)."""
@@ -52,14 +49,8 @@ class SoftPrompt:
 
     def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
         embeds = backbone.input_embeddings()(input_ids)
-        prompt = params["prompt"].to(embeds.dtype)
+        prompt = params["prompt"]
         at = lead if self.cfg.position == "after_first" else 0
-        n = embeds.shape[0]
-        rows = prompt.unsqueeze(0).expand(n, -1, -1)
-        ones = torch.ones(n, prompt.shape[0], dtype=attention_mask.dtype)
-        embeds = torch.cat([embeds[:, :at], rows, embeds[:, at:]], dim=1)
-        attention_mask = torch.cat([attention_mask[:, :at], ones, attention_mask[:, at:]], dim=1)
+        rows = prompt.unsqueeze(0).expand(embeds.shape[0], -1, -1)
+        embeds, attention_mask = insert_rows(embeds, attention_mask, rows, at)
         return Prepared(embeds, attention_mask, at, prompt.shape[0])
-
-    def overrides(self, params: Params) -> Params | None:
-        return None

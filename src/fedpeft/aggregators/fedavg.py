@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from fedpeft.registry import Registry
-
-Params = dict[str, torch.Tensor]
+from fedpeft.aggregators.base import AGGREGATORS, DISTRIBUTION, PARAMS, AggregatorBase, Params, weights_of
+from fedpeft.comm.codec import Message
+from fedpeft.comm.update import Update
 
 
 def weighted_mean(updates: Sequence[Params], weights: Sequence[float]) -> Params:
@@ -30,16 +30,24 @@ def weighted_mean(updates: Sequence[Params], weights: Sequence[float]) -> Params
     return out
 
 
-def fedavg(updates: Sequence[Params], num_examples: Sequence[int]) -> Params:
-    """Sample-weighted FedAvg: P_{t+1} = sum_k (n_k / N_t) P_{t+1}^k."""
-    return weighted_mean(updates, [float(n) for n in num_examples])
-
-
-def uniform_mean(updates: Sequence[Params], num_examples: Sequence[int]) -> Params:
+def uniform_mean(updates: Sequence[Params]) -> Params:
     """Plain mean 1/|S| sum_k P_k (FedAvg with equal client weights)."""
     return weighted_mean(updates, [1.0] * len(updates))
 
 
-AGGREGATORS: Registry[Callable[[Sequence[Params], Sequence[int]], Params]] = Registry("aggregator")
-AGGREGATORS.add("fedavg", fedavg, "sample-weighted average of the uploaded tensors (FedAvg)")
-AGGREGATORS.add("uniform", uniform_mean, "unweighted mean of the uploaded tensors")
+@AGGREGATORS.register("fedavg", "sample-weighted average of the uploaded tensors (FedAvg, FedPrompt Eq. 5)")
+class FedAvg(AggregatorBase):
+    """P_{t+1} = sum_k (n_k / N_t) P_{t+1}^k; also averages CMA-ES distributions (FedAvg-BBT)."""
+
+    accepts = frozenset({PARAMS, DISTRIBUTION})
+
+    def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
+        return weighted_mean([u.tensors for u in updates], weights_of(updates)), state
+
+
+@AGGREGATORS.register("uniform", "unweighted mean of the uploaded tensors")
+class Uniform(AggregatorBase):
+    accepts = frozenset({PARAMS, DISTRIBUTION})
+
+    def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
+        return uniform_mean([u.tensors for u in updates]), state

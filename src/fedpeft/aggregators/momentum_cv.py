@@ -9,7 +9,7 @@ Round r on the shared tensors only, with p_i = n_i / Σ_{j∈S} n_j:
 5. Round 1 (no P^{r−1}): w = w̄, m = 0. Otherwise g = P^{r−1} − P^r (code sign, A9),
    m_i = β m + (1−β) g + c_g − c_i, m = Σ p_i m_i and w = w̄ − η^r m (step on the FedAvg result, A10;
    every m_i from the same m^{r−1}, no chaining, A11).
-6. (selection) ``restrict`` slices w, m, c_g, every c_i and P to the selected layers.
+6. (selection) the aggregator's ``restrict`` slices m, c_g, every c_i and P to the selected layers.
 
 Switches give the paper-literal variants (``sign: paper``, ``base: previous``), the code-literal
 chaining, Δc weighted by T_i (code) and the optimiser ablations: ``control_variates: false`` (MomS+AdamD),
@@ -19,14 +19,15 @@ The control variates live on the server only and never enter the local update.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.aggregators.fedavg import AGGREGATORS
+from fedpeft.aggregators.base import AGGREGATORS, SEP, AggregatorBase, slot, slot_tensors
+from fedpeft.comm.codec import Message
 
 Params = dict[str, torch.Tensor]
 
@@ -151,56 +152,33 @@ def momentum_cv_step(state: MomentumState, uploads: dict[int, Params], num_examp
     return MomentumState(_f32(w_new), _f32(m_new), _f32(cg_new), c, _f32(pseudo))
 
 
-def restrict(state: MomentumState, keep: Iterable[str]) -> MomentumState:
-    """Step 6: slice every server tensor (w, m, c_g, all c_i, P) to the kept names (the selected layers)."""
-    keep = set(keep)
-
-    def cut(p: Params | None) -> Params | None:
-        return None if p is None else {k: v for k, v in p.items() if k in keep}
-
-    return MomentumState(cut(state.w), cut(state.m), cut(state.cg), {i: cut(v) for i, v in state.c.items()},
-                         cut(state.prev))
+# ---------------------------------------------------------------- the registered aggregator
 
 
-# ---------------------------------------------------------------- plain-data form (checkpoints, Flower)
+@AGGREGATORS.register("momentum_cv", "server momentum + per-client control variates (FedPepTAO Alg. 2; MomS, "
+                      "MomS+Con, MomS+AdamD)", MomentumCVSettings)
+class MomentumCV(AggregatorBase):
+    """Alg. 2 as a stateful aggregator: the state holds m, c_g, every c_i and the previous pseudo-gradient
+    (slots ``m``, ``cg``, ``c/<client>``, ``P``); w is the global itself. Reads each update's local steps T_i."""
 
-def pack(state: MomentumState) -> Params:
-    """Named tensors ``w/…``, ``m/…``, ``cg/…``, ``c/<client>/…``, ``P/…`` (a Message's tensors)."""
-    out = {f"w/{k}": v for k, v in state.w.items()}
-    out |= {f"m/{k}": v for k, v in state.m.items()}
-    out |= {f"cg/{k}": v for k, v in state.cg.items()}
-    for i, ci in state.c.items():
-        out |= {f"c/{i}/{k}": v for k, v in ci.items()}
-    if state.prev is not None:
-        out |= {f"P/{k}": v for k, v in state.prev.items()}
-    return out
+    needs = frozenset({"steps"})
 
-
-def unpack(tensors: Params) -> MomentumState:
-    """Inverse of ``pack`` (other names are ignored)."""
-    part: dict[str, Params] = {"w": {}, "m": {}, "cg": {}, "P": {}}
-    c: dict[int, Params] = {}
-    for name, v in tensors.items():
-        head, _, rest = name.partition("/")
-        if head == "c":
-            cid, _, key = rest.partition("/")
-            c.setdefault(int(cid), {})[key] = v.float()
-        elif head in part:
-            part[head][rest] = v.float()
-    return MomentumState(part["w"], part["m"], part["cg"], c, part["P"] or None)
-
-
-class _StatefulAggregator:
-    """Registry entry: its settings validate ``method.aggregator``; the step needs server state, so it is
-    driven by the FedPepTAO-family methods and cannot stand in for a stateless FedAvg combiner."""
-
-    step = staticmethod(momentum_cv_step)
-
-    def __call__(self, *args, **kwargs):
-        raise ValueError("method.aggregator.name: 'momentum_cv' keeps server state (momentum, control "
-                         "variates); use it with the fedpeptao, moms-adamd, moms or moms-con presets")
-
-
-AGGREGATORS.add("momentum_cv", _StatefulAggregator(),
-                "server momentum + per-client control variates (FedPepTAO Alg. 2; MomS, MomS+Con, MomS+AdamD)",
-                MomentumCVSettings)
+    def aggregate(self, glob: Params, updates, state: Message, round: int):
+        cids = sorted({int(k.split(SEP)[0][2:]) for k in state.tensors if k.startswith("c/")})
+        prev = slot(state, "P", glob) if any(k.startswith("P" + SEP) for k in state.tensors) else None
+        ms = MomentumState(_f32(glob), _f32(slot(state, "m", glob)), _f32(slot(state, "cg", glob)),
+                           {i: _f32(slot(state, f"c/{i}", glob)) for i in cids}, None if prev is None else _f32(prev))
+        uploads = {u.client: u.tensors for u in updates}
+        n = {u.client: u.weight for u in updates}
+        steps = {u.client: int(u.scalars["steps"]) for u in updates}
+        lr = getattr(self.ctx.trainer, "lr", None)
+        if lr is None:
+            raise ValueError("method.aggregator.name: momentum_cv needs a gradient trainer (its lr scales the "
+                             "control variates)")
+        new = momentum_cv_step(ms, uploads, n, steps, lr, self.ctx.num_clients, round, self.settings)
+        tensors = slot_tensors("m", new.m) | slot_tensors("cg", new.cg)
+        for i, ci in new.c.items():
+            tensors |= slot_tensors(f"c/{i}", ci)
+        if new.prev is not None:
+            tensors |= slot_tensors("P", new.prev)
+        return new.w, Message(tensors, dict(state.scalars))

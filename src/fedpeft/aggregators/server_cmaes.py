@@ -14,12 +14,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.aggregators.fedavg import AGGREGATORS
+from fedpeft.aggregators.base import AGGREGATORS, DISTRIBUTION, AggregatorBase, Params
+from fedpeft.comm.codec import Message
 from fedpeft.trainers.cmaes import CMAState, cma_constants, parent_weights, tell
 
 SigmaRule = Literal["eq16", "eq17", "code", "raw"]
+Z = "z"  # the projected prompt's tensor: the global mean
 
 
 class ServerCMAESSettings(BaseModel):
@@ -98,7 +101,42 @@ def server_cmaes_step(state: CMAState, client_means: Sequence[np.ndarray], sigma
     return ServerStep(after, sp, float(sigma_srv), parents)
 
 
-AGGREGATORS.add("server_cmaes", server_cmaes_step,
-                "FedBPT server-level CMA-ES over client means ranked by loss, corrected step size sigma'",
-                ServerCMAESSettings)
-AGGREGATORS.add("keep-global", None, "no aggregation: the global state never changes (zero-shot baselines)")
+def _f64(t: torch.Tensor) -> np.ndarray:
+    return t.double().cpu().numpy()
+
+
+@AGGREGATORS.register("server_cmaes", "FedBPT server-level CMA-ES over client means ranked by loss, corrected "
+                      "step size sigma'", ServerCMAESSettings)
+class ServerCMAES(AggregatorBase):
+    """S7-S10 as a stateful aggregator: the global is the mean z_t; the state keeps sigma_t (client scale), C,
+    the evolution paths and the generation; clients receive (sigma_t, C_t) through ``broadcast``."""
+
+    accepts = frozenset({DISTRIBUTION})
+    needs = frozenset({"sigmas", "loss"})
+
+    def _update_cov(self) -> bool:
+        return getattr(self.ctx.trainer, "covariance", "full") != "none"
+
+    def init(self, glob: Params) -> Message:
+        """S2: sigma_0, C_0 = I, zero paths."""
+        d = glob[Z].shape[0]
+        tensors = {"cov": torch.eye(d, dtype=torch.float64), "ps": torch.zeros(d, dtype=torch.float64),
+                   "pc": torch.zeros(d, dtype=torch.float64)}
+        return Message(tensors, {"sigma": float(self.ctx.adapter.sigma0), "g": 0})
+
+    def broadcast(self, state: Message) -> Message:
+        return Message({"cov": state.tensors["cov"]}, {"sigma": state.scalars["sigma"]})
+
+    def aggregate(self, glob: Params, updates, state: Message, round: int):
+        t = state.tensors
+        st = CMAState(_f64(glob[Z]), float(state.scalars["sigma"]), _f64(t["cov"]), _f64(t["ps"]), _f64(t["pc"]),
+                      int(state.scalars["g"]))
+        step = server_cmaes_step(st, [_f64(u.tensors[Z]) for u in updates],
+                                 [_f64(u.aux_tensors["sigmas"]) for u in updates],
+                                 [float(u.aux_tensors["loss"][0]) for u in updates], self.ctx.trainer.popsize,
+                                 self.settings, update_cov=self._update_cov())
+        new = step.state
+        tensors = {"cov": torch.from_numpy(new.cov), "ps": torch.from_numpy(new.ps), "pc": torch.from_numpy(new.pc)}
+        scalars = {"sigma": float(new.sigma), "g": int(new.g), "sigma_prime": step.sigma_prime,
+                   "sigma_server": step.sigma_server}
+        return {Z: torch.from_numpy(new.mean)}, Message(tensors, scalars)

@@ -72,7 +72,7 @@ class BlackBox:
         self.usage.queries += 1
         self.usage.examples += p * n
         self.usage.tokens += p * (int(batch["attention_mask"].sum()) + self._inserted() * n)
-        return logits.float().view(p, n, -1)
+        return logits.float().view(p, n, -1).cpu()
 
     def _inserted(self) -> int:
         """Prompt positions the adapter adds per row (0 for adapters without ``num_tokens``)."""

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
@@ -44,17 +46,26 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
 
 
+AUTOCAST = {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 class Classifier:
-    """Stateless scoring function over (adapter params, token batch); shares the frozen backbone."""
+    """Stateless scoring function over (adapter params, token batch); shares the frozen backbone.
+
+    The one place where the device is applied: batches and adapter tensors are moved to the backbone's
+    device here, and forward passes run under autocast when ``autocast`` names a dtype (CUDA only).
+    """
 
     def __init__(self, backbone: Backbone, adapter: Adapter, task: TaskData, readout: str = "auto",
-                 similarity_scale: float = 20.0, max_length: int = 128) -> None:
+                 similarity_scale: float = 20.0, max_length: int = 128, autocast: str = "none") -> None:
         self.backbone, self.adapter, self.task = backbone, adapter, task
         self.readout = resolve_readout(readout, backbone.family)
         self.scale = similarity_scale
         self.max_length = max_length
         self.pad_id = backbone.tokenizer.pad_token_id
-        self.label_ids = (torch.tensor(label_token_ids(backbone, task.label_words))
+        self.device = backbone.device
+        self.autocast = AUTOCAST[autocast] if self.device.type == "cuda" else None
+        self.label_ids = (torch.tensor(label_token_ids(backbone, task.label_words), device=self.device)
                           if self.readout == "verbalizer" else None)
         self.anchors = self._anchors() if self.readout == "similarity" else None
 
@@ -73,25 +84,39 @@ class Classifier:
             bound = d ** -0.5
             params["head.weight"] = (torch.rand(c, d, generator=generator) * 2 - 1) * bound
             params["head.bias"] = torch.zeros(c)
-        return params
+        return {k: v.cpu() for k, v in params.items()}
 
     # ---------------------------------------------------------------- forward
 
-    def _forward(self, params: Params, batch: dict[str, torch.Tensor]):
+    def _autocast(self):
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
+
+    def _forward(self, params: Params, batch: dict[str, torch.Tensor], hidden_states: bool = False):
+        params = {k: v.to(self.device) for k, v in params.items()}
         prep = self.adapter.prepare(self.backbone, params, batch["input_ids"], batch["attention_mask"],
                                     int(batch["lead"]))
         kwargs = {"inputs_embeds": prep.embeds, "attention_mask": prep.attention_mask, **prep.extra}
-        if self.backbone.family != "encoder" and self.readout != "verbalizer":
+        if hidden_states or (self.backbone.family != "encoder" and self.readout != "verbalizer"):
             kwargs["output_hidden_states"] = True
         over = self.adapter.overrides(params)
         model = self.backbone.model
-        out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
-        return out, prep
+        with self._autocast():
+            out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
+        return out, prep, params
 
     def logits(self, params: Params, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Class logits [batch, num_classes] of the adapted frozen model."""
-        out, prep = self._forward(params, batch)
-        return self.readout_logits(out, prep, batch, params)
+        """Class logits [batch, num_classes] of the adapted frozen model (float32)."""
+        out, prep, params = self._forward(params, batch)
+        with self._autocast():
+            logits = self.readout_logits(out, prep, batch, params)
+        return logits.float() if self.autocast is not None else logits
+
+    def hidden_states(self, params: Params, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Each layer's output [n, T, d] with the adapter applied (HF ``hidden_states[1:]``)."""
+        out, _, _ = self._forward(params, batch, hidden_states=True)
+        return list(out.hidden_states[1:])
 
     def readout_logits(self, out, prep, batch: dict[str, torch.Tensor], params: Params) -> torch.Tensor:
         if self.readout == "verbalizer":
@@ -101,7 +126,7 @@ class Classifier:
                 pos = mask_index + torch.where(mask_index >= prep.insert_at, prep.inserted, 0)
             else:
                 pos = prep.attention_mask.sum(1) - 1  # right padding: last attended position
-            rows = vocab_logits[torch.arange(vocab_logits.shape[0]), pos]
+            rows = vocab_logits[torch.arange(vocab_logits.shape[0], device=pos.device), pos]
             return rows[:, self.label_ids]
         hidden = out.last_hidden_state if self.backbone.family == "encoder" else out.hidden_states[-1]
         pooled = mean_pool(hidden, prep.attention_mask)
@@ -114,7 +139,8 @@ class Classifier:
         key = ("anchors", tuple(self.task.label_descriptions))
         if key not in self.backbone.cache:
             tok = self.backbone.tokenizer
-            b = tok(self.task.label_descriptions, padding=True, truncation=True, max_length=128, return_tensors="pt")
+            b = tok(self.task.label_descriptions, padding=True, truncation=True, max_length=128,
+                    return_tensors="pt").to(self.device)
             with torch.no_grad():
                 out = self.backbone.model(**b, output_hidden_states=self.backbone.family != "encoder")
             hidden = out.last_hidden_state if self.backbone.family == "encoder" else out.hidden_states[-1]
@@ -122,7 +148,8 @@ class Classifier:
         return self.backbone.cache[key]
 
     def batch(self, enc: Encoded, idx) -> dict[str, torch.Tensor]:
-        b = collate(enc, idx, self.pad_id)
+        """Right-padded batch tensors on the classifier's device."""
+        b = {k: v.to(self.device) for k, v in collate(enc, idx, self.pad_id).items()}
         b["lead"] = enc.lead
         return b
 

@@ -45,6 +45,18 @@ class Backbone:
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def to(self, device: str | torch.device) -> Backbone:
+        """Place the frozen weights on ``device`` (in place: one backbone per process); drops derived caches."""
+        device = torch.device(device)
+        if self.device != device:
+            self.model.to(device)
+            self.cache.clear()
+        return self
+
     def input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
 
@@ -55,6 +67,16 @@ class Backbone:
             h.update(name.encode())
             h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
+
+
+def resolve_device(name: str) -> torch.device:
+    """``runtime.device``: ``auto`` is CUDA when available, else the CPU; ``cuda`` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"runtime.device: '{name}' asked for, but torch sees no CUDA device "
+                         f"(torch {torch.__version__}); use cpu or auto")
+    return torch.device(name)
 
 
 def _freeze(model: nn.Module) -> nn.Module:

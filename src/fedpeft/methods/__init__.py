@@ -1,6 +1,8 @@
-"""Method presets composing the four axes; ``PRESETS`` lists them."""
+"""Methods: one generic composition of the four axes, and the papers' presets over it."""
 
 from fedpeft.methods.base import PRESETS, ClientContext, Method, Preset, ReplySchema
-from fedpeft.methods import fedbpt, fedpeptao, presets  # noqa: F401  (registration)
+from fedpeft.methods.compat import check_combination
+from fedpeft.methods.composed import ComposedMethod
+from fedpeft.methods import fedbpt, fedpeptao, fedprompt  # noqa: F401  (registration)
 
-__all__ = ["PRESETS", "ClientContext", "Method", "Preset", "ReplySchema"]
+__all__ = ["PRESETS", "ClientContext", "ComposedMethod", "Method", "Preset", "ReplySchema", "check_combination"]

@@ -1,43 +1,24 @@
-"""The pure algorithm contract every method implements, and the client view it runs against.
+"""The pure algorithm contract every method implements, and presets: named points on the four axes.
 
 A method is four functions over plain data (``Message`` = named tensors + JSON scalars):
-``server_init``, ``configure_round``, ``client_update`` and ``aggregate`` (plus the evaluation
-pair). The embedded runner, the Flower adapter, checkpointing and the tests all call these same
-functions; nothing in them knows which runtime delivered the message.
+``server_init``, ``configure_round`` (which also selects the clients), ``client_update`` and ``aggregate``
+(plus the evaluation pair). The embedded runner, the Flower adapter, checkpointing and the tests all call
+these same functions; nothing in them knows which runtime delivered the message. There is one
+implementation, ``methods.composed.ComposedMethod``; a preset only names its components and defaults.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-import torch
-
-from fedpeft.backbones.encoding import Encoded
+from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message, WireSpec
+from fedpeft.comm.update import ReplySchema
 from fedpeft.registry import Registry
 
-
-@dataclass
-class ClientContext:
-    """What one client has locally: its data, its persistent state store and its seed."""
-
-    client_id: int
-    train: Encoded
-    test: Encoded
-    state: Message = field(default_factory=Message)  # persists across rounds; checkpointed by the runtime
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class ReplySchema:
-    """What a valid reply must contain: tensor names with shapes and wire dtype, required scalars."""
-
-    tensors: dict[str, tuple[int, ...]]
-    dtype: torch.dtype
-    scalars: tuple[str, ...] = ("num_examples",)
+__all__ = ["PRESETS", "ClientContext", "Method", "Preset", "ReplySchema"]
 
 
 class Method(Protocol):
@@ -46,8 +27,7 @@ class Method(Protocol):
 
     def server_init(self) -> Message: ...
 
-    def configure_round(self, state: Message, round: int, clients: list[int],
-                        rng: np.random.Generator) -> dict[int, Message]: ...
+    def configure_round(self, state: Message, round: int, clients: list[int]) -> dict[int, Message]: ...
 
     def client_update(self, instruction: Message, client: ClientContext) -> Message: ...
 
@@ -63,38 +43,24 @@ class Method(Protocol):
 
     def trainable_params(self, state: Message) -> int: ...
 
+    def diagnostics(self, state: Message) -> dict[str, float]: ...
+
 
 @dataclass(frozen=True)
 class Preset:
-    """A named method: defaults for the ``method`` config section plus a builder."""
+    """A named method: defaults for the ``method`` config section (one entry per component)."""
 
     name: str
     description: str
     method_defaults: dict[str, Any]
-    build: Callable[..., Method]
-    checks: tuple[Callable[[Any], None], ...] = ()
-    options: type | None = None  # pydantic model of ``method.options``
 
     def defaults(self) -> dict[str, Any]:
-        import copy
-
         return copy.deepcopy(self.method_defaults)
-
-    def check(self, cfg: Any) -> None:
-        for fn in self.checks:
-            fn(cfg)
-
-
-def requires(axis: str, *names: str) -> Callable[[Any], None]:
-    """A preset check: ``method.<axis>.name`` must be one of ``names`` (the error names the field)."""
-
-    def check(cfg: Any) -> None:
-        got = getattr(cfg.method, axis).name
-        if got not in names:
-            raise ValueError(f"method.{axis}.name: preset '{cfg.method.name}' needs {' or '.join(names)}, "
-                             f"got '{got}'")
-
-    return check
 
 
 PRESETS: Registry[Preset] = Registry("method")
+
+
+def preset(name: str, description: str, **components: Any) -> None:
+    """Register a preset: ``components`` are the ``method`` sections (adapter=..., trainer=..., ...)."""
+    PRESETS.add(name, Preset(name, description, {**components, "codec": components.get("codec", {"dtype": "float32"})}))

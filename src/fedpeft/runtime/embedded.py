@@ -14,13 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.progress import Progress
 
+from fedpeft.build import build
 from fedpeft.comm.codec import Message
 from fedpeft.config import ExperimentConfig
-from fedpeft.experiment import Experiment, build_experiment
-from fedpeft.methods import PRESETS
+from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.runtime.client import handle_evaluate, handle_train
 from fedpeft.runtime.session import StopAfterRound, log_to, open_run, progress, run_rounds
@@ -88,11 +87,8 @@ def run_embedded(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fals
                  stop_after_round: int | None = None, reply_hook: ReplyHook | None = None,
                  experiment: Experiment | None = None) -> dict[str, Any]:
     """Run (or resume) the experiment in this process; returns the summary written to summary.json."""
-    if cfg.runtime.threads:
-        torch.set_num_threads(cfg.runtime.threads)
     run = open_run(cfg, out_dir, resume)
     with log_to(run.root / "run.log"), progress(cfg.runtime.progress) as bar:
-        exp = experiment or build_experiment(cfg)
-        method = PRESETS.get(cfg.method.name).build(cfg, exp)
-        transport = InProcessTransport(method, exp, bar, reply_hook)
-        return run_rounds(cfg, run, exp, method, transport, resume, stop_after_round, bar)
+        b = build(cfg, experiment)
+        transport = InProcessTransport(b.method, b.exp, bar, reply_hook)
+        return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar)

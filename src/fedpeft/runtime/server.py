@@ -1,7 +1,7 @@
-"""Server-side round logic shared by all runtimes: select, encode, validate, aggregate, account.
+"""Server-side round logic shared by all runtimes: configure, encode, validate, aggregate, account.
 
-A runtime only has to move bytes: ``plan_round`` gives the encoded instruction for each selected
-client, the runtime delivers them and hands back whatever came back (bytes, or the exception that
+A runtime only has to move bytes: ``plan_round`` gives the encoded instruction for each client the
+method selected, the runtime delivers them and hands back whatever came back (bytes, or the exception that
 stood in for a reply), and ``finish_round`` decodes, validates, aggregates and returns the new
 state plus per-client records. Byte counts are the lengths of the real encoded messages.
 """
@@ -15,9 +15,7 @@ from typing import Any
 from fedpeft.comm.codec import Message, decode, encode
 from fedpeft.config import ExperimentConfig
 from fedpeft.methods.base import Method
-from fedpeft.rng import SERVER, numpy_rng
 from fedpeft.runtime.validation import InvalidReply, validate_reply
-from fedpeft.selection import select_clients
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +36,7 @@ class RoundDriver:
         self.cfg, self.method = cfg, method
 
     def plan_round(self, state: Message, round: int) -> RoundPlan:
-        ids = list(range(self.cfg.federation.num_clients))
-        selected = select_clients(ids, self.cfg.federation.clients_per_round,
-                                  numpy_rng(self.cfg.seed, round, SERVER, "select"))
-        msgs = self.method.configure_round(state, round, selected, numpy_rng(self.cfg.seed, round, SERVER, "configure"))
+        msgs = self.method.configure_round(state, round, list(range(self.cfg.federation.num_clients)))
         encoded = {cid: encode(m, self.method.wire) for cid, m in msgs.items()}
         return RoundPlan(round, encoded, {cid: len(b) for cid, b in encoded.items()})
 

@@ -130,7 +130,7 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
             local_eval = driver.finish_evaluate(rnd, transport.evaluate(rnd, eval_msgs))
         rec = round_record(rnd, global_metrics, clients, local_eval, eval_down, time.perf_counter() - t0)
         rec.update(transport.round_extra())
-        rec["server"] = server_diagnostics(state)
+        rec["server"] = method.diagnostics(state)
         records.append(rec)
         run.append_metrics(rec)
         if rnd % cfg.runtime.checkpoint_every == 0 or rnd == cfg.federation.rounds:
@@ -152,11 +152,6 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
     })
     run.write_summary(summary)
     return summary
-
-
-def server_diagnostics(state: Message) -> dict[str, float]:
-    """Numeric scalars of the new global state besides the round (e.g. FedBPT's sigma, sigma')."""
-    return {k: v for k, v in state.scalars.items() if k != "round" and isinstance(v, (int, float))}
 
 
 def payload_split(method: Method, state: Message) -> dict[str, int]:

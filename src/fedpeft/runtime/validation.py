@@ -7,7 +7,7 @@ import math
 import torch
 
 from fedpeft.comm.codec import Message
-from fedpeft.methods.base import ReplySchema
+from fedpeft.comm.update import ReplySchema
 
 
 class InvalidReply(ValueError):

@@ -26,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedpeft.backbones.blackbox import BlackBox
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.perturbation import TextSpan, perturb, ratio_fitness
-from fedpeft.trainers.gradient import TRAINERS
 
 # ---------------------------------------------------------------- CMA-ES core (pure functions)
 
@@ -202,7 +201,3 @@ def local_cmaes(box: BlackBox, data: Encoded, start: CMAState, cfg: CMAESSetting
     return LocalResult(state, np.array(sigmas), float(clean_final.mean()), ratio, first, box.usage.as_dict(),
                        replaced / eligible if eligible else 0.0)
 
-
-TRAINERS.add("cmaes", "cmaes", "local CMA-ES on a projected prompt, forward passes only (BBT / FedBPT)",
-             CMAESSettings)
-TRAINERS.add("no-training", "none", "no local training (zero-shot and in-context baselines)")

@@ -1,23 +1,29 @@
-"""Local gradient training of the adapter tensors (Adam / AdamW / SGD), backbone frozen.
+"""Local gradient training of the adapter tensors (Adam / AdamW / SGD), backbone frozen; optional FedProx.
 
 FedPrompt Alg. 1 ClientUpdate: P <- P - eta * grad l(P; b) over minibatches, with the experiments'
-Adam and a step budget. The optimizer is fresh each round unless ``reset_optimizer`` is off, in
-which case its state is returned so the caller can keep it in the client's persistent store.
+Adam and a step budget. FedProx (Li et al. 2020, Eq. 2) adds (mu/2)·||w - w^t||² to the local loss, w^t
+being the tensors the client started from. The optimizer is fresh each round unless
+``reset_optimizer`` is off, in which case its state is kept in the client's persistent store.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.adapters.base import Params
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
-from fedpeft.registry import Registry
+from fedpeft.clients import ClientContext
+from fedpeft.comm.codec import Message
+from fedpeft.comm.update import Params, Update
+from fedpeft.rng import torch_rng
+from fedpeft.trainers.base import PARAMS, TRAINERS, TrainerBase
 
 
 class GradientSettings(BaseModel):
@@ -32,12 +38,7 @@ class GradientSettings(BaseModel):
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum")
     grad_clip: float | None = Field(1.0, gt=0)
     reset_optimizer: bool = Field(True, description="fresh optimizer state every round")
-
-
-TRAINERS: Registry[str] = Registry("trainer")  # name -> optimizer family
-TRAINERS.add("adam", "adam", "gradient training with Adam", GradientSettings)
-TRAINERS.add("adamw", "adamw", "gradient training with AdamW (decoupled weight decay)", GradientSettings)
-TRAINERS.add("sgd", "sgd", "gradient training with SGD (optional momentum)", GradientSettings)
+    prox_mu: float = Field(0.0, ge=0, description="FedProx proximal weight mu (0: plain local training)")
 
 
 @dataclass
@@ -48,60 +49,57 @@ class TrainResult:
     optimizer_state: dict[str, torch.Tensor] | None
 
 
+Optimizer = Callable[[list[torch.Tensor], GradientSettings], torch.optim.Optimizer]
+OPTIMIZERS: dict[str, Optimizer] = {
+    "adam": lambda ts, s: torch.optim.Adam(ts, lr=s.lr, weight_decay=s.weight_decay),
+    "adamw": lambda ts, s: torch.optim.AdamW(ts, lr=s.lr, weight_decay=s.weight_decay),
+    "sgd": lambda ts, s: torch.optim.SGD(ts, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay),
+}
+
+
 def num_steps(n: int, cfg: GradientSettings) -> int:
     """Optimizer steps this round: ceil(epochs * n / B), capped by max_steps."""
     steps = max(1, math.ceil(cfg.local_epochs * n / cfg.batch_size))
     return min(steps, cfg.max_steps) if cfg.max_steps else steps
 
 
-def make_optimizer(name: str, cfg: GradientSettings, tensors: list[torch.Tensor]) -> torch.optim.Optimizer:
-    if name == "adam":
-        return torch.optim.Adam(tensors, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(tensors, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(tensors, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-
-
 def _flat_state(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
-    """Optimizer state as plain named tensors (checkpointable, no pickle)."""
+    """Optimizer state as plain named tensors on the CPU (checkpointable, no pickle)."""
     out = {}
     for name, p in zip(names, opt.param_groups[0]["params"]):
         for k, v in opt.state.get(p, {}).items():
-            out[f"{name}::{k}"] = v.detach().clone() if torch.is_tensor(v) else torch.tensor(v)
+            out[f"{name}::{k}"] = v.detach().cpu().clone() if torch.is_tensor(v) else torch.tensor(v)
     return out
 
 
-def _load_flat_state(opt: torch.optim.Optimizer, names: list[str], flat: dict[str, torch.Tensor]) -> None:
+def _load_flat_state(opt: torch.optim.Optimizer, names: list[str], flat: dict[str, torch.Tensor],
+                     device: torch.device) -> None:
     for name, p in zip(names, opt.param_groups[0]["params"]):
         st = {k.split("::", 1)[1]: v.clone() for k, v in flat.items() if k.split("::", 1)[0] == name}
         if st:
-            opt.state[p] = st
+            opt.state[p] = {k: (v.to(device) if k != "step" else v) for k, v in st.items()}
 
 
-def train_local(
-    clf: Classifier,
-    params: Params,
-    data: Encoded,
-    optimizer: str,
-    cfg: GradientSettings,
-    generator: torch.Generator,
-    optimizer_state: dict[str, torch.Tensor] | None = None,
-) -> TrainResult:
-    """Train copies of ``params`` on ``data``; the shuffling order comes from ``generator`` only."""
+def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, cfg: GradientSettings,
+                generator: torch.Generator, optimizer_state: dict[str, torch.Tensor] | None = None) -> TrainResult:
+    """Train copies of ``params`` on ``data`` (on the classifier's device); shuffling comes from ``generator``."""
     names = sorted(params)
-    work = {k: params[k].detach().clone().float().requires_grad_(True) for k in names}
-    opt = make_optimizer(optimizer, cfg, [work[k] for k in names])
+    work = {k: params[k].detach().to(clf.device, torch.float32).clone().requires_grad_(True) for k in names}
+    anchor = {k: v.detach().clone() for k, v in work.items()} if cfg.prox_mu > 0 else None
+    opt = OPTIMIZERS[optimizer]([work[k] for k in names], cfg)
     if optimizer_state and not cfg.reset_optimizer:
-        _load_flat_state(opt, names, optimizer_state)
+        _load_flat_state(opt, names, optimizer_state, clf.device)
     steps, n = num_steps(len(data), cfg), len(data)
     order = torch.empty(0, dtype=torch.long)
     total = 0.0
-    for step in range(steps):
+    for _ in range(steps):
         if len(order) < cfg.batch_size:  # new pass over the data; the tail of the last pass is kept
             order = torch.cat([order, torch.randperm(n, generator=generator)])
         idx, order = order[: min(cfg.batch_size, n)], order[min(cfg.batch_size, n):]
         batch = clf.batch(data, idx.tolist())
-        loss = F.cross_entropy(clf.logits(work, batch), batch["labels"])
+        loss = F.cross_entropy(clf.logits(work, batch).float(), batch["labels"])
+        if anchor is not None:  # FedProx Eq. 2
+            loss = loss + 0.5 * cfg.prox_mu * sum(((work[k] - anchor[k]) ** 2).sum() for k in names)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip:
@@ -109,4 +107,36 @@ def train_local(
         opt.step()
         total += loss.item()
     state = None if cfg.reset_optimizer else _flat_state(opt, names)
-    return TrainResult({k: v.detach() for k, v in work.items()}, steps, total / steps, state)
+    return TrainResult({k: v.detach().cpu() for k, v in work.items()}, steps, total / steps, state)
+
+
+class GradientTrainer(TrainerBase):
+    """Local gradient training of every tensor the client starts from; the update is the trained tensors."""
+
+    kind = PARAMS
+    scalars = ("train_loss", "steps")
+    provides = frozenset(scalars)
+    optimizer: ClassVar[str]
+
+    def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
+            state: Params) -> tuple[Update, Params]:
+        gen = torch_rng(client.seed, round, client.client_id, "local-train")
+        res = train_local(self.clf, params, client.train, self.optimizer, self.settings, gen, state or None)
+        update = Update(client.client_id, res.params, len(client.train),
+                        scalars={"train_loss": res.mean_loss, "steps": res.steps})
+        return update, (res.optimizer_state or {})
+
+
+@TRAINERS.register("adam", "gradient training with Adam", GradientSettings)
+class AdamTrainer(GradientTrainer):
+    optimizer = "adam"
+
+
+@TRAINERS.register("adamw", "gradient training with AdamW (decoupled weight decay)", GradientSettings)
+class AdamWTrainer(GradientTrainer):
+    optimizer = "adamw"
+
+
+@TRAINERS.register("sgd", "gradient training with SGD (optional momentum)", GradientSettings)
+class SGDTrainer(GradientTrainer):
+    optimizer = "sgd"

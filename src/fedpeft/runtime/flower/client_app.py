@@ -18,21 +18,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedpeft.backbones.loading import PROCESS_CACHE
-from fedpeft.config import ExperimentConfig, resolve
+from fedpeft.build import Built, build
 from fedpeft.data.paths import ENV_VAR as DATA_ENV_VAR
-from fedpeft.experiment import Experiment, build_experiment
-from fedpeft.methods import PRESETS
-from fedpeft.methods.base import Method
+from fedpeft.resolve import resolve
 from fedpeft.runtime.client import handle_evaluate, handle_train
 from fedpeft.runtime.flower.client_state import ClientStateStore
 from fedpeft.runtime.flower.records import CLIENTS, NODE, Instruction, Reply
@@ -40,19 +36,12 @@ from fedpeft.runtime.flower.records import CLIENTS, NODE, Instruction, Reply
 log = logging.getLogger("fedpeft.flower.client")
 
 
-@dataclass
-class _Built:
-    cfg: ExperimentConfig
-    exp: Experiment
-    method: Method
-
-
 class _ProcessState:
     """The deliberate per-process caches: built experiments (by config text) and counters."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.built: dict[str, _Built] = {}
+        self.built: dict[str, Built] = {}
         self.experiment_builds = 0
         self.messages = 0
 
@@ -73,17 +62,12 @@ def owned_clients(node_config: dict[str, Any]) -> list[int]:
     return sorted(set(ids))
 
 
-def _built(config_yaml: str, node_config: dict[str, Any]) -> _Built:
+def _built(config_yaml: str, node_config: dict[str, Any]) -> Built:
     with _PROCESS.lock:
         if config_yaml not in _PROCESS.built:
             if "data-dir" in node_config:
                 os.environ[DATA_ENV_VAR] = str(node_config["data-dir"])  # this process's data location
-            cfg = resolve(yaml.safe_load(config_yaml))
-            if cfg.runtime.threads:
-                torch.set_num_threads(cfg.runtime.threads)
-            exp = build_experiment(cfg)
-            method = PRESETS.get(cfg.method.name).build(cfg, exp)
-            _PROCESS.built[config_yaml] = _Built(cfg, exp, method)
+            _PROCESS.built[config_yaml] = build(resolve(yaml.safe_load(config_yaml)))
             _PROCESS.experiment_builds += 1
         _PROCESS.messages += 1
         return _PROCESS.built[config_yaml]

@@ -14,13 +14,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedpeft.config import ExperimentConfig, dump_config, load_config
-from fedpeft.experiment import build_experiment
-from fedpeft.methods import PRESETS
+from fedpeft.build import build
+from fedpeft.config import ExperimentConfig, dump_config
+from fedpeft.resolve import load_config
 from fedpeft.runtime.flower.transport import FlowerTransport
 from fedpeft.runtime.session import log_to, open_run, progress, run_rounds
 
@@ -36,18 +35,15 @@ def serve(grid: Grid, cfg: ExperimentConfig, out_dir: str | Path, resume: bool =
           stop_after_round: int | None = None, round_timeout: float | None = None, join_timeout: float = 300.0,
           rejoin_wait: float = 0.0) -> dict[str, Any]:
     """Run (or resume) the experiment with clients reached through ``grid``; returns the summary."""
-    if cfg.runtime.threads:
-        torch.set_num_threads(cfg.runtime.threads)
     run = open_run(cfg, out_dir, resume)
     config_yaml = dump_config(cfg)
     settings = {"config_yaml": config_yaml, "run_key": run_key(config_yaml, run.root),
                 "state_dir": str((run.root / "client_state").resolve()), "checkpointed_round": 0}
     with log_to(run.root / "run.log"), progress(cfg.runtime.progress) as bar:
-        exp = build_experiment(cfg)
-        method = PRESETS.get(cfg.method.name).build(cfg, exp)
+        b = build(cfg)
         transport = FlowerTransport(grid, settings, cfg.federation.num_clients, round_timeout=round_timeout,
                                     join_timeout=join_timeout, rejoin_wait=rejoin_wait)
-        return run_rounds(cfg, run, exp, method, transport, resume, stop_after_round, bar)
+        return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar)
 
 
 server_app = ServerApp()

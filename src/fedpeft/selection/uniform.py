@@ -1,8 +1,10 @@
-"""Which clients train in a round (the client-selection axis)."""
+"""Uniform sampling without replacement of ``federation.clients_per_round`` clients (FedAvg's selection)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from fedpeft.selection.base import SELECTORS, History, SelectorBase
 
 
 def select_clients(client_ids: list[int], per_round: int | None, rng: np.random.Generator) -> list[int]:
@@ -12,3 +14,9 @@ def select_clients(client_ids: list[int], per_round: int | None, rng: np.random.
     if per_round < 1:
         raise ValueError(f"per_round must be >= 1, got {per_round}")
     return sorted(int(c) for c in rng.choice(client_ids, size=per_round, replace=False))
+
+
+@SELECTORS.register("uniform", "a uniform sample of federation.clients_per_round clients (all when unset)")
+class Uniform(SelectorBase):
+    def select(self, clients: list[int], round: int, history: History, rng: np.random.Generator) -> list[int]:
+        return select_clients(clients, self.ctx.per_round, rng)

@@ -1,0 +1,154 @@
+"""The server-aggregator axis: the ``Aggregator`` protocol, its registry, and helpers over named tensors.
+
+An aggregator turns the accepted updates of a round into the new global tensors and keeps its own
+persistent state (``Message``: tensors + JSON scalars, checkpointed with the server state):
+``init(global) -> state``; ``aggregate(global, updates, state, round) -> (new_global, state)``.
+``global`` holds only the tensors shared this round; updates are in client-id order. State tensors that
+belong to one global tensor are named ``<slot>::<tensor>`` (e.g. ``m::prompt``, ``c/3::prefix.0``) so that
+``restrict`` can drop the ones of tensors that stop being shared.
+
+Compatibility is declared, not checked by the methods: ``accepts`` lists the kinds of update an aggregator
+can combine (``params``: trained tensors; ``distribution``: a CMA-ES search distribution; ``none``: no
+tensors), ``needs`` the auxiliary values it reads from every update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from fedpeft.comm.codec import Message
+from fedpeft.comm.update import Params, Update
+from fedpeft.registry import Registry
+
+PARAMS, DISTRIBUTION, NONE = "params", "distribution", "none"
+SEP = "::"
+
+
+class Aggregator(Protocol):
+    accepts: ClassVar[frozenset[str]]
+    needs: ClassVar[frozenset[str]]
+
+    def init(self, glob: Params) -> Message: ...
+
+    def aggregate(self, glob: Params, updates: Sequence[Update], state: Message,
+                  round: int) -> tuple[Params, Message]: ...
+
+    def broadcast(self, state: Message) -> Message:
+        """What clients receive from the aggregator's state besides the global tensors (FedBPT: sigma, C)."""
+        ...
+
+    def restrict(self, state: Message, keep: set[str]) -> Message: ...
+
+    def diagnostics(self, state: Message) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class AggregatorContext:
+    """What an aggregator may know about the federation when it is built."""
+
+    num_clients: int
+    seed: int
+    trainer: Any = None    # the local trainer's settings (e.g. its lr for control variates, CMA-ES lambda)
+    adapter: Any = None    # the adapter's settings (e.g. the projected prompt's sigma_0)
+
+
+class AggregatorBase:
+    """Defaults: stateless, parameter updates only, nothing broadcast."""
+
+    accepts: ClassVar[frozenset[str]] = frozenset({PARAMS})
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, settings: Any, ctx: AggregatorContext) -> None:
+        self.settings, self.ctx = settings, ctx
+
+    def init(self, glob: Params) -> Message:
+        return Message()
+
+    def broadcast(self, state: Message) -> Message:
+        return Message()
+
+    def restrict(self, state: Message, keep: set[str]) -> Message:
+        tensors = {k: v for k, v in state.tensors.items() if SEP not in k or k.split(SEP, 1)[1] in keep}
+        return Message(tensors, dict(state.scalars))
+
+    def diagnostics(self, state: Message) -> dict[str, float]:
+        return {k: v for k, v in state.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+AGGREGATORS: Registry[type] = Registry("aggregator")  # classes built as cls(settings, AggregatorContext)
+
+
+# ---------------------------------------------------------------- helpers over named tensors (float64 math)
+
+
+def slot(state: Message, name: str, like: Params) -> Params:
+    """The ``name::<tensor>`` slot of a state as float64 tensors, zeros where absent."""
+    return {k: state.tensors[f"{name}{SEP}{k}"].double() if f"{name}{SEP}{k}" in state.tensors
+            else torch.zeros_like(v, dtype=torch.float64) for k, v in like.items()}
+
+
+def slot_tensors(name: str, values: Params) -> Params:
+    """``values`` named as the ``name`` slot of a state (float32)."""
+    return {f"{name}{SEP}{k}": v.float() for k, v in values.items()}
+
+
+def weights_of(updates: Sequence[Update]) -> list[float]:
+    return [float(u.weight) for u in updates]
+
+
+def deltas(glob: Params, updates: Sequence[Update]) -> list[Params]:
+    """Δ_k = w_k − w (float64), one per update."""
+    return [{k: u.tensors[k].double() - glob[k].double() for k in glob} for u in updates]
+
+
+def flatten(p: Params, keys: Sequence[str]) -> torch.Tensor:
+    return torch.cat([p[k].double().reshape(-1) for k in keys]) if keys else torch.zeros(0, dtype=torch.float64)
+
+
+def unflatten(vec: torch.Tensor, like: Params, keys: Sequence[str]) -> Params:
+    out, off = {}, 0
+    for k in keys:
+        n = like[k].numel()
+        out[k] = vec[off: off + n].view(like[k].shape)
+        off += n
+    return out
+
+
+def to_float32(p: Params) -> Params:
+    return {k: v.float() for k, v in p.items()}
+
+
+class AggregatorWrapper(AggregatorBase):
+    """A server-side wrapper around any aggregator (norm clipping, robust filters, central DP): it sees the
+    updates first and delegates everything else to ``inner``. Built as ``cls(settings, ctx, inner)``."""
+
+    def __init__(self, settings: Any, ctx: AggregatorContext, inner: Aggregator) -> None:
+        super().__init__(settings, ctx)
+        self.inner = inner
+        self.accepts = inner.accepts & type(self).accepts  # type: ignore[misc]
+        self.needs = inner.needs | type(self).needs  # type: ignore[misc]
+
+    def init(self, glob: Params) -> Message:
+        return self.inner.init(glob)
+
+    def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
+        return self.inner.aggregate(glob, self.transform(glob, updates, round), state, round)
+
+    def transform(self, glob: Params, updates: Sequence[Update], round: int) -> list[Update]:
+        return list(updates)
+
+    def broadcast(self, state: Message) -> Message:
+        return self.inner.broadcast(state)
+
+    def restrict(self, state: Message, keep: set[str]) -> Message:
+        return self.inner.restrict(state, keep)
+
+    def diagnostics(self, state: Message) -> dict[str, float]:
+        return self.inner.diagnostics(state)
+
+
+WRAPPERS: Registry[type] = Registry("aggregation wrapper")  # classes built as cls(settings, ctx, inner)

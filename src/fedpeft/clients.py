@@ -1,0 +1,28 @@
+"""What one simulated or real client has locally: its data, its persistent state store and the run seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fedpeft.backbones.encoding import Encoded
+from fedpeft.comm.codec import Message
+
+
+@dataclass
+class ClientContext:
+    client_id: int
+    train: Encoded
+    test: Encoded
+    state: Message = field(default_factory=Message)  # persists across rounds; checkpointed by the runtime
+    seed: int = 0
+
+
+def sub_state(state: Message, prefix: str) -> dict:
+    """The tensors of ``state`` under ``prefix`` (prefix removed): one component's part of the client state."""
+    return {k[len(prefix):]: v for k, v in state.tensors.items() if k.startswith(prefix)}
+
+
+def with_sub_state(state: Message, prefix: str, tensors: dict) -> Message:
+    """``state`` with its ``prefix`` part replaced by ``tensors``."""
+    keep = {k: v for k, v in state.tensors.items() if not k.startswith(prefix)}
+    return Message(keep | {prefix + k: v for k, v in tensors.items()}, dict(state.scalars))

@@ -1,0 +1,49 @@
+"""Config-time check that the chosen components can work together, from what each one declares.
+
+Trainers declare the kind of update they produce (``kind``), the adapters they can train (``adapters``)
+and the auxiliary values they upload (``provides``); aggregators and wrappers the kinds they accept and the
+values they read (``accepts``, ``needs``); sharing policies and transforms what they need. A mismatch is a
+``ValueError`` naming the field and saying why, raised before anything is loaded.
+"""
+
+from __future__ import annotations
+
+from fedpeft.config import ExperimentConfig
+from fedpeft.aggregators import AGGREGATORS, WRAPPERS
+from fedpeft.sharing import SHARING
+from fedpeft.trainers import TRAINERS
+from fedpeft.transforms import TRANSFORMS
+
+KINDS = {"params": "trained tensors", "distribution": "a CMA-ES search distribution (mean, step size, covariance)",
+         "none": "nothing (no local training)"}
+
+
+def check_combination(cfg: ExperimentConfig) -> None:
+    m = cfg.method
+    trainer = TRAINERS.get(m.trainer.name)
+    kind = trainer.kind
+    if trainer.adapters is not None and m.adapter.name not in trainer.adapters:
+        raise ValueError(f"method.trainer.name: '{m.trainer.name}' trains {' or '.join(sorted(trainer.adapters))}, "
+                         f"not the adapter '{m.adapter.name}'")
+    needs: set[str] = set()
+    for where, entry_name, registry in [("method.aggregator", m.aggregator.name, AGGREGATORS),
+                                        *[(f"method.wrappers.{i}", w.name, WRAPPERS) for i, w in enumerate(m.wrappers)]]:
+        cls = registry.get(entry_name)
+        if kind not in cls.accepts:
+            allowed = sorted(n for n in AGGREGATORS.names() if kind in AGGREGATORS.get(n).accepts)
+            raise ValueError(f"{where}.name: '{entry_name}' combines {' or '.join(KINDS[k] for k in sorted(cls.accepts))}"
+                             f"; trainer '{m.trainer.name}' uploads {KINDS[kind]} (aggregators for it: "
+                             f"{', '.join(allowed)})")
+        needs |= set(cls.needs)
+    missing = needs - set(trainer.provides)
+    if missing:
+        raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' reads {sorted(missing)} from every client, "
+                         f"which trainer '{m.trainer.name}' does not upload")
+    policy = SHARING.get(m.sharing.name)
+    if policy.adapters is not None and m.adapter.name not in policy.adapters:
+        raise ValueError(f"method.sharing.name: '{m.sharing.name}' shares the layers of "
+                         f"{' or '.join(sorted(policy.adapters))}, not of the adapter '{m.adapter.name}'")
+    for i, t in enumerate(m.transforms):
+        if kind not in TRANSFORMS.get(t.name).accepts:
+            raise ValueError(f"method.transforms.{i}.name: '{t.name}' transforms trained tensors; trainer "
+                             f"'{m.trainer.name}' uploads {KINDS[kind]}")

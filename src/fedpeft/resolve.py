@@ -1,0 +1,140 @@
+"""From YAML and ``--set`` overrides to a validated, fully resolved ``ExperimentConfig``.
+
+``method.name`` picks a preset whose defaults are merged under the user's own ``method`` keys; then every
+component section is validated once, by the settings model its component registered, and the
+combination is checked against what each component declares it can work with (a CMA-ES distribution
+cannot go into Krum). Errors name the field and the allowed values. Only entry points import this module.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from fedpeft.components import AXIS_REGISTRIES, LIST_REGISTRIES
+from fedpeft.config import Component, ConfigError, ExperimentConfig, MethodConfig
+from fedpeft.methods import PRESETS, check_combination
+from fedpeft.runtime.registry import RUNTIMES
+
+
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a nested dict, returning a copy."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got '{item}'")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = out
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {key}: '{p}' is not a section")
+            node = nxt
+        node[parts[-1]] = _parse_scalar(value)
+    return out
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"{loc}: {msg}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def resolve(raw: dict[str, Any]) -> ExperimentConfig:
+    """Merge the method preset under the user's keys, then validate; raises ConfigError naming the field."""
+    raw = copy.deepcopy(raw or {})
+    method = raw.get("method") or {}
+    if not isinstance(method, dict):
+        raise ConfigError("method: must be a mapping")
+    name = method.get("name", MethodConfig().name)
+    try:
+        preset = PRESETS.get(name)
+    except KeyError as e:
+        raise ConfigError(f"method.name: {e}") from None
+    defaults = preset.defaults()
+    for axis in AXIS_REGISTRIES:  # another component than the preset's: its own keys only
+        user = method.get(axis)
+        if isinstance(user, dict) and "name" in user and user["name"] != defaults.get(axis, {}).get("name"):
+            defaults.pop(axis, None)
+    raw["method"] = _deep_merge(defaults, method) | {"name": name}
+    try:
+        cfg = ExperimentConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e)) from None
+    _resolve_components(cfg)
+    try:
+        RUNTIMES.entry(cfg.runtime.name)
+        check_combination(cfg)
+    except ValueError as e:
+        raise ConfigError(f"invalid config:\n  {e}") from None
+    return cfg
+
+
+def _resolve_components(cfg: ExperimentConfig) -> None:
+    """Validate every component section with its component's settings model, filling in defaults."""
+    for axis, registry in AXIS_REGISTRIES.items():
+        section: Component = getattr(cfg.method, axis)
+        setattr(cfg.method, axis, _resolve_one(section, registry, f"method.{axis}"))
+    for field, registry in LIST_REGISTRIES.items():
+        sections = getattr(cfg.method, field)
+        setattr(cfg.method, field, [_resolve_one(s, registry, f"method.{field}.{i}") for i, s in enumerate(sections)])
+
+
+def _resolve_one(section: Component, registry: Any, where: str) -> Component:
+    try:
+        entry = registry.entry(section.name)
+    except KeyError as e:
+        raise ConfigError(f"invalid config:\n  {where}.name: {e}") from None
+    return Component(name=section.name, **_validate_section(entry.settings, section.settings(), where))
+
+
+def _validate_section(model: type[BaseModel] | None, values: dict[str, Any], where: str) -> dict[str, Any]:
+    if model is None:
+        if values:
+            raise ConfigError(f"invalid config:\n  {where}: unknown field(s) {sorted(values)}")
+        return {}
+    try:
+        return model.model_validate(values).model_dump(mode="json")
+    except ValidationError as e:
+        msg = _format_validation_error(e).replace("invalid config:\n  ", "")
+        lines = [f"{where}.{line.strip()}" for line in msg.splitlines()]
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read a YAML experiment (or start from defaults), apply overrides, resolve and validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+            raise ConfigError(f"{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a mapping")
+    return resolve(apply_overrides(raw, overrides or []))

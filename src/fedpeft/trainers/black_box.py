@@ -1,0 +1,150 @@
+"""BBT / FedBPT clients as a local trainer: CMA-ES over the projected prompt z, forward passes only.
+
+The exchange is a search distribution: the instruction carries the mean z_t (as ``mean``), the step size
+sigma_t and C_t (full, diagonal or none, ``covariance``); the client runs I local iterations (FedBPT Alg. 1
+C1-C10, ``trainers.cmaes.local_cmaes``) through the forward-only ``BlackBox`` and uploads z^k plus its loss.
+Against the server-level CMA-ES (an aggregator that ``needs`` the step sizes) it also uploads the I step
+sizes it used (spec §2.5 S7); against FedAvg it uploads its whole local distribution (z, sigma, C), which
+the server averages (FedAvg-BBT, spec §2.7).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from fedpeft.backbones.blackbox import BlackBox
+from fedpeft.backbones.encoding import Encoded
+from fedpeft.clients import ClientContext
+from fedpeft.comm.codec import Message
+from fedpeft.comm.update import Params, Update
+from fedpeft.perturbation import replacement_vocab, text_span
+from fedpeft.rng import numpy_rng
+from fedpeft.trainers.base import DISTRIBUTION, TRAINERS, Shapes, TrainerBase, TrainerContext
+from fedpeft.trainers.cmaes import CMAESSettings, CMAState, local_cmaes
+
+Covariance = Literal["full", "diagonal", "none"]
+Z = "z"  # the projected prompt's tensor
+
+
+class CMAESTrainerSettings(CMAESSettings):
+    covariance: Covariance = Field("full", description="C_t on the wire: full d x d, its diagonal, or none "
+                                                       "(C = I everywhere, spec A23)")
+    server_fitness: Literal["clean", "ratio"] = Field("clean", description="uploaded loss: clean F^k (paper) "
+                                                                           "or the perturbation ratio (code)")
+    evaluate_start: bool = Field(False, description="also report the clean loss of the incoming mean")
+
+
+def _f64(t: torch.Tensor) -> np.ndarray:
+    return t.double().cpu().numpy()
+
+
+def cov_tensors(cov: np.ndarray | torch.Tensor, mode: Covariance) -> dict[str, torch.Tensor]:
+    """C as it travels: ``cov`` (full), ``cov_diag`` (its diagonal) or nothing."""
+    cov = torch.as_tensor(cov)
+    if mode == "full":
+        return {"cov": cov}
+    if mode == "diagonal":
+        return {"cov_diag": (cov if cov.dim() == 1 else torch.diagonal(cov)).contiguous()}
+    return {}
+
+
+def cov_from(tensors: dict[str, torch.Tensor], d: int) -> np.ndarray:
+    if "cov" in tensors:
+        return _f64(tensors["cov"])
+    if "cov_diag" in tensors:
+        return np.diag(_f64(tensors["cov_diag"]))
+    return np.eye(d)
+
+
+@TRAINERS.register("cmaes", "local CMA-ES on a projected prompt, forward passes only (BBT / FedBPT)",
+                   CMAESTrainerSettings)
+class CMAESTrainer(TrainerBase):
+    kind = DISTRIBUTION
+    adapters = frozenset({"projected_prompt"})
+    scalars = ("train_loss",)
+    provides = frozenset({"train_loss", "loss", "sigmas"})
+
+    def __init__(self, settings: CMAESTrainerSettings, ctx: TrainerContext) -> None:
+        super().__init__(settings, ctx)
+        self.d = ctx.adapter_settings.intrinsic_dim
+        self.sigma0 = ctx.adapter_settings.sigma0
+        self.upload_distribution = "sigmas" not in ctx.needs  # the server CMA-ES keeps C itself
+        self._perturb_data: tuple[np.ndarray, object] | None = None
+
+    # ---------------------------------------------------------------- exchange format
+
+    def downlink(self, shared: Params, broadcast: Message) -> Message:
+        """S5: (z_t, sigma_t, C_t) from the global tensors or the aggregator's broadcast; sigma_0, I at first."""
+        source = shared | broadcast.tensors
+        if "sigma" in broadcast.scalars:
+            sigma = float(broadcast.scalars["sigma"])
+        elif "sigma" in shared:
+            sigma = float(shared["sigma"][0])
+        else:
+            sigma = self.sigma0
+        cov = {k: source[k] for k in ("cov", "cov_diag") if k in source} or {"cov": torch.eye(self.d,
+                                                                                           dtype=torch.float64)}
+        tensors = {"mean": shared[Z]} | cov_tensors(next(iter(cov.values())), self.settings.covariance)
+        return Message(tensors=tensors, scalars={"sigma": sigma})
+
+    def eval_downlink(self, shared: Params) -> Message:
+        return Message(tensors={"mean": shared[Z]})
+
+    def params_of(self, instruction: Message) -> Params:
+        return {Z: instruction.tensors["mean"]}
+
+    def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:
+        d = self.d
+        if self.upload_distribution:
+            cov = {"full": {"cov": (d, d)}, "diagonal": {"cov_diag": (d,)}, "none": {}}[self.settings.covariance]
+            return {Z: (d,), "sigma": (1,), **cov}, {"loss": (1,)}
+        return {Z: (d,)}, {"sigmas": (self.settings.iterations,), "loss": (1,)}
+
+    # ---------------------------------------------------------------- local training
+
+    def _perturbation_inputs(self):
+        if self._perturb_data is None:
+            exp = self.ctx.experiment
+            span = text_span(exp.backbone, exp.task, self.clf.readout, exp.cfg.task.max_length)
+            self._perturb_data = (replacement_vocab(exp.backbone), span)
+        return self._perturb_data
+
+    def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
+            state: Params) -> tuple[Update, Params]:
+        """C1-C10: local CMA-ES from the global (m, sigma, C); upload z^k, the loss and sigmas or (sigma, C)."""
+        s = self.settings
+        start = CMAState(_f64(params[Z]), float(instruction.scalars["sigma"]), cov_from(instruction.tensors, self.d))
+        vocab, span = self._perturbation_inputs() if s.perturb_rate > 0 else (None, None)
+        box = BlackBox(self.clf, batched=s.batched, max_rows=s.max_rows)
+        res = local_cmaes(box, client.train, start, s, numpy_rng(client.seed, round, client.client_id, "cmaes"),
+                          vocab, span, evaluate_start=s.evaluate_start)
+        upload = res.ratio_loss if s.server_fitness == "ratio" and s.perturb_rate > 0 else res.clean_loss
+        scalars = {"train_loss": res.clean_loss, **res.usage, "final_sigma": float(res.state.sigma)}
+        if s.perturb_rate > 0:
+            scalars |= {"ratio_loss": res.ratio_loss, "replaced_share": res.replaced_share}
+        if s.evaluate_start:
+            scalars["start_loss"] = res.first_loss
+        tensors = {Z: torch.from_numpy(res.state.mean)}
+        aux = {"loss": torch.tensor([upload], dtype=torch.float64)}
+        if self.upload_distribution:
+            tensors |= {"sigma": torch.tensor([res.state.sigma], dtype=torch.float64),
+                        **cov_tensors(res.state.cov, s.covariance)}
+        else:
+            aux["sigmas"] = torch.from_numpy(res.sigmas)
+        return Update(client.client_id, tensors, len(client.train), aux, scalars), {}
+
+    # ---------------------------------------------------------------- evaluation through the black box
+
+    def evaluate(self, params: Params, data: Encoded) -> dict[str, float]:
+        if len(data) == 0:
+            return {"num_examples": 0}
+        box = BlackBox(self.clf, max_rows=self.ctx.eval_batch)
+        acc, loss = box.accuracy(params[Z].float(), data)
+        return {"accuracy": acc, "loss": loss, "num_examples": len(data)}
+
+    def diagnostics(self, glob: Params) -> dict[str, float]:
+        return {"sigma": float(glob["sigma"][0])} if "sigma" in glob else {}

@@ -1,0 +1,23 @@
+"""No local training: zero-shot and in-context baselines keep the global state as it is."""
+
+from __future__ import annotations
+
+from fedpeft.clients import ClientContext
+from fedpeft.comm.codec import Message
+from fedpeft.comm.update import Params, Update
+from fedpeft.trainers.base import NONE, TRAINERS, Shapes, TrainerBase
+
+
+@TRAINERS.register("no-training", "no local training (zero-shot and in-context baselines)")
+class NoTraining(TrainerBase):
+    kind = NONE
+
+    def downlink(self, shared: Params, broadcast: Message) -> Message:
+        return Message()  # nothing to train from: the instruction is the round number only
+
+    def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
+            state: Params) -> tuple[Update, Params]:
+        return Update(client.client_id, {}, len(client.train)), {}
+
+    def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:
+        return {}, {}

@@ -1,0 +1,29 @@
+"""Client-side update transforms: act on a client's ``Update`` after local training, before it is packed.
+
+They see only the update and the tensors the client started from, never the method, so one transform
+(local DP noise, an attack's boosting, quantisation) works with every gradient method. Randomness comes
+from the generator the method derives for (seed, round, client, "transform:<name>").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from fedpeft.comm.update import Params, Update
+from fedpeft.registry import Registry
+
+
+class UpdateTransform(Protocol):
+    def apply(self, update: Update, start: Params, round: int, generator: torch.Generator) -> Update: ...
+
+
+class TransformBase:
+    accepts: frozenset[str] = frozenset({"params"})  # update kinds it can act on
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+
+
+TRANSFORMS: Registry[type] = Registry("update transform")  # classes built as cls(settings)
