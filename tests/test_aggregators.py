@@ -1,9 +1,17 @@
 import pytest
 import torch
 
-from fedpeft.aggregators import AGGREGATORS, uniform_mean, weighted_mean
-from fedpeft.aggregators.fedavg import fedavg
+from fedpeft.aggregators import AGGREGATORS, AggregatorContext, uniform_mean, weighted_mean
+from fedpeft.comm.codec import Message
+from fedpeft.comm.update import Update
 from fedpeft.registry import UnknownNameError
+
+
+def fedavg(params, num_examples):
+    """The registered ``fedavg`` aggregator on plain tensors."""
+    agg = AGGREGATORS.get("fedavg")(None, AggregatorContext(num_clients=len(params), seed=0))
+    updates = [Update(i, p, n) for i, (p, n) in enumerate(zip(params, num_examples))]
+    return agg.aggregate(params[0] if params else {}, updates, Message(), 1)[0]
 
 
 def test_fedavg_is_sample_weighted_mean_eq5():
@@ -19,7 +27,7 @@ def test_equal_sizes_give_plain_mean():
     ups = [{"p": torch.randn(3, 4)} for _ in range(5)]
     out = fedavg(ups, [7] * 5)
     assert torch.allclose(out["p"], torch.stack([u["p"] for u in ups]).mean(0), atol=1e-6)
-    assert torch.allclose(uniform_mean(ups, [1, 2, 3, 4, 5])["p"], out["p"], atol=1e-6)
+    assert torch.allclose(uniform_mean(ups)["p"], out["p"], atol=1e-6)
 
 
 def test_zero_weight_client_has_no_effect():

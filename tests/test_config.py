@@ -1,6 +1,7 @@
 import pytest
 
-from fedpeft.config import ConfigError, apply_overrides, dump_config, load_config
+from fedpeft.config import ConfigError, dump_config
+from fedpeft.resolve import apply_overrides, load_config
 
 
 def test_defaults_resolve_with_preset(tiny_cfg):
@@ -26,7 +27,12 @@ def test_set_overrides_nested_keys_and_parse_yaml_values():
     ("method.adapter.num_tokens=0", "method.adapter.num_tokens"),
     ("method.adapter.position=middle", "method.adapter.position"),
     ("method.trainer.nesterov=1", "method.trainer.nesterov"),
-    ("method.aggregator.name=median", "method.aggregator.name"),
+    ("method.aggregator.name=medoid", "method.aggregator.name"),
+    ("method.selector.name=best", "method.selector.name"),
+    ("method.sharing.name=heads", "method.sharing.name"),
+    ("method.wrappers=[{name: clip}]", "method.wrappers.0.max_norm"),
+    ("method.transforms=[{name: noise}]", "method.transforms.0.name"),
+    ("runtime.device=tpu", "runtime.device"),
     ("runtime.name=mpi", "runtime.name"),
 ])
 def test_errors_name_the_field(override, field):
@@ -53,8 +59,28 @@ def test_allowed_values_are_listed():
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match="clients_per_round"):
         load_config(None, ["federation.num_clients=3", "federation.clients_per_round=5"])
-    with pytest.raises(ConfigError, match="method.adapter.name"):
-        load_config(None, ["method.name=fedprompt", "method.adapter.name=full"])
+    # combinations that cannot work fail before anything is loaded, naming the field and saying why
+    with pytest.raises(ConfigError, match="method.aggregator.name: 'krum' combines trained tensors; trainer 'cmaes' "
+                                         "uploads a CMA-ES search distribution"):
+        load_config(None, ["method.name=fedbpt", "method.aggregator.name=krum"])
+    with pytest.raises(ConfigError, match="method.trainer.name: 'cmaes' trains projected_prompt"):
+        load_config(None, ["method.name=fedprompt", "method.trainer.name=cmaes"])
+    with pytest.raises(ConfigError, match="method.aggregator.name: 'server_cmaes' combines a CMA-ES"):
+        load_config(None, ["method.name=fedprompt", "method.aggregator.name=server_cmaes"])
+    with pytest.raises(ConfigError, match="method.wrappers.0.name: 'clip' combines trained tensors"):
+        load_config(None, ["method.name=fedavg-bbt", "method.wrappers=[{name: clip, max_norm: 1.0}]"])
+    with pytest.raises(ConfigError, match="method.transforms.0.name: 'scale_delta' transforms trained tensors"):
+        load_config(None, ["method.name=fedbpt", "method.transforms=[{name: scale_delta, factor: 2}]"])
+    # ... and combinations no paper ran resolve
+    assert load_config(None, ["method.name=fedprompt", "method.adapter.name=full"]).method.adapter.name == "full"
+    assert load_config(None, ["method.name=fedbpt", "method.aggregator.name=fedavg"]).method.aggregator.name == "fedavg"
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: 1\nfederation:\n  rounds: [2\n")
+    with pytest.raises(ConfigError, match="bad.yaml:4"):
+        load_config(bad)
 
 
 def test_missing_file_and_bad_override(tmp_path):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fedpeft.aggregators.fedavg import fedavg
+from fedpeft.aggregators import weighted_mean
 from fedpeft.comm.codec import decode, encode
 from fedpeft.experiment import build_experiment
 from fedpeft.runtime.embedded import StopAfterRound, run_embedded
@@ -133,7 +133,8 @@ def test_malformed_reply_is_rejected_and_not_averaged(tiny_cfg, tmp_path):
     assert status == {0: "ok", 1: "rejected", 2: "ok"}
     assert rec["num_rejected"] == 1
     state = RunDir(tmp_path / "run").load_checkpoint()[1].tensors["prompt"]
-    expected = fedavg([{"prompt": seen[0]["prompt"]}, {"prompt": seen[2]["prompt"]}], [seen[0]["n"], seen[2]["n"]])
+    expected = weighted_mean([{"prompt": seen[0]["prompt"]}, {"prompt": seen[2]["prompt"]}],
+                             [seen[0]["n"], seen[2]["n"]])
     assert torch.allclose(state, expected["prompt"], atol=1e-7)
     assert "rejected reply of client 1" in (tmp_path / "run" / "run.log").read_text()
 

@@ -18,7 +18,9 @@ from fedpeft.backbones.blackbox import BlackBox
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.backbones.loading import load_backbone
 from fedpeft.comm.codec import decode, encode, framing_overhead, payload_bytes
-from fedpeft.config import ConfigError, load_config
+from fedpeft.build import build_method
+from fedpeft.config import ConfigError
+from fedpeft.resolve import load_config
 from fedpeft.data import load_task
 from fedpeft.experiment import build_experiment
 from fedpeft.methods import PRESETS
@@ -62,8 +64,8 @@ def test_presets_listed_and_config_errors_name_fields():
         assert name in PRESETS.names()
     with pytest.raises(ConfigError, match="method.trainer.popsize"):
         _cfg(**{"method.trainer.popsize": 1})
-    with pytest.raises(ConfigError, match="method.options.covariance"):
-        _cfg(**{"method.options.covariance": "banded"})
+    with pytest.raises(ConfigError, match="method.trainer.covariance"):
+        _cfg(**{"method.trainer.covariance": "banded"})
 
 
 def test_projection_is_shared_by_seed_with_spec_std():
@@ -180,9 +182,9 @@ def test_rp_zero_gives_clean_loss_fitness():
 def test_uplink_is_d_plus_I_plus_1_floats_and_downlink_counts_covariance(tmp_path):
     cfg = _cfg()
     exp = build_experiment(cfg)
-    method = PRESETS.get("fedbpt").build(cfg, exp)
+    method = build_method(cfg, exp)
     state = method.server_init()
-    inst = method.configure_round(state, 1, [0], np.random.default_rng(0))[0]
+    inst = method.configure_round(state, 1, [0])[0]
     reply = method.client_update(decode(encode(inst, method.wire)), exp.client(0))
     assert payload_bytes(reply, method.wire) == (D + I + 1) * 4
     assert len(encode(reply, method.wire)) == (D + I + 1) * 4 + framing_overhead(reply, method.wire)
@@ -193,7 +195,7 @@ def test_uplink_is_d_plus_I_plus_1_floats_and_downlink_counts_covariance(tmp_pat
     assert 0 < summary["upload_framing_bytes"] <= 512
     down = {}
     for mode in ("full", "diagonal", "none"):
-        s = run_embedded(_cfg(**{"method.options.covariance": mode, "federation.rounds": 1}), tmp_path / f"cov-{mode}")
+        s = run_embedded(_cfg(**{"method.trainer.covariance": mode, "federation.rounds": 1}), tmp_path / f"cov-{mode}")
         down[mode] = s["bytes_down_per_client_round"]
     assert down["full"] - down["none"] >= D * D * 4
     assert D * 4 <= down["diagonal"] - down["none"] < D * 4 + 128
@@ -202,18 +204,19 @@ def test_uplink_is_d_plus_I_plus_1_floats_and_downlink_counts_covariance(tmp_pat
 def test_fedavg_bbt_averages_local_statistics():
     cfg = _cfg("fedavg-bbt")
     exp = build_experiment(cfg)
-    method = PRESETS.get("fedavg-bbt").build(cfg, exp)
+    method = build_method(cfg, exp)
     state = method.server_init()
-    insts = method.configure_round(state, 1, [0, 1, 2], np.random.default_rng(0))
+    insts = method.configure_round(state, 1, [0, 1, 2])
     replies = {c: decode(encode(method.client_update(m, exp.client(c)), method.wire)) for c, m in insts.items()}
     assert payload_bytes(replies[0], method.wire) == (D + 1 + 1 + D * D) * 4
     new = method.aggregate(state, 1, replies)
     n = np.array([replies[c].scalars["num_examples"] for c in range(3)], dtype=float)
     w = n / n.sum()
     z = sum(w[c] * replies[c].tensors["z"].double().numpy() for c in range(3))
-    np.testing.assert_allclose(new.tensors["mean"].numpy(), z, atol=1e-6)
+    np.testing.assert_allclose(new.tensors["z"].numpy(), z, atol=1e-6)
     sig = sum(w[c] * float(replies[c].tensors["sigma"][0]) for c in range(3))
-    assert new.scalars["sigma"] == pytest.approx(sig, rel=1e-6)
+    assert float(new.tensors["sigma"][0]) == pytest.approx(sig, rel=1e-6)
+    assert method.configure_round(new, 2, [0])[0].scalars["sigma"] == pytest.approx(sig, rel=1e-6)
     cov = sum(w[c] * replies[c].tensors["cov"].double().numpy() for c in range(3))
     np.testing.assert_allclose(new.tensors["cov"].numpy(), cov, atol=1e-6)
 

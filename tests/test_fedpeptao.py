@@ -9,35 +9,29 @@ import pytest
 import torch
 
 from fedpeft.adapters.deep_prompt import DeepPrompt, DeepPromptSettings, kv_geometry
-from fedpeft.aggregators.momentum_cv import (
-    MomentumCVSettings,
-    init_state,
-    momentum_cv_step,
-    pack,
-    restrict,
-    unpack,
-)
+from fedpeft.aggregators import AggregatorContext
+from fedpeft.aggregators.momentum_cv import MomentumCV, MomentumCVSettings, init_state, momentum_cv_step
+from fedpeft.build import build_method
+from fedpeft.clients import sub_state
 from fedpeft.comm.codec import Message, decode
+from fedpeft.comm.update import Update
 from fedpeft.config import ConfigError
 from fedpeft.experiment import build_experiment
 from fedpeft.methods import PRESETS
-from fedpeft.methods.peptao import (
-    aggregate_weighted,
-    cosine_kernel,
+from fedpeft.sharing.hessian_ratio import (
+    HessianOperator,
     exact_spectrum,
     gap_ratio,
-    kernel_score,
     lanczos_spectrum,
-    layer_scores,
-    num_selected,
     secant_lipschitz,
-    select_layers,
     slq_plateau_ratio,
 )
-from fedpeft.methods.peptao.hessian import HessianOperator
+from fedpeft.sharing.layer_orders import num_selected, select_layers
+from fedpeft.sharing.layer_scores import aggregate_weighted, cosine_kernel, kernel_score, layer_scores
 from fedpeft.runtime.embedded import StopAfterRound, run_embedded
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import TIMING_FIELDS
+from fedpeft.trainers.gradient import GradientSettings
 
 EPS = 1e-5
 
@@ -194,10 +188,14 @@ def test_fedavgm_mode_and_state_round_trip_and_restrict():
     assert torch.allclose(out.w["a"], torch.tensor([1.0 - 0.5 * 1.0]))  # m = (1−β) P, w = w − η m
     full = momentum_cv_step(st, {3: {"a": torch.tensor([0.0]), "b": torch.tensor([0.0])}}, {3: 1}, {3: 1}, 0.1, 5, 1,
                             MomentumCVSettings())
-    back = unpack(pack(full))
-    assert set(back.c) == {3} and torch.equal(back.c[3]["b"], full.c[3]["b"]) and torch.equal(back.prev["a"], full.prev["a"])
-    cut = restrict(back, {"b"})
-    assert set(cut.w) == set(cut.m) == set(cut.cg) == set(cut.c[3]) == set(cut.prev) == {"b"}
+    # the registered aggregator keeps the same state as named tensors and gives the same step
+    agg = MomentumCV(MomentumCVSettings(), AggregatorContext(5, 0, trainer=GradientSettings(lr=0.1)))
+    w, state = agg.aggregate(st.w, [Update(3, {"a": torch.tensor([0.0]), "b": torch.tensor([0.0])}, 1,
+                                           scalars={"steps": 1})], agg.init(st.w), 1)
+    assert torch.equal(w["a"], full.w["a"]) and torch.equal(state.tensors["c/3::b"], full.c[3]["b"])
+    assert torch.equal(state.tensors["P::a"], full.prev["a"])
+    cut = agg.restrict(state, {"b"})
+    assert sorted(cut.tensors) == ["P::b", "c/3::b", "cg::b", "m::b"]
 
 
 # ---------------------------------------------------------------- deep prompts in the frozen backbones
@@ -232,7 +230,7 @@ def test_deep_prompt_changes_outputs_and_masked_prefix_is_a_no_op(tiny_cfg, mode
 
 def _cfg(tiny_cfg, **extra):
     base = dict(method__name="fedpeptao", method__adapter__num_tokens=4, federation__num_clients=4,
-                federation__clients_per_round=2, federation__rounds=4, method__options__warmup_rounds=2)
+                federation__clients_per_round=2, federation__rounds=4, method__sharing__warmup_rounds=2)
     return tiny_cfg(**(base | extra))
 
 
@@ -242,9 +240,9 @@ def test_presets_are_listed():
 
 
 def test_bad_options_name_the_field(tiny_cfg):
-    with pytest.raises(ConfigError, match="method.options.order"):
-        _cfg(tiny_cfg, method__options__order="sideways")
-    with pytest.raises(ConfigError, match="method.adapter.name"):
+    with pytest.raises(ConfigError, match="method.sharing.order"):
+        _cfg(tiny_cfg, method__sharing__order="sideways")
+    with pytest.raises(ConfigError, match="method.sharing.name: 'layer_selection' shares the layers of deep_prompt"):
         _cfg(tiny_cfg, method__adapter__name="soft_prompt")
 
 
@@ -261,9 +259,10 @@ def test_upload_shrinks_to_selected_layers_and_private_layers_never_leave(tiny_c
     recs = run.read_metrics()
     _, state, clients, _ = run.load_checkpoint()
     h, d, L = 4, 32, 2
-    sl = state.scalars["selected"]
-    assert state.scalars["selection_round"] == 2 and len(sl) == math.ceil(0.5 * L)
-    assert sl == sorted(int(i) for i in np.argsort(-np.array(state.scalars["layer_scores"]), kind="stable")[:1])
+    sharing = state.scalars["sharing"]
+    sl = sharing["selected"]
+    assert sharing["selection_round"] == 2 and len(sl) == math.ceil(0.5 * L)
+    assert sl == sorted(int(i) for i in np.argsort(-np.array(sharing["layer_scores"]), kind="stable")[:1])
     nsl = [l for l in range(L) if l not in sl]
     for rec in recs:
         for c in rec["clients"]:
@@ -278,9 +277,10 @@ def test_upload_shrinks_to_selected_layers_and_private_layers_never_leave(tiny_c
                 assert h * len(sl) * 2 * d * 4 < c["bytes_up"] <= h * len(sl) * 2 * d * 4 + 512
     assert summary["upload_tensor_bytes"] == h * len(sl) * 2 * d * 4
     assert "peptao/layer_scores" in seen[(2, recs[1]["clients"][0]["client"])]
-    # the server state holds only SL slices; its NSL copy is for evaluate_global only
-    assert {k for k in state.tensors if k.startswith("w/")} == {f"w/prefix.{l}" for l in sl}
-    assert {k for k in state.tensors if k.startswith("nsl/")} == {f"nsl/prefix.{l}" for l in nsl}
+    # the server keeps every layer (NSL frozen at selection, for evaluate_global); its optimiser state only SL
+    assert {k for k in state.tensors if k.startswith("prefix.")} == {f"prefix.{l}" for l in range(L)}
+    assert {k.split("::")[1] for k in state.tensors if k.startswith("agg/")} == {f"prefix.{l}" for l in sl}
+    assert nsl
     # every trained client keeps its full prompt copy (incl. NSL layers) as private state
     trained = {c["client"] for r in recs for c in r["clients"]}
     assert set(clients) == trained
@@ -308,19 +308,19 @@ def test_private_layers_persist_across_rounds_and_survive_resume(tiny_cfg, tmp_p
     idle = [c for c in clients3 if c not in later]
     for c in idle:
         assert all(torch.equal(clients3[c].tensors[k], clients_a[c].tensors[k]) for k in clients3[c].tensors)
-        cks = [k for k in state_a.tensors if k.startswith(f"c/{c}/")]
+        cks = [k for k in state_a.tensors if k.startswith(f"agg/c/{c}::")]
         assert cks and all(torch.equal(state3.tensors[k], state_a.tensors[k]) for k in cks)
     for c in later & set(clients3):
-        nsl = [f"u/prefix.{l}" for l in range(2) if l not in state_a.scalars["selected"]]
+        nsl = [f"u/prefix.{l}" for l in range(2) if l not in state_a.scalars["sharing"]["selected"]]
         assert any(not torch.equal(clients3[c].tensors[k], clients_a[c].tensors[k]) for k in nsl)
 
 
 def test_local_adam_is_reset_so_the_same_round_gives_the_same_upload(tiny_cfg):
     cfg = _cfg(tiny_cfg)
     exp = build_experiment(cfg)
-    method = PRESETS.get("fedpeptao").build(cfg, exp)
+    method = build_method(cfg, exp)
     state = method.server_init()
-    msg = method.configure_round(state, 1, [0], np.random.default_rng(0))[0]
+    msg = method.configure_round(state, 1, [0])[0]
     ctx = exp.client(0)
     a = method.client_update(msg, ctx)
     b = method.client_update(msg, ctx)  # ctx.state now holds the private copy; shared slices are overwritten
@@ -331,39 +331,40 @@ def test_local_adam_is_reset_so_the_same_round_gives_the_same_upload(tiny_cfg):
 def test_personalised_evaluation_uses_the_clients_own_nsl_prompts(tiny_cfg):
     cfg = _cfg(tiny_cfg)
     exp = build_experiment(cfg)
-    method = PRESETS.get("fedpeptao").build(cfg, exp)
+    method = build_method(cfg, exp)
     shared = {"prefix.1": torch.zeros(4, 2, 32)}
     ctx = exp.client(0)
     ctx.state = Message(tensors={"u/prefix.0": torch.full((4, 2, 32), 0.7), "u/prefix.1": torch.ones(4, 2, 32)})
-    params = method._local_params(Message(tensors=shared), ctx)
+    params = method.sharing.client_params(shared, sub_state(ctx.state, "u/"))
     assert torch.equal(params["prefix.0"], torch.full((4, 2, 32), 0.7))  # own NSL layer
     assert torch.equal(params["prefix.1"], torch.zeros(4, 2, 32))  # server's SL layer wins
-    fresh = method._local_params(Message(tensors=shared), exp.client(1))
+    fresh = method.sharing.client_params(shared, sub_state(exp.client(1).state, "u/"))
     assert torch.equal(fresh["prefix.0"], method.initial_params()["prefix.0"])  # never trained: E^0 (A18)
 
 
 def test_hessian_gap_ratio_on_tiny_llama(tiny_cfg, tmp_path):
-    cfg = _cfg(tiny_cfg, model__name="tiny-llama", method__options__ratio_estimator="hessian_gap",
-               method__options__warmup_rounds=1, federation__rounds=2, method__adapter__num_tokens=2,
-               method__options__max_exact_params=16, method__options__lanczos_iters=6)
+    cfg = _cfg(tiny_cfg, model__name="tiny-llama", method__sharing__ratio_estimator="hessian_gap",
+               method__sharing__warmup_rounds=1, federation__rounds=2, method__adapter__num_tokens=2,
+               method__sharing__max_exact_params=16, method__sharing__lanczos_iters=6)
     summary = run_embedded(cfg, tmp_path / "run")
     recs = RunDir(tmp_path / "run").read_metrics()
     _, state, _, _ = RunDir(tmp_path / "run").load_checkpoint()
     rs = [c["peptao_ratio"] for c in recs[0]["clients"]]
     ns = [c["num_examples"] for c in recs[0]["clients"]]
     assert all(0 < r <= 1 for r in rs)
-    assert state.scalars["ratio"] == pytest.approx(sum(r * n for r, n in zip(rs, ns)) / sum(ns))
-    assert len(state.scalars["selected"]) == num_selected(state.scalars["ratio"], 2)
+    sharing = state.scalars["sharing"]
+    assert sharing["ratio"] == pytest.approx(sum(r * n for r, n in zip(rs, ns)) / sum(ns))
+    assert len(sharing["selected"]) == num_selected(sharing["ratio"], 2)
     d_kv = 2 * 8  # tiny-llama: 2 key/value heads of 8
-    assert summary["upload_tensor_bytes"] == 2 * len(state.scalars["selected"]) * 2 * d_kv * 4
+    assert summary["upload_tensor_bytes"] == 2 * len(sharing["selected"]) * 2 * d_kv * 4
 
 
 def test_fedavg_prefix_sends_every_layer_every_round(tiny_cfg, tmp_path):
-    cfg = _cfg(tiny_cfg, method__name="fedavg-prefix", method__options__warmup_rounds=None, federation__rounds=2)
+    cfg = _cfg(tiny_cfg, method__name="fedavg-prefix", method__sharing__warmup_rounds=None, federation__rounds=2)
     summary = run_embedded(cfg, tmp_path / "run")
     assert summary["upload_tensor_bytes"] == 4 * 2 * 2 * 32 * 4
     _, state, _, _ = RunDir(tmp_path / "run").load_checkpoint()
-    assert state.scalars["selected"] is None and not [k for k in state.tensors if k.startswith(("m/", "c/"))]
+    assert state.scalars["sharing"]["selected"] is None and not [k for k in state.tensors if k.startswith("agg/")]
 
 
 @pytest.mark.slow
@@ -372,7 +373,7 @@ def test_fedpeptao_on_minilm_halves_the_upload(tmp_path):
 
     cfg = load_config(None, [
         "model.name=minilm", "task.name=synthetic-sentiment", "task.num_examples=120", "task.max_length=24",
-        "method.name=fedpeptao", "method.adapter.num_tokens=2", "method.options.warmup_rounds=1",
+        "method.name=fedpeptao", "method.adapter.num_tokens=2", "method.sharing.warmup_rounds=1",
         "method.trainer.max_steps=2", "federation.num_clients=3", "federation.rounds=2", "runtime.progress=false",
         "evaluation.local=false"])
     exp = build_experiment(cfg)

@@ -76,6 +76,9 @@ def resolve(raw: dict[str, Any]) -> ExperimentConfig:
     _resolve_components(cfg)
     try:
         RUNTIMES.entry(cfg.runtime.name)
+    except KeyError as e:
+        raise ConfigError(f"invalid config:\n  runtime.name: {e}") from None
+    try:
         check_combination(cfg)
     except ValueError as e:
         raise ConfigError(f"invalid config:\n  {e}") from None

@@ -2,6 +2,16 @@
 
 from fedpeft.aggregators.base import AGGREGATORS, WRAPPERS, Aggregator, AggregatorContext
 from fedpeft.aggregators.fedavg import uniform_mean, weighted_mean
-from fedpeft.aggregators import fedavg, keep_global, momentum_cv, server_cmaes  # noqa: F401  (registration)
+from fedpeft.aggregators import (  # noqa: F401  (registration)
+    clipping,
+    fedavg,
+    fedopt,
+    keep_global,
+    krum,
+    median,
+    momentum_cv,
+    server_cmaes,
+    trimmed_mean,
+)
 
 __all__ = ["AGGREGATORS", "WRAPPERS", "Aggregator", "AggregatorContext", "uniform_mean", "weighted_mean"]

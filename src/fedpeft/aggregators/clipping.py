@@ -27,7 +27,7 @@ CLIPPED = "clipped"
 
 
 class ClipSettings(BaseModel):
-    """``method.aggregator.wrappers`` keys of ``clip``."""
+    """``method.wrappers`` entry keys of ``clip``."""
 
     model_config = ConfigDict(extra="forbid")
     max_norm: float = Field(..., gt=0, description="C: every client delta is scaled to L2 norm at most C")

@@ -137,8 +137,8 @@ class ComposedMethod:
         return self.trainer.evaluate(ServerState.from_message(state).glob, self.exp.test_encoded)
 
     def trainable_params(self, state: Message) -> int:
-        glob = ServerState.from_message(state).glob
-        return sum(v.numel() for v in glob.values() if v.is_floating_point())
+        """Floating tensors the adapter trains (token ids of demonstrations are not parameters)."""
+        return sum(v.numel() for v in self.initial_params().values() if v.is_floating_point())
 
     def diagnostics(self, state: Message) -> dict[str, float]:
         """Numeric scalars of the new global state (e.g. FedBPT's sigma, sigma'; FedPepTAO's ratio)."""
