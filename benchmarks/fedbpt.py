@@ -61,7 +61,7 @@ def method_overrides(args, method: str, task: str, model: str) -> list[str]:
         "fedbpt": ["method.name=fedbpt", *bbt, f"method.trainer.perturb_rate={PERTURB[task]}"],
         "fedbpt-rp0": ["method.name=fedbpt", *bbt, "method.trainer.perturb_rate=0.0"],
         "fedbpt-ratio-up": ["method.name=fedbpt", *bbt, f"method.trainer.perturb_rate={PERTURB[task]}",
-                            "method.options.server_fitness=ratio"],
+                            "method.trainer.server_fitness=ratio"],
         "fedprompt": ["method.name=fedprompt", f"method.adapter.num_tokens={tokens}", "method.trainer.batch_size=8",
                       f"method.trainer.local_epochs={args.fedprompt_epochs}"],
     }[method]
@@ -395,7 +395,7 @@ def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], s
                      f"{calls} |")
     lines += ["", (f"FedBPT uplink = (d + I + 1) × 4 B + framing = ({args.dim} + {args.iterations} + 1) × 4 = "
               f"{(args.dim + args.iterations + 1) * 4} B of tensors; its downlink carries the full d×d covariance "
-              f"({args.dim * args.dim * 4} B at d = {args.dim}; `method.options.covariance=diagonal|none` cuts it to "
+              f"({args.dim * args.dim * 4} B at d = {args.dim}; `method.trainer.covariance=diagonal|none` cuts it to "
               "d or 0 floats). FedAvg-BBT uploads its local covariance too. At the paper's d = 500 the FedBPT uplink "
               "is 2,036 B of tensors, the full-covariance downlink 1,000,000 B."), ""]
     skew = sorted((r for r in done if "parents_skewed" in r and r["part"] != "IID"),

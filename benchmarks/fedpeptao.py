@@ -22,7 +22,7 @@ from pathlib import Path
 
 METHODS = {  # label -> (preset, extra overrides)
     "FedPepTAO": ("fedpeptao", []),
-    "FedPepTAO random layers": ("fedpeptao", ["method.options.order=random"]),
+    "FedPepTAO random layers": ("fedpeptao", ["method.sharing.order=random"]),
     "fedavg-prefix": ("fedavg-prefix", []),
     "MomS+AdamD": ("moms-adamd", []),
     "FedPrompt": ("fedprompt", []),
@@ -43,7 +43,7 @@ def overrides(task: str, seed: int, preset: str, args) -> list[str]:
     else:
         out += [f"method.adapter.num_tokens={args.tokens}"]
     if preset == "fedpeptao":
-        out += [f"method.options.warmup_rounds={args.warmup}"]
+        out += [f"method.sharing.warmup_rounds={args.warmup}"]
     return out
 
 
@@ -191,8 +191,8 @@ def main() -> None:
     if args.hessian_record:
         hessian.append(json.loads(Path(args.hessian_record).read_text()))
     elif args.hessian:
-        h = run_one(tasks[0], seeds[0], "FedPepTAO", args, [f"method.options.ratio_estimator={args.hessian}",
-                                                             "method.options.lanczos_iters=30"])
+        h = run_one(tasks[0], seeds[0], "FedPepTAO", args, [f"method.sharing.ratio_estimator={args.hessian}",
+                                                             "method.sharing.lanczos_iters=30"])
         h["estimator"] = args.hessian
         hessian.append(h)
         print(f"hessian r={h['ratio']:.4f} selected={h['selected']} ({h['seconds']:.0f}s)", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedpeft.config import TaskConfig
-from fedpeft.data import loaders
+from fedpeft.data.loaders import read_csv, read_jsonl, read_label_prefixed, read_lines, read_pretrain_json, read_tsv
 from fedpeft.data.tasks.base import (
     NLI2_MAP,
     NLI3_MAP,
@@ -30,7 +30,7 @@ SST2_SPEC = sentiment_spec("sst2", "review", "the movie")
 def load_sst2(cfg: TaskConfig, seed: int) -> TaskData:
     """SST-2: train.tsv for training, the labelled dev.tsv as test (GLUE's test.tsv has no labels)."""
     train_p, dev_p = need_files(data_folder(cfg, "SST-2"), "train.tsv", "dev.tsv", task=cfg.name)
-    read = lambda p: loaders.read_tsv(p, "sentence", "label")  # noqa: E731
+    read = lambda p: read_tsv(p, "sentence", "label")  # noqa: E731
     return SST2_SPEC.build(read(train_p), read(dev_p), source=str(train_p.parent), test_split="dev.tsv")
 
 
@@ -57,9 +57,9 @@ def load_agnews(cfg: TaskConfig, seed: int) -> TaskData:
         data_folder(cfg, "AGNews"), "train_subset_10k_alps.tsv", "test.csv", task=cfg.name
     )
     names = {name: i for i, name in enumerate(AGNEWS_CLASSES)}
-    train = loaders.read_tsv(train_p, 0, 1, header=False, label_map=names)
+    train = read_tsv(train_p, 0, 1, header=False, label_map=names)
     indices = {str(i + 1): i for i in range(len(AGNEWS_CLASSES))}
-    test = loaders.read_csv(test_p, ["Title", "Description"], "Class Index", label_map=indices)
+    test = read_csv(test_p, ["Title", "Description"], "Class Index", label_map=indices)
     return AGNEWS_SPEC.build(train, test, source=str(train_p.parent), train_text="description only")
 
 
@@ -82,7 +82,7 @@ RTE_SPEC = TaskSpec(
 def load_rte(cfg: TaskConfig, seed: int) -> TaskData:
     """RTE: train.tsv and the labelled dev.tsv as test."""
     train_p, dev_p = need_files(data_folder(cfg, "RTE"), "train.tsv", "dev.tsv", task=cfg.name)
-    read = lambda p: loaders.read_tsv(p, "sentence1", "label", "sentence2", label_map=NLI2_MAP)  # noqa: E731
+    read = lambda p: read_tsv(p, "sentence1", "label", "sentence2", label_map=NLI2_MAP)  # noqa: E731
     return RTE_SPEC.build(read(train_p), read(dev_p), source=str(train_p.parent), test_split="dev.tsv")
 
 
@@ -105,7 +105,7 @@ MRPC_SPEC = TaskSpec(
 def load_mrpc(cfg: TaskConfig, seed: int) -> TaskData:
     """MRPC: train.tsv and dev.tsv (both start with a UTF-8 BOM)."""
     train_p, dev_p = need_files(data_folder(cfg, "MRPC"), "train.tsv", "dev.tsv", task=cfg.name)
-    read = lambda p: loaders.read_tsv(p, "#1 String", "Quality", "#2 String", encoding="utf-8-sig")  # noqa: E731
+    read = lambda p: read_tsv(p, "#1 String", "Quality", "#2 String", encoding="utf-8-sig")  # noqa: E731
     return MRPC_SPEC.build(read(train_p), read(dev_p), source=str(train_p.parent), test_split="dev.tsv")
 
 
@@ -126,7 +126,7 @@ COLA_SPEC = TaskSpec(
 def load_cola(cfg: TaskConfig, seed: int) -> TaskData:
     """CoLA: header-less train.tsv/dev.tsv with columns source, label, original mark, sentence."""
     train_p, dev_p = need_files(data_folder(cfg, "CoLA"), "train.tsv", "dev.tsv", task=cfg.name)
-    read = lambda p: loaders.read_tsv(p, 3, 1, header=False)  # noqa: E731
+    read = lambda p: read_tsv(p, 3, 1, header=False)  # noqa: E731
     return COLA_SPEC.build(read(train_p), read(dev_p), source=str(train_p.parent), test_split="dev.tsv")
 
 
@@ -149,8 +149,8 @@ QNLI_SPEC = TaskSpec(
 def load_qnli(cfg: TaskConfig, seed: int) -> TaskData:
     """QNLI: the glue_pretrain_train.json sample of GLUE train, and the labelled dev.tsv as test."""
     train_p, dev_p = need_files(data_folder(cfg, "QNLI"), "glue_pretrain_train.json", "dev.tsv", task=cfg.name)
-    train = loaders.read_pretrain_json(train_p, NLI2_MAP)
-    test = loaders.read_tsv(dev_p, "question", "label", "sentence", label_map=NLI2_MAP)
+    train = read_pretrain_json(train_p, NLI2_MAP)
+    test = read_tsv(dev_p, "question", "label", "sentence", label_map=NLI2_MAP)
     return QNLI_SPEC.build(train, test, source=str(train_p.parent), test_split="dev.tsv")
 
 
@@ -164,8 +164,8 @@ def load_mnli(cfg: TaskConfig, seed: int) -> TaskData:
     train_p, dev_p = need_files(
         data_folder(cfg, "MNLI"), "glue_pretrain_train.json", "dev_matched.jsonl", task=cfg.name
     )
-    train = loaders.read_pretrain_json(train_p, NLI3_MAP)
-    test = loaders.read_jsonl(dev_p, "premise", "label", "hypothesis", label_map=NLI3_MAP)
+    train = read_pretrain_json(train_p, NLI3_MAP)
+    test = read_jsonl(dev_p, "premise", "label", "hypothesis", label_map=NLI3_MAP)
     return MNLI_SPEC.build(train, test, source=str(train_p.parent), test_split="dev_matched.jsonl")
 
 
@@ -173,8 +173,8 @@ def load_mnli(cfg: TaskConfig, seed: int) -> TaskData:
 def load_snli(cfg: TaskConfig, seed: int) -> TaskData:
     """SNLI: the glue_pretrain_train.json sample of train, and dev.jsonl as test."""
     train_p, dev_p = need_files(data_folder(cfg, "SNLI"), "glue_pretrain_train.json", "dev.jsonl", task=cfg.name)
-    train = loaders.read_pretrain_json(train_p, NLI3_MAP)
-    test = loaders.read_jsonl(dev_p, "premise", "label", "hypothesis", label_map=NLI3_MAP)
+    train = read_pretrain_json(train_p, NLI3_MAP)
+    test = read_jsonl(dev_p, "premise", "label", "hypothesis", label_map=NLI3_MAP)
     return SNLI_SPEC.build(train, test, source=str(train_p.parent), test_split="dev.jsonl")
 
 
@@ -196,7 +196,7 @@ BOOLQ_SPEC = TaskSpec(
 def load_boolq(cfg: TaskConfig, seed: int) -> TaskData:
     """BoolQ: text_a = passage, text_b = question; train.jsonl (32) and val.jsonl as test."""
     train_p, val_p = need_files(data_folder(cfg, "BoolQ"), "train.jsonl", "val.jsonl", task=cfg.name)
-    read = lambda p: loaders.read_jsonl(p, "passage", "label", "question", label_map={"false": 0, "true": 1})  # noqa: E731
+    read = lambda p: read_jsonl(p, "passage", "label", "question", label_map={"false": 0, "true": 1})  # noqa: E731
     return BOOLQ_SPEC.build(read(train_p), read(val_p), source=str(train_p.parent), test_split="val.jsonl")
 
 
@@ -213,7 +213,7 @@ def load_imdb(cfg: TaskConfig, seed: int) -> TaskData:
     def read(p: Path) -> list[Example]:
         return [
             Example(" ".join(e.text_a.replace("<br />", " ").split()), e.label)
-            for e in loaders.read_jsonl(p, "text", "label")
+            for e in read_jsonl(p, "text", "label")
         ]
 
     return IMDB_SPEC.build(read(train_p), read(test_p), source=str(train_p.parent))
@@ -227,7 +227,7 @@ def load_mr(cfg: TaskConfig, seed: int) -> TaskData:
     """MR: fedpeptao_split/train.tsv and test.tsv (CRLF line endings)."""
     folder = data_folder(cfg, "MR")
     train_p, test_p = need_files(folder / "fedpeptao_split", "train.tsv", "test.tsv", task=cfg.name)
-    read = lambda p: loaders.read_tsv(p, "sentence", "label")  # noqa: E731
+    read = lambda p: read_tsv(p, "sentence", "label")  # noqa: E731
     return MR_SPEC.build(read(train_p), read(test_p), source=str(folder), split="fedpeptao_split")
 
 
@@ -238,7 +238,7 @@ MPQA_SPEC = sentiment_spec("mpqa", "phrase")
 def load_mpqa(cfg: TaskConfig, seed: int) -> TaskData:
     """MPQA: mpqa.neg (label 0) and mpqa.pos (label 1), split by ``test_fraction`` with SPLIT_SEED."""
     neg_p, pos_p = need_files(data_folder(cfg, "MPQA"), "mpqa.neg", "mpqa.pos", task=cfg.name)
-    train, test = stratified_split(loaders.read_lines(neg_p, 0) + loaders.read_lines(pos_p, 1), cfg.test_fraction)
+    train, test = stratified_split(read_lines(neg_p, 0) + read_lines(pos_p, 1), cfg.test_fraction)
     return MPQA_SPEC.build(train, test, source=str(neg_p.parent), split=f"stratified, seed {SPLIT_SEED}")
 
 
@@ -259,10 +259,10 @@ def load_yelp(cfg: TaskConfig, seed: int) -> TaskData:
     *shot_paths, test_p = need_files(folder, *shots, "test_sample_1k_textfooler.txt", task=cfg.name)
     seen: dict[str, Example] = {}
     for p in shot_paths:
-        for e in loaders.read_tsv(p, "text", "label"):
+        for e in read_tsv(p, "text", "label"):
             seen.setdefault(_unescape_yelp(e.text_a), e)
     train = [Example(text, e.label) for text, e in seen.items()]
-    test = [Example(_unescape_yelp(e.text_a), e.label) for e in loaders.read_label_prefixed(test_p)]
+    test = [Example(_unescape_yelp(e.text_a), e.label) for e in read_label_prefixed(test_p)]
     return YELP_SPEC.build(train, test, source=str(folder), test_text="lower-cased, tokenized")
 
 
@@ -304,7 +304,7 @@ def load_20ng(cfg: TaskConfig, seed: int) -> TaskData:
     train_p, test_p = need_files(
         data_folder(cfg, "20Newsgroups"), "20news-bydate-train.jsonl", "20news-bydate-test.jsonl", task=cfg.name
     )
-    read = lambda p: loaders.read_jsonl(p, "text", "label")  # noqa: E731
+    read = lambda p: read_jsonl(p, "text", "label")  # noqa: E731
     return NEWSGROUPS_SPEC.build(read(train_p), read(test_p), source=str(train_p.parent))
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fedpeft.config import TaskConfig
-from fedpeft.data import synthetic
+from fedpeft.data.synthetic import TOPIC_NAMES, synthetic_pair, synthetic_sentiment, synthetic_topic
 from fedpeft.data.tasks.base import (
     PAIR_TEMPLATE,
     TASKS,
@@ -24,8 +24,8 @@ from fedpeft.data.types import Example, TaskData
 SYNTHETIC_SENTIMENT_SPEC = sentiment_spec("synthetic-sentiment", "sentence")
 SYNTHETIC_TOPIC_SPEC = TaskSpec(
     name="synthetic-topic",
-    class_names=list(synthetic.TOPIC_NAMES),
-    label_words=list(synthetic.TOPIC_NAMES),
+    class_names=list(TOPIC_NAMES),
+    label_words=list(TOPIC_NAMES),
     label_descriptions=[
         "This text is about sports, games and teams.",
         "This text is about business, markets and companies.",
@@ -66,17 +66,17 @@ def _synthetic(
 
 TASKS.add(
     "synthetic-sentiment",
-    _synthetic(SYNTHETIC_SENTIMENT_SPEC, synthetic.synthetic_sentiment),
+    _synthetic(SYNTHETIC_SENTIMENT_SPEC, synthetic_sentiment),
     "synthetic binary sentiment: majority polarity of cue words among filler",
 )
 TASKS.add(
     "synthetic-topic",
-    _synthetic(SYNTHETIC_TOPIC_SPEC, synthetic.synthetic_topic),
+    _synthetic(SYNTHETIC_TOPIC_SPEC, synthetic_topic),
     "synthetic 4-topic classification: topic keywords among filler",
 )
 TASKS.add(
     "synthetic-pair",
-    _synthetic(SYNTHETIC_PAIR_SPEC, synthetic.synthetic_pair),
+    _synthetic(SYNTHETIC_PAIR_SPEC, synthetic_pair),
     "synthetic sentence pairs: 1 if both sentences share a topic",
 )
 
