@@ -238,20 +238,18 @@ def rss_probe(args, model: str, method: str, batched: bool) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    import numpy as np
-
-    from fedpeft.resolve import load_config
+    from fedpeft.build import build_method
     from fedpeft.experiment import build_experiment
-    from fedpeft.methods import PRESETS
+    from fedpeft.resolve import load_config
 
     over = _overrides(args, model, "sst2", "IID", 0, 8) + method_overrides(args, method, "sst2", model)
     if method == "fedbpt" and not batched:
         over.append("method.trainer.batched=false")
     cfg = load_config(None, over)
     exp = build_experiment(cfg)
-    m = PRESETS.get(cfg.method.name).build(cfg, exp)
+    m = build_method(cfg, exp)
     state = m.server_init()
-    inst = m.configure_round(state, 1, [0], np.random.default_rng(0))[0]
+    inst = m.configure_round(state, 1, [0])[0]
     ctx = exp.client(0)
     m.evaluate_global(state)  # warm-up: encodes the test set and pages the (mmapped) weights in
     base = _vm("VmRSS")

@@ -45,3 +45,40 @@ def test_invalid_weights_raise():
 def test_registry_lists_allowed_names():
     with pytest.raises(UnknownNameError, match="unknown aggregator .krum2.; allowed: .*fedavg.*uniform"):
         AGGREGATORS.get("krum2")
+
+
+# ---------------------------------------------------------------- every registered parameter aggregator
+
+
+def _build(name: str, num_clients: int):
+    from fedpeft.trainers.gradient import GradientSettings
+
+    entry = AGGREGATORS.entry(name)
+    settings = entry.settings.model_validate({}) if entry.settings is not None else None
+    return entry.obj(settings, AggregatorContext(num_clients, 0, trainer=GradientSettings(lr=0.1)))
+
+
+def _updates(glob, num_clients, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [Update(c, {k: v + torch.randn(v.shape, generator=g) for k, v in glob.items()}, 3 + 2 * c,
+                   scalars={"steps": 2, "train_loss": 0.5}) for c in range(num_clients)]
+
+
+PARAM_AGGREGATORS = [n for n in AGGREGATORS.names() if "params" in AGGREGATORS.get(n).accepts]
+
+
+@pytest.mark.parametrize("name", PARAM_AGGREGATORS)
+def test_every_parameter_aggregator_is_invariant_to_client_order(name):
+    """Any aggregator registered now or later: same result for any order of the same updates, over two rounds."""
+    glob = {"a": torch.randn(3, 2, generator=torch.Generator().manual_seed(0)), "b": torch.zeros(4)}
+    results = []
+    for perm in ([0, 1, 2, 3, 4, 5, 6], [6, 2, 4, 0, 1, 5, 3]):
+        agg = _build(name, 7)
+        g, state = dict(glob), agg.init(glob)
+        for rnd in (1, 2):
+            ups = _updates(g, 7, rnd)
+            g, state = agg.aggregate(g, [ups[i] for i in perm], state, rnd)
+        results.append(g)
+    for k in glob:
+        torch.testing.assert_close(results[0][k], results[1][k], rtol=1e-6, atol=1e-6)
+        assert results[0][k].dtype == torch.float32 and torch.isfinite(results[0][k]).all()

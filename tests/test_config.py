@@ -41,6 +41,26 @@ def test_errors_name_the_field(override, field):
     assert field in str(e.value)
 
 
+def test_switching_a_component_from_the_command_line_drops_the_old_ones_settings(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("method:\n  name: fedbpt\n  aggregator: {name: server_cmaes, sigma_rule: eq17}\n")
+    cfg = load_config(f, ["method.aggregator.name=fedavg"])
+    assert cfg.method.aggregator.name == "fedavg" and cfg.method.aggregator.settings() == {}
+    cfg = load_config(f, ["method.aggregator.sigma_rule=code"])
+    assert cfg.method.aggregator.settings()["sigma_rule"] == "code"
+
+
+def test_readme_compositions_resolve():
+    for example, over in [("examples/bbc_fedprompt.yaml", ["method.aggregator.name=fedadam"]),
+                          ("examples/sst2_fedpeptao.yaml", ["method.aggregator.name=median",
+                                                            "method.trainer.prox_mu=0.01"]),
+                          ("examples/sst2_fedbpt.yaml", ["method.aggregator.name=fedavg",
+                                                         "method.selector.name=all"]),
+                          ("examples/bbc_fedprompt.yaml", ["method.aggregator={name: trimmed_mean, beta: 0.1}",
+                                                           "method.wrappers=[{name: clip, max_norm: 0.5}]"])]:
+        load_config(example, over)
+
+
 def test_component_settings_are_resolved_with_defaults():
     cfg = load_config(None, ["method.trainer.lr=0.1"])
     assert cfg.method.trainer.settings()["lr"] == 0.1

@@ -8,7 +8,7 @@ from fedpeft.backbones.classifier import evaluate
 from fedpeft.resolve import load_config
 from fedpeft.data import shared_data_dir
 from fedpeft.experiment import build_experiment
-from fedpeft.methods import PRESETS
+from fedpeft.build import build_method
 from fedpeft.runtime.embedded import run_embedded
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def test_fedprompt_learns_on_bbc_above_its_starting_point(tmp_path):
         "federation.rounds=2", "federation.partition.scheme=dirichlet", "federation.partition.alpha=0.5",
         "method.trainer.lr=0.05"])
     exp = build_experiment(cfg)
-    method = PRESETS.get("fedprompt").build(cfg, exp)
+    method = build_method(cfg, exp)
     start = evaluate(exp.classifier, method.server_init().tensors, exp.test_encoded)["accuracy"]
     checksum = exp.backbone.checksum()
     summary = run_embedded(cfg, tmp_path / "run", experiment=exp)

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from fedpeft.components import AXIS_REGISTRIES, LIST_REGISTRIES
-from fedpeft.config import Component, ConfigError, ExperimentConfig, MethodConfig
+from fedpeft.config import AXES, Component, ConfigError, ExperimentConfig, MethodConfig
 from fedpeft.methods import PRESETS, check_combination
 from fedpeft.runtime.registry import RUNTIMES
 
@@ -26,7 +26,11 @@ def _parse_scalar(text: str) -> Any:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a nested dict, returning a copy."""
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a nested dict, returning a copy.
+
+    Switching a component (``method.aggregator.name=fedadam`` where the file names another aggregator)
+    drops the file's settings of the old component; later overrides may set the new one's.
+    """
     out = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
@@ -39,7 +43,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             if not isinstance(nxt, dict):
                 raise ConfigError(f"--set {key}: '{p}' is not a section")
             node = nxt
-        node[parts[-1]] = _parse_scalar(value)
+        new = _parse_scalar(value)
+        if len(parts) == 3 and parts[0] == "method" and parts[1] in AXES and parts[2] == "name" \
+                and node.get("name", new) != new:
+            node.clear()
+        node[parts[-1]] = new
     return out
 
 
