@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fedpeft.resolve import load_config
 
@@ -31,3 +32,12 @@ def tiny_cfg():
         return load_config(None, tiny_overrides(**extra))
 
     return make
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny forwards are far slower with 2 threads on a shared 2-core machine (oversubscription)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -108,3 +108,11 @@ def test_missing_file_and_bad_override(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["federation.rounds"])
+
+
+def test_component_settings_are_validated_once():
+    from fedpeft.trainers import TRAINERS
+
+    cfg = load_config(None, ["method.trainer.lr=0.2"])
+    assert TRAINERS.settings_of(cfg.method.trainer) is cfg.method.trainer.typed_settings
+    assert cfg.method.trainer.typed_settings.lr == 0.2

@@ -30,12 +30,7 @@ SMALL = {  # per adapter: the smallest settings that still exercise it
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(preset: str, model: str, **extra):
@@ -205,3 +200,11 @@ def test_cuda_run_matches_cpu(preset, tmp_path):
     assert gpu_summary["backbone_unchanged"]
     bf16 = _run(tmp_path, "bf16", preset, **{"runtime.device": "cuda", "runtime.autocast": "bfloat16"})[1]
     assert all(math.isfinite(r["loss"]) for r in bf16)
+
+
+def test_uniform_selector_by_fraction(tmp_path):
+    cfg = _cfg("fedprompt", "tiny-bert", **{"federation.num_clients": 5, "method.selector.fraction": 0.5,
+                                             "task.num_examples": 120})
+    _, recs = _run(tmp_path, "run", "fedprompt", **{"federation.num_clients": 5, "method.selector.fraction": 0.5,
+                                                     "task.num_examples": 120})
+    assert all(r["num_selected"] == 3 for r in recs) and cfg.method.selector.fraction == 0.5

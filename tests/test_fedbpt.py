@@ -33,13 +33,7 @@ from fedpeft.trainers.cmaes import CMAESSettings, CMAState, local_cmaes
 D, I, M = 24, 3, 4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny forwards are far slower with 2 threads on a shared 2-core machine (oversubscription)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(method: str = "fedbpt", **extra):

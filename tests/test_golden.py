@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from golden.cases import CASES, fixture, run_case
 
@@ -16,12 +15,7 @@ from golden.cases import CASES, fixture, run_case
 DROPPED_SERVER_FIELDS = {"fedavg-bbt-bert": {"g"}, "icl-llama": {"num_demos"}}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -71,9 +71,18 @@ class Component(BaseModel):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
     name: str
+    _typed: Any = PrivateAttr(default=None)  # the settings object resolution validated (validated once)
 
     def settings(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+    @property
+    def typed_settings(self) -> Any:
+        return self._typed
+
+    def with_typed(self, typed: Any) -> Component:
+        self._typed = typed
+        return self
 
 
 class CodecConfig(_Strict):

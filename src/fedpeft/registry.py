@@ -57,9 +57,14 @@ class Registry(Generic[T]):
         return self.entry(name).obj
 
     def settings_of(self, section: Any) -> Any:
-        """Typed settings of a resolved config section (``name`` plus keys); None if the entry declares none."""
+        """Typed settings of a resolved config section (``name`` plus keys); None if the entry declares none.
+
+        A section that resolution already validated carries its settings object, which is returned as is."""
         model = self.entry(section.name).settings
-        return model.model_validate(section.settings()) if model is not None else None
+        if model is None:
+            return None
+        typed = getattr(section, "typed_settings", None)
+        return typed if isinstance(typed, model) else model.model_validate(section.settings())
 
     def names(self) -> list[str]:
         return sorted(self._entries)

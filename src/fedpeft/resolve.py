@@ -104,20 +104,23 @@ def _resolve_components(cfg: ExperimentConfig) -> None:
 
 
 def _resolve_one(section: Component, registry: Any, where: str) -> Component:
+    """The section with its component's defaults filled in, carrying the validated settings object."""
     try:
         entry = registry.entry(section.name)
     except KeyError as e:
         raise ConfigError(f"invalid config:\n  {where}.name: {e}") from None
-    return Component(name=section.name, **_validate_section(entry.settings, section.settings(), where))
+    typed = _validate_section(entry.settings, section.settings(), where)
+    values = typed.model_dump(mode="json") if typed is not None else {}
+    return Component(name=section.name, **values).with_typed(typed)
 
 
-def _validate_section(model: type[BaseModel] | None, values: dict[str, Any], where: str) -> dict[str, Any]:
+def _validate_section(model: type[BaseModel] | None, values: dict[str, Any], where: str) -> BaseModel | None:
     if model is None:
         if values:
             raise ConfigError(f"invalid config:\n  {where}: unknown field(s) {sorted(values)}")
-        return {}
+        return None
     try:
-        return model.model_validate(values).model_dump(mode="json")
+        return model.model_validate(values)
     except ValidationError as e:
         msg = _format_validation_error(e).replace("invalid config:\n  ", "")
         lines = [f"{where}.{line.strip()}" for line in msg.splitlines()]

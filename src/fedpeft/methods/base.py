@@ -61,6 +61,10 @@ class Preset:
 PRESETS: Registry[Preset] = Registry("method")
 
 
+DEFAULTS = {"selector": {"name": "uniform"}, "sharing": {"name": "all"}, "codec": {"dtype": "float32"}}
+
+
 def preset(name: str, description: str, **components: Any) -> None:
-    """Register a preset: ``components`` are the ``method`` sections (adapter=..., trainer=..., ...)."""
-    PRESETS.add(name, Preset(name, description, {**components, "codec": components.get("codec", {"dtype": "float32"})}))
+    """Register a preset: ``components`` are the ``method`` sections (adapter=..., trainer=..., ...); selector,
+    sharing policy and codec default to uniform selection, everything shared, float32."""
+    PRESETS.add(name, Preset(name, description, copy.deepcopy(DEFAULTS) | components))
