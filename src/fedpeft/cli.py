@@ -1,4 +1,4 @@
-"""Command line: ``fedpeft run | methods | components | tasks | models | flower (superlink | supernode | run)``."""
+"""Command line: ``fedpeft run | export | methods | components | tasks | models | flower (superlink | supernode | run)``."""
 
 from __future__ import annotations
 
@@ -78,6 +78,25 @@ def _list(title: str, rows: list[tuple[str, str]]) -> None:
     for n, d in rows:
         table.add_row(n, d)
     console.print(table)
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="a finished (or checkpointed) run directory")],
+    out: Annotated[Path, typer.Argument(help="output folder")],
+    format: Annotated[str, typer.Option(help="peft: a Hugging Face PEFT adapter directory")] = "peft",
+) -> None:
+    """Export the final global adapter of a run (PeftModel.from_pretrained(base, OUT) loads it)."""
+    from fedpeft.config import ConfigError
+    from fedpeft.export import export_peft
+
+    if format != "peft":
+        _fail(f"--format: unknown '{format}'; allowed: peft")
+    try:
+        path = export_peft(run_dir, out)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    console.print(f"wrote {path}")
 
 
 @app.command()

@@ -1,6 +1,13 @@
 """What is trainable and exchanged around the frozen backbone (the adapter axis)."""
 
-from fedpeft.adapters.base import ADAPTERS, Adapter, AdapterBase, AdapterContext, Prepared
-from fedpeft.adapters import deep_prompt, full, identity, projected_prompt, soft_prompt  # noqa: F401  (registration)
+from fedpeft.adapters.base import ADAPTERS, Adapter, AdapterBase, AdapterContext, HeadSlices, Prepared
+from fedpeft.adapters import (  # noqa: F401  (registration)
+    deep_prompt,
+    full,
+    identity,
+    lora,
+    projected_prompt,
+    soft_prompt,
+)
 
-__all__ = ["ADAPTERS", "Adapter", "AdapterBase", "AdapterContext", "Prepared"]
+__all__ = ["ADAPTERS", "Adapter", "AdapterBase", "AdapterContext", "HeadSlices", "Prepared"]

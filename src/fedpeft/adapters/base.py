@@ -11,6 +11,8 @@ from fedpeft.backbones.loading import Backbone
 from fedpeft.registry import Registry
 
 Params = dict[str, torch.Tensor]
+# tensor name -> [(query heads it feeds (global ids layer·H + h), dim, start, end)]: the head-assignable slices
+HeadSlices = dict[str, list[tuple[tuple[int, ...], int, int, int]]]
 
 
 @dataclass
@@ -71,6 +73,10 @@ class AdapterBase:
 
     def units(self, params: Params) -> dict[str, str]:
         return {k: k for k in params}
+
+    def head_slices(self, backbone: Backbone) -> HeadSlices:
+        """Slices of the tensors that feed one attention head (empty: nothing is head-assignable)."""
+        return {}
 
     def overrides(self, params: Params) -> Params | None:
         return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.adapters.base import ADAPTERS, AdapterBase, Params, Prepared
+from fedpeft.adapters.base import ADAPTERS, AdapterBase, HeadSlices, Params, Prepared
 from fedpeft.backbones.loading import Backbone
 
 PREFIX = "prefix."
@@ -60,6 +60,15 @@ class DeepPrompt(AdapterBase):
     def units(self, params: Params) -> dict[str, str]:
         """Each layer's prefix is one unit (``layer<l>``); other tensors (a linear head) are their own."""
         return {k: (f"layer{layer_of(k)}" if layer_of(k) is not None else k) for k in params}
+
+    def head_slices(self, backbone: Backbone) -> HeadSlices:
+        """Layer l's prefix columns [j·d_head, (j+1)·d_head) are key/value head j's (dim 2 of [h, 2, d_kv]); with
+        grouped-query attention they feed the G query heads that share it."""
+        layers, kv_heads, head_dim = kv_geometry(backbone)
+        heads = int(backbone.model.config.num_attention_heads)
+        group = heads // kv_heads
+        return {layer_key(l): [(tuple(l * heads + j * group + g for g in range(group)), 2, j * head_dim,
+                                (j + 1) * head_dim) for j in range(kv_heads)] for l in range(layers)}
 
     def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
         """E ~ N(0, σ²) drawn as one ``[h, L, 2, d_kv]`` tensor (code layout), split into per-layer tensors."""

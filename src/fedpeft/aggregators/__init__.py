@@ -6,6 +6,7 @@ from fedpeft.aggregators import (  # noqa: F401  (registration)
     clipping,
     fedavg,
     fedopt,
+    head_weighted,
     keep_global,
     krum,
     median,

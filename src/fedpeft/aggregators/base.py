@@ -15,7 +15,7 @@ tensors), ``needs`` the auxiliary values it reads from every update.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -54,6 +54,7 @@ class AggregatorContext:
     seed: int
     trainer: Any = None    # the local trainer's settings (e.g. its lr for control variates, CMA-ES lambda)
     adapter: Any = None    # the adapter's settings (e.g. the projected prompt's sigma_0)
+    head_slices: dict = field(default_factory=dict)  # the adapter's head-assignable slices (head pruning)
 
 
 class AggregatorBase:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedpeft.adapters.base import Adapter, Params
+from fedpeft.adapters.base import Adapter, Params, Prepared
 from fedpeft.backbones.encoding import Encoded, collate, encode_examples
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example, TaskData
@@ -93,13 +93,16 @@ class Classifier:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast)
 
-    def _forward(self, params: Params, batch: dict[str, torch.Tensor], hidden_states: bool = False):
+    def _forward(self, params: Params, batch: dict[str, torch.Tensor], hidden_states: bool = False,
+                 attentions: bool = False):
         params = {k: v.to(self.device) for k, v in params.items()}
         prep = self.adapter.prepare(self.backbone, params, batch["input_ids"], batch["attention_mask"],
                                     int(batch["lead"]))
         kwargs = {"inputs_embeds": prep.embeds, "attention_mask": prep.attention_mask, **prep.extra}
         if hidden_states or (self.backbone.family != "encoder" and self.readout != "verbalizer"):
             kwargs["output_hidden_states"] = True
+        if attentions:
+            kwargs["output_attentions"] = True
         over = self.adapter.overrides(params)
         model = self.backbone.model
         with self._autocast():
@@ -112,6 +115,18 @@ class Classifier:
         with self._autocast():
             logits = self.readout_logits(out, prep, batch, params)
         return logits.float() if self.autocast is not None else logits
+
+    @torch.no_grad()
+    def attentions(self, params: Params, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], Prepared]:
+        """Each layer's attention probabilities [n, H, T, T] with the adapter applied (eager attention)."""
+        model = self.backbone.model
+        before = model.config._attn_implementation
+        model.set_attn_implementation("eager")
+        try:
+            out, prep, _ = self._forward(params, batch, attentions=True)
+        finally:
+            model.set_attn_implementation(before)
+        return list(out.attentions), prep
 
     def hidden_states(self, params: Params, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """Each layer's output [n, T, d] with the adapter applied (HF ``hidden_states[1:]``)."""

@@ -9,6 +9,7 @@ attacks, quantisation) and server-side aggregation wrappers (clipping, robust fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,10 +26,15 @@ class ReplySchema:
     """What a valid reply must contain: tensor names with shapes and wire dtype, required scalars, and which
     of the tensors are the update (the rest are auxiliary: losses, scores, step sizes)."""
 
-    tensors: dict[str, tuple[int, ...]]
+    tensors: dict[str, tuple[int | None, ...]]  # None: a dimension whose size varies per client
     dtype: torch.dtype
     scalars: tuple[str, ...] = (WEIGHT,)
     update_keys: frozenset[str] | None = None  # None: every tensor is part of the update
+    dtypes: dict[str, torch.dtype] = field(default_factory=dict)  # tensors not in the float wire dtype
+    check: Callable[[Any], None] | None = None  # a method-specific consistency check (raises ValueError)
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        return self.dtypes.get(name, self.dtype)
 
     def is_update(self, name: str) -> bool:
         return self.update_keys is None or name in self.update_keys

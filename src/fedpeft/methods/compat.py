@@ -1,7 +1,7 @@
 """Config-time check that the chosen components can work together, from what each one declares.
 
 Trainers declare the kind of update they produce (``kind``), the adapters they can train (``adapters``)
-and the auxiliary values they upload (``provides``); aggregators and wrappers the kinds they accept and the
+and the auxiliary values they upload (``provides``, as sharing policies do); aggregators and wrappers the kinds they accept and the
 values they read (``accepts``, ``needs``); sharing policies and transforms what they need. A mismatch is a
 ``ValueError`` naming the field and saying why, raised before anything is loaded.
 """
@@ -35,11 +35,11 @@ def check_combination(cfg: ExperimentConfig) -> None:
                              f"; trainer '{m.trainer.name}' uploads {KINDS[kind]} (aggregators for it: "
                              f"{', '.join(allowed)})")
         needs |= set(cls.needs)
-    missing = needs - set(trainer.provides)
+    policy = SHARING.get(m.sharing.name)
+    missing = needs - set(trainer.provides) - set(policy.provides)
     if missing:
         raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' reads {sorted(missing)} from every client, "
-                         f"which trainer '{m.trainer.name}' does not upload")
-    policy = SHARING.get(m.sharing.name)
+                         f"which neither trainer '{m.trainer.name}' nor sharing '{m.sharing.name}' uploads")
     if policy.adapters is not None and m.adapter.name not in policy.adapters:
         raise ValueError(f"method.sharing.name: '{m.sharing.name}' shares the layers of "
                          f"{' or '.join(sorted(policy.adapters))}, not of the adapter '{m.adapter.name}'")

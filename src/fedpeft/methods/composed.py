@@ -75,7 +75,8 @@ class ComposedMethod:
         self._init: Params | None = None
         adapter = ADAPTERS.settings_of(m.adapter)
         trainer_settings = TRAINERS.settings_of(m.trainer)
-        agg_ctx = AggregatorContext(cfg.federation.num_clients, cfg.seed, trainer_settings, adapter)
+        head_slices = self.clf.adapter.head_slices(self.clf.backbone)
+        agg_ctx = AggregatorContext(cfg.federation.num_clients, cfg.seed, trainer_settings, adapter, head_slices)
         self.aggregator = AGGREGATORS.get(m.aggregator.name)(AGGREGATORS.settings_of(m.aggregator), agg_ctx)
         for w in m.wrappers:
             self.aggregator = WRAPPERS.get(w.name)(WRAPPERS.settings_of(w), agg_ctx, self.aggregator)
@@ -84,7 +85,7 @@ class ComposedMethod:
         self.selector = SELECTORS.get(m.selector.name)(SELECTORS.settings_of(m.selector), SelectorContext(
             cfg.federation.num_clients, cfg.federation.clients_per_round))
         self.sharing = SHARING.get(m.sharing.name)(SHARING.settings_of(m.sharing), SharingContext(
-            self.clf, cfg.seed, self.initial_params))
+            self.clf, cfg.seed, self.initial_params, head_slices, trainer_settings))
         self.transforms = [(t.name, TRANSFORMS.get(t.name)(TRANSFORMS.settings_of(t))) for t in m.transforms]
 
     def initial_params(self) -> Params:
@@ -116,14 +117,16 @@ class ComposedMethod:
         shapes = {k: tuple(v.shape) for k, v in self._shared(st, round).items()}
         update, aux = self.trainer.update_shapes(shapes)
         report, report_scalars = self.sharing.report_schema(st.sharing, round)
-        return ReplySchema(update | aux | report, WIRE_DTYPES[self.wire.default],
-                           (WEIGHT, *self.trainer.scalars, *report_scalars), frozenset(update))
+        return ReplySchema(self.sharing.wire_shapes(update) | aux | report, WIRE_DTYPES[self.wire.default],
+                           (WEIGHT, *self.trainer.scalars, *report_scalars), frozenset(update),
+                           dtypes=dict(self.sharing.dtypes), check=self.sharing.check)
 
     def aggregate(self, state: Message, round: int, replies: dict[int, Message]) -> Message:
         st = ServerState.from_message(state)
         schema = self.reply_schema(state)
-        updates = [unpack(replies[c], schema, c) for c in sorted(replies)]
-        new, agg = self.aggregator.aggregate(self._shared(st, round), updates, st.agg, round)
+        shared = self._shared(st, round)
+        updates = [self.sharing.expand(unpack(replies[c], schema, c), shared) for c in sorted(replies)]
+        new, agg = self.aggregator.aggregate(shared, updates, st.agg, round)
         glob = st.glob | new
         sharing, keep = self.sharing.after_aggregate(glob, updates, st.sharing, round)
         if keep is not None:
@@ -152,13 +155,14 @@ class ComposedMethod:
         round = int(instruction.scalars["round"])
         received = self.trainer.params_of(instruction)
         start = self.sharing.client_params(received, sub_state(client.state, PRIVATE))
-        update, trainer_state = self.trainer.fit(start, instruction, client, round, sub_state(client.state, OPT))
+        plan = self.sharing.plan(start, instruction, client, round)
+        frozen = plan.get("frozen") if isinstance(plan, dict) else None
+        update, trainer_state = self.trainer.fit(start, instruction, client, round, sub_state(client.state, OPT),
+                                                 frozen=frozen)
         trained = update.tensors
-        report, report_scalars = self.sharing.client_report(start, trained, instruction, client, round)
         private = set(start) - set(received)  # kept on the device, never uploaded
         update = update.with_tensors({k: v for k, v in trained.items() if k not in private})
-        update.aux_tensors |= report
-        update.scalars |= report_scalars
+        update = self.sharing.finish(update, start, trained, instruction, client, round, plan)
         for i, (name, t) in enumerate(self.transforms):
             update = t.apply(update, start, round, torch_rng(client.seed, round, client.client_id,
                                                              f"transform:{i}:{name}"))

@@ -34,6 +34,7 @@ class RoundPlan:
 class RoundDriver:
     def __init__(self, cfg: ExperimentConfig, method: Method) -> None:
         self.cfg, self.method = cfg, method
+        self.last_tensor_bytes: float | None = None  # mean tensor bytes of the last round's accepted replies
 
     def plan_round(self, state: Message, round: int) -> RoundPlan:
         msgs = self.method.configure_round(state, round, list(range(self.cfg.federation.num_clients)))
@@ -66,6 +67,9 @@ class RoundDriver:
                     rec.update({k: v for k, v in reply.scalars.items() if isinstance(v, (int, float))})
                     accepted[cid] = reply
             records.append(rec)
+        if accepted:
+            self.last_tensor_bytes = sum(sum(t.numel() * t.element_size() for t in r.tensors.values())
+                                         for r in accepted.values()) / len(accepted)
         need = self.cfg.federation.min_clients
         if len(accepted) < need:
             raise RoundFailed(f"round {plan.round}: {len(accepted)} valid replies, "

@@ -147,15 +147,18 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         log.error("backbone weights changed during the run")
     summary = build_summary(cfg, records, trainable, exp.backbone.num_parameters, {
         "backbone_unchanged": unchanged,
-        **payload_split(method, state),
+        **payload_split(method, state, driver),
         **transport.summary_extra(),
     })
     run.write_summary(summary)
     return summary
 
 
-def payload_split(method: Method, state: Message) -> dict[str, int]:
-    """Tensor bytes of one upload in the wire dtype (what the paper counts); the rest is framing."""
+def payload_split(method: Method, state: Message, driver: RoundDriver) -> dict[str, int]:
+    """Tensor bytes of one upload in the wire dtype (what the papers count); the rest is framing. Replies whose
+    size varies per client (head pruning) count the mean over the last round's accepted replies."""
     schema = method.reply_schema(state)
-    numel = sum(math.prod(shape) for shape in schema.tensors.values())
-    return {"upload_tensor_bytes": numel * schema.dtype.itemsize}
+    if any(d is None for shape in schema.tensors.values() for d in shape) and driver.last_tensor_bytes is not None:
+        return {"upload_tensor_bytes": round(driver.last_tensor_bytes)}
+    sizes = {k: tuple(d or 0 for d in shape) for k, shape in schema.tensors.items()}
+    return {"upload_tensor_bytes": sum(math.prod(sh) * schema.dtype_of(k).itemsize for k, sh in sizes.items())}

@@ -22,10 +22,10 @@ def validate_reply(reply: Message, schema: ReplySchema) -> None:
         raise InvalidReply(f"tensor keys differ: missing {missing}, unexpected {extra}")
     for name, shape in schema.tensors.items():
         t = reply.tensors[name]
-        if tuple(t.shape) != tuple(shape):
+        if len(t.shape) != len(shape) or any(w is not None and g != w for g, w in zip(t.shape, shape)):
             raise InvalidReply(f"'{name}' has shape {tuple(t.shape)}, expected {tuple(shape)}")
-        if t.dtype != schema.dtype:
-            raise InvalidReply(f"'{name}' has dtype {t.dtype}, expected {schema.dtype}")
+        if t.dtype != schema.dtype_of(name):
+            raise InvalidReply(f"'{name}' has dtype {t.dtype}, expected {schema.dtype_of(name)}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise InvalidReply(f"'{name}' contains NaN or Inf")
     for key in schema.scalars:
@@ -37,3 +37,8 @@ def validate_reply(reply: Message, schema: ReplySchema) -> None:
     n = reply.scalars.get("num_examples")
     if n is not None and (int(n) != n or n <= 0):
         raise InvalidReply(f"num_examples must be a positive integer, got {n!r}")
+    if schema.check is not None:
+        try:
+            schema.check(reply)
+        except ValueError as e:
+            raise InvalidReply(str(e)) from None

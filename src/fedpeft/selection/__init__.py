@@ -2,6 +2,6 @@
 
 from fedpeft.selection.base import SELECTORS, History, Selector, SelectorContext
 from fedpeft.selection.uniform import select_clients
-from fedpeft.selection import full, uniform  # noqa: F401  (registration)
+from fedpeft.selection import full, loss_difference, uniform  # noqa: F401  (registration)
 
 __all__ = ["SELECTORS", "History", "Selector", "SelectorContext", "select_clients"]

@@ -1,18 +1,21 @@
 """Which of the adapter's tensors are exchanged, and what a client keeps to itself (the sharing policy).
 
 The default shares everything. A policy may share a subset that changes over rounds (FedPepTAO's selected
-layers), keep the rest private on each client (personalisation), ask clients for extra reports (layer
-scores) and act on them after aggregation. The method calls it at fixed points of the round:
-server ``init`` / ``shared`` / ``instruction_scalars`` / ``report_schema`` / ``after_aggregate``, client
-``client_params`` / ``client_report`` / ``private_state``.
+layers), keep the rest private on each client (personalisation), freeze and withhold parts of the update per
+client (head pruning), ask clients for extra reports (layer scores, head importances) and act on them after
+aggregation. The method calls it at fixed points of the round: server ``init`` / ``shared`` /
+``instruction_scalars`` / ``report_schema`` / ``wire_shapes`` / ``check`` / ``expand`` / ``after_aggregate``;
+client ``client_params`` / ``plan`` (before training: which entries stay frozen) / ``finish`` (after training:
+reports, compression) / ``private_state``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from fedpeft.adapters.base import HeadSlices
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
@@ -27,6 +30,8 @@ class SharingContext:
     classifier: Classifier
     seed: int
     initial_params: Callable[[], Params]  # the adapter's initial tensors, identical on every process
+    head_slices: HeadSlices = field(default_factory=dict)  # the adapter's head-assignable slices
+    trainer: Any = None                   # the local trainer's settings
 
 
 class SharingPolicy(Protocol):
@@ -43,10 +48,24 @@ class SharingPolicy(Protocol):
         """New policy state and, when the shared set shrinks, the names that stay shared."""
         ...
 
+    def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]: ...
+
+    def check(self, reply: Message) -> None:
+        """Policy-specific consistency of a reply (raise ValueError to reject it)."""
+        ...
+
+    def expand(self, update: Update, shared: Params) -> Update:
+        """A received update in full form for the aggregator."""
+        ...
+
     def client_params(self, received: Params, private: Params) -> Params: ...
 
-    def client_report(self, before: Params, after: Params, instruction: Message, client: ClientContext,
-                      round: int) -> tuple[Params, dict[str, Any]]: ...
+    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> Any:
+        """Before training: a plan whose ``frozen`` entry (name -> bool mask) the trainer must not change."""
+        ...
+
+    def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
+               round: int, plan: Any) -> Update: ...
 
     def private_state(self, trained: Params) -> Params: ...
 
@@ -57,6 +76,8 @@ class ShareAll:
     """Every tensor is exchanged every round; clients keep nothing of their own."""
 
     adapters: frozenset[str] | None = None  # adapters whose tensors this policy understands (None: any)
+    dtypes: dict[str, Any] = {}             # reply tensors it adds that are not floats (e.g. head ids)
+    provides: frozenset[str] = frozenset()  # auxiliary values its clients upload (aggregators may read them)
 
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         self.settings, self.ctx = settings, ctx
@@ -76,11 +97,23 @@ class ShareAll:
     def after_aggregate(self, glob, updates, state, round):
         return state, None
 
+    def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]:
+        return dict(update)
+
+    def check(self, reply: Message) -> None:
+        pass
+
+    def expand(self, update: Update, shared: Params) -> Update:
+        return update
+
     def client_params(self, received: Params, private: Params) -> Params:
         return received
 
-    def client_report(self, before, after, instruction, client, round):
-        return {}, {}
+    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> Any:
+        return None
+
+    def finish(self, update, start, trained, instruction, client, round, plan) -> Update:
+        return update
 
     def private_state(self, trained: Params) -> Params:
         return {}

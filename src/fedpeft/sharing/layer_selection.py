@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from fedpeft.adapters.deep_prompt import PREFIX, layer_of
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
-from fedpeft.comm.update import Params
+from fedpeft.comm.update import Params, Update
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
 from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, Shapes
 from fedpeft.sharing.hessian_ratio import RATIO_ESTIMATORS, RatioSettings
@@ -129,12 +129,17 @@ class LayerSelection(ShareAll):
     def private_state(self, trained: Params) -> Params:
         return {k: v.clone() for k, v in trained.items() if k.startswith(PREFIX)}
 
-    def client_report(self, before: Params, after: Params, instruction: Message, client: ClientContext,
-                      round: int) -> tuple[Params, dict[str, Any]]:
-        """ζ_{i,l} (Eq. 2–3) and r_i (Alg. 1 l.3–10) on one seeded local batch of min(B, n_i) samples (A6)."""
-        if not bool(instruction.scalars.get("select", False)):
-            return {}, {}
-        params = before if self.settings.score_at == "global" else after
+    def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
+               round: int, plan: Any) -> Update:
+        """In the selection round: ζ_{i,l} (Eq. 2–3) and r_i (Alg. 1 l.3–10) added to the update."""
+        if bool(instruction.scalars.get("select", False)):
+            tensors, scalars = self.report(start if self.settings.score_at == "global" else trained, client, round)
+            update.aux_tensors |= tensors
+            update.scalars |= scalars
+        return update
+
+    def report(self, params: Params, client: ClientContext, round: int) -> tuple[Params, dict[str, Any]]:
+        """ζ_{i,l} and r_i on one seeded local batch of min(B, n_i) samples (A6)."""
         want_scores, want_ratio = self._reports()
         n = len(client.train)
         idx = torch.randperm(n, generator=torch_rng(client.seed, round, client.client_id, "peptao-batch"))

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+import torch
+
 from fedpeft.backbones.classifier import Classifier, evaluate
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.clients import ClientContext
@@ -47,8 +49,9 @@ class LocalTrainer(Protocol):
     def params_of(self, instruction: Message) -> Params: ...
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
-            state: Params) -> tuple[Update, Params]:
-        """Train from ``params``; returns the update and this trainer's new persistent client state."""
+            state: Params, frozen: dict[str, torch.Tensor] | None = None) -> tuple[Update, Params]:
+        """Train from ``params`` (entries where ``frozen`` is True keep their values); returns the update and
+        this trainer's new persistent client state."""
         ...
 
     def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:

@@ -81,11 +81,17 @@ def _load_flat_state(opt: torch.optim.Optimizer, names: list[str], flat: dict[st
 
 
 def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, cfg: GradientSettings,
-                generator: torch.Generator, optimizer_state: dict[str, torch.Tensor] | None = None) -> TrainResult:
-    """Train copies of ``params`` on ``data`` (on the classifier's device); shuffling comes from ``generator``."""
+                generator: torch.Generator, optimizer_state: dict[str, torch.Tensor] | None = None,
+                frozen: dict[str, torch.Tensor] | None = None) -> TrainResult:
+    """Train copies of ``params`` on ``data`` (on the classifier's device); shuffling comes from ``generator``.
+
+    Entries where ``frozen`` is True get no gradient and are restored after every step (weight decay and
+    optimizer state cannot move them: head pruning's frozen slices, spec A4)."""
     names = sorted(params)
     work = {k: params[k].detach().to(clf.device, torch.float32).clone().requires_grad_(True) for k in names}
     anchor = {k: v.detach().clone() for k, v in work.items()} if cfg.prox_mu > 0 else None
+    masks = {k: m.to(clf.device) for k, m in (frozen or {}).items() if bool(m.any())}
+    keep = {k: work[k].detach().clone() for k in masks}
     opt = OPTIMIZERS[optimizer]([work[k] for k in names], cfg)
     if optimizer_state and not cfg.reset_optimizer:
         _load_flat_state(opt, names, optimizer_state, clf.device)
@@ -102,9 +108,15 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
             loss = loss + 0.5 * cfg.prox_mu * sum(((work[k] - anchor[k]) ** 2).sum() for k in names)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        for k, m in masks.items():
+            if work[k].grad is not None:
+                work[k].grad.masked_fill_(m, 0.0)
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_([work[k] for k in names], cfg.grad_clip)
         opt.step()
+        with torch.no_grad():
+            for k, m in masks.items():
+                work[k][m] = keep[k][m]
         total += loss.item()
     state = None if cfg.reset_optimizer else _flat_state(opt, names)
     return TrainResult({k: v.detach().cpu() for k, v in work.items()}, steps, total / steps, state)
@@ -119,9 +131,9 @@ class GradientTrainer(TrainerBase):
     optimizer: ClassVar[str]
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
-            state: Params) -> tuple[Update, Params]:
+            state: Params, frozen: dict[str, torch.Tensor] | None = None) -> tuple[Update, Params]:
         gen = torch_rng(client.seed, round, client.client_id, "local-train")
-        res = train_local(self.clf, params, client.train, self.optimizer, self.settings, gen, state or None)
+        res = train_local(self.clf, params, client.train, self.optimizer, self.settings, gen, state or None, frozen)
         update = Update(client.client_id, res.params, len(client.train),
                         scalars={"train_loss": res.mean_loss, "steps": res.steps})
         return update, (res.optimizer_state or {})

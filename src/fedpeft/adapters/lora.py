@@ -1,0 +1,154 @@
+"""LoRA (Hu et al. 2022) on the frozen backbone, through HF ``peft``: ΔW = (alpha/r)·B A on the target modules.
+
+The LoRA layers are injected once into the process's single backbone with ``peft.inject_adapter_in_model``
+(``LoraConfig`` semantics and names); their own weights stay frozen at B = 0, so the shared model still
+computes exactly its frozen function. Each client's A and B enter a forward as ``functional_call``
+overrides, so no client ever gets a model copy. Tensors are exchanged under PEFT's state-dict names
+(``<module>.lora_A.weight`` [r, d_in], ``<module>.lora_B.weight`` [d_out, r]), which is also what
+``fedpeft export --format peft`` writes. No LoRA dropout: the shared backbone always runs in eval mode.
+
+Head slices (head pruning, spec §2.3): rows [h·d_head, (h+1)·d_head) of a query projection's B feed query
+head h. With grouped-query attention (LLaMA/SmolLM2) a key/value projection has ``n_kv`` heads; its row
+block j feeds the G = H / n_kv query heads [j·G, (j+1)·G) that share it, so it belongs to that group of heads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedpeft.adapters.base import ADAPTERS, AdapterBase, HeadSlices, Params, Prepared
+from fedpeft.backbones.loading import Backbone
+
+# default target modules per architecture: the query/key/value projections of every attention block
+DEFAULT_TARGETS = {"bert": ("query", "key", "value"), "roberta": ("query", "key", "value"),
+                   "llama": ("q_proj", "k_proj", "v_proj"), "t5": ("q", "k", "v"), "bart": ("q_proj", "k_proj", "v_proj"),
+                   "distilbert": ("q_lin", "k_lin", "v_lin"), "gpt2": ("c_attn",)}
+QUERY_NAMES = {"query", "q_proj", "q", "q_lin"}
+KV_NAMES = {"key", "value", "k_proj", "v_proj", "k", "v", "k_lin", "v_lin"}
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    r: int = Field(16, ge=1, description="LoRA rank (head-pruning paper: 16)")
+    lora_alpha: float = Field(32.0, gt=0, description="scaling alpha / r (spec A6: 32)")
+    target_modules: list[str] | None = Field(None, description="module name suffixes; default: the q/k/v "
+                                                               "projections of every attention block")
+
+
+@ADAPTERS.register("lora", "LoRA through HF peft: trainable low-rank A, B on the q/k/v projections (head pruning)",
+                   LoraSettings)
+class Lora(AdapterBase):
+    name = "lora"
+
+    def __init__(self, cfg: LoraSettings | None = None) -> None:
+        super().__init__(cfg or LoraSettings())
+        key = f"{self.cfg.r}|{self.cfg.lora_alpha}|{self.cfg.target_modules}"
+        self.adapter_name = "fedpeft_" + hashlib.sha1(key.encode()).hexdigest()[:8]
+        self._modules: dict[int, list[str]] = {}
+
+    # ---------------------------------------------------------------- injection (once per backbone)
+
+    def peft_config(self, backbone: Backbone):
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.lora_alpha, lora_dropout=0.0,
+                          target_modules=self.targets(backbone), bias="none")
+
+    def targets(self, backbone: Backbone) -> list[str]:
+        if self.cfg.target_modules:
+            return list(self.cfg.target_modules)
+        kind = getattr(backbone.model.config, "model_type", "")
+        if kind not in DEFAULT_TARGETS:
+            raise ValueError(f"method.adapter.target_modules: no default q/k/v modules for model type '{kind}'; "
+                             f"name them")
+        return list(DEFAULT_TARGETS[kind])
+
+    def modules(self, backbone: Backbone) -> list[str]:
+        """Names of the adapted modules (injecting the LoRA layers on first use), in model order."""
+        key = id(backbone.model)
+        if key not in self._modules:
+            from peft import inject_adapter_in_model
+            from peft.tuners.lora import LoraLayer
+
+            model = backbone.model
+            has = any(isinstance(m, LoraLayer) and self.adapter_name in m.lora_A for m in model.modules())
+            if not has:
+                inject_adapter_in_model(self.peft_config(backbone), model, adapter_name=self.adapter_name)
+            for n, p in model.named_parameters():
+                if "lora_" in n:
+                    p.requires_grad_(False)
+            self._modules[key] = [n for n, m in model.named_modules()
+                                  if isinstance(m, LoraLayer) and self.adapter_name in m.lora_A]
+            if not self._modules[key]:
+                raise ValueError(f"method.adapter.target_modules: none of {self.targets(backbone)} is a module "
+                                 f"of {backbone.name}")
+        self._activate(backbone)
+        return self._modules[key]
+
+    def _activate(self, backbone: Backbone) -> None:
+        """Make this adapter the active one of every LoRA layer (other configs may share the backbone)."""
+        from peft.tuners.lora import LoraLayer
+
+        if backbone.cache.get("lora_active") == self.adapter_name:
+            return
+        for m in backbone.model.modules():
+            if isinstance(m, LoraLayer):
+                m._active_adapter = [self.adapter_name] if self.adapter_name in m.lora_A else []
+        backbone.cache["lora_active"] = self.adapter_name
+
+    # ---------------------------------------------------------------- adapter contract
+
+    def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
+        """A ~ U(±1/sqrt(d_in)) (peft's kaiming-uniform default, drawn from ``generator``), B = 0."""
+        params = {}
+        for name in self.modules(backbone):
+            base = backbone.model.get_submodule(name).base_layer
+            d_in, d_out = base.in_features, base.out_features
+            bound = 1.0 / math.sqrt(d_in)
+            params[f"{name}.lora_A.weight"] = (torch.rand(self.cfg.r, d_in, generator=generator) * 2 - 1) * bound
+            params[f"{name}.lora_B.weight"] = torch.zeros(d_out, self.cfg.r)
+        return params
+
+    def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
+        self.modules(backbone)
+        return Prepared(backbone.input_embeddings()(input_ids), attention_mask, lead, 0)
+
+    def overrides(self, params: Params) -> Params | None:
+        """PEFT state-dict names -> the injected layers' parameters of this adapter."""
+        out = {}
+        for k, v in params.items():
+            m = re.fullmatch(r"(.+)\.(lora_[AB])\.weight", k)
+            if m:
+                out[f"{m.group(1)}.{m.group(2)}.{self.adapter_name}.weight"] = v
+        return out
+
+    def head_slices(self, backbone: Backbone) -> HeadSlices:
+        """For every B: (query heads it feeds, dim 0, row start, row end), global head id = layer·H + h."""
+        cfg = backbone.model.config
+        heads = int(cfg.num_attention_heads)
+        kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        group = heads // kv
+        out: HeadSlices = {}
+        for name in self.modules(backbone):
+            layer = _layer_index(name)
+            leaf = name.rsplit(".", 1)[-1]
+            key = f"{name}.lora_B.weight"
+            if leaf in QUERY_NAMES:
+                out[key] = [((layer * heads + h,), 0, h * head_dim, (h + 1) * head_dim) for h in range(heads)]
+            elif leaf in KV_NAMES:
+                out[key] = [(tuple(layer * heads + j * group + g for g in range(group)), 0, j * head_dim,
+                             (j + 1) * head_dim) for j in range(kv)]
+        return out
+
+
+def _layer_index(module: str) -> int:
+    m = re.search(r"\.(\d+)\.", module)
+    if m is None:
+        raise ValueError(f"cannot tell the layer of module '{module}'")
+    return int(m.group(1))

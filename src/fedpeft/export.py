@@ -1,0 +1,82 @@
+"""Export a run's final global adapter in Hugging Face PEFT's format (``PeftModel.from_pretrained`` loads it).
+
+- ``lora``: ``adapter_config.json`` (the run's ``LoraConfig``) and ``adapter_model.safetensors`` with PEFT's
+  key names ``base_model.model.<module>.lora_{A,B}.weight``. Heads that no client ever kept keep B = 0 rows.
+- ``soft_prompt`` with ``position: before_all``: PEFT prompt tuning (``prompt_embeddings`` [m, d]). fedpeft's
+  default ``after_first`` places the prompt after [CLS]/BOS, which PEFT's prompt tuning cannot express.
+- Deep prompts (P-tuning v2), projected prompts, linear heads and full fine-tuning are not exported: PEFT's
+  prefix tuning would need its own cache layout per architecture, a projected prompt needs the shared
+  projection, and full fine-tuning is a whole model (save it with ``save_pretrained`` instead).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from fedpeft.config import ExperimentConfig
+from fedpeft.experiment import build_experiment
+from fedpeft.methods.composed import ServerState
+from fedpeft.resolve import load_config
+from fedpeft.tracking.rundir import RunDir
+
+PEFT_PREFIX = "base_model.model."
+
+
+def export_peft(run_dir: str | Path, out: str | Path) -> Path:
+    """Write the final global adapter of ``run_dir`` as a PEFT adapter directory ``out``; returns ``out``."""
+    run = RunDir(run_dir)
+    config = Path(run_dir) / "config.yaml"
+    if not config.exists():
+        raise FileNotFoundError(f"{config}: not a fedpeft run directory")
+    ckpt = run.load_checkpoint()
+    if ckpt is None:
+        raise FileNotFoundError(f"{run_dir}/checkpoint: the run has no checkpoint yet")
+    cfg = load_config(config)
+    glob = ServerState.from_message(ckpt[1]).glob
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = cfg.method.adapter.name
+    if name == "lora":
+        peft_config, tensors = _lora(cfg, glob)
+    elif name == "soft_prompt":
+        peft_config, tensors = _prompt_tuning(cfg, glob)
+    else:
+        raise ValueError(f"method.adapter.name: '{name}' has no PEFT format (lora and soft_prompt export; see "
+                         f"fedpeft.export)")
+    if any(k.startswith("head.") for k in glob):
+        raise ValueError("model.readout: a linear head is not part of a PEFT adapter; export with a "
+                         "similarity or verbalizer readout")
+    save_file({k: v.float().contiguous() for k, v in tensors.items()}, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps(peft_config.to_dict(), indent=2, default=_json) + "\n")
+    return out
+
+
+def _json(value):
+    return sorted(value) if isinstance(value, set) else str(value)
+
+
+def _lora(cfg: ExperimentConfig, glob):
+    exp = build_experiment(cfg)
+    adapter = exp.classifier.adapter
+    peft_config = adapter.peft_config(exp.backbone)
+    peft_config.base_model_name_or_path = cfg.model.name
+    return peft_config, {PEFT_PREFIX + k: v for k, v in glob.items() if ".lora_" in k}
+
+
+def _prompt_tuning(cfg: ExperimentConfig, glob):
+    from peft import PromptTuningConfig
+
+    if cfg.method.adapter.settings().get("position") != "before_all":
+        raise ValueError("method.adapter.position: PEFT prompt tuning prepends the prompt; only a soft prompt with "
+                         "position 'before_all' exports")
+    prompt = glob["prompt"]
+    exp = build_experiment(cfg)
+    peft_config = PromptTuningConfig(num_virtual_tokens=prompt.shape[0], token_dim=prompt.shape[1],
+                                     num_transformer_submodules=1,
+                                     num_attention_heads=exp.backbone.model.config.num_attention_heads,
+                                     num_layers=exp.backbone.model.config.num_hidden_layers,
+                                     base_model_name_or_path=cfg.model.name)
+    return peft_config, {"prompt_embeddings": prompt}

@@ -1,0 +1,184 @@
+"""Client-side head pruning (Venkatesha et al., head-pruning paper §3, Eqs. 6–7; spec §2.5 C2–C7) as a
+sharing policy over any adapter with head-assignable slices (LoRA's B rows, deep prompts' key/value heads).
+
+Each selected client scores every attention head on its local data with the received global adapter
+(``importance``: confidence, Eq. 6, before training, spec A2; ``random``: the B2 baseline; ``none``: dense)
+and keeps the top n_keep = ⌈(1 − s)·N⌉ heads of all N with one global threshold (Eq. 7, spec A5; ties to the
+lower id). The slices of pruned heads are frozen at their global values while training (spec A4)
+and are not uploaded: the reply carries only the kept slices of each head-assignable tensor, concatenated
+in slice order, plus the kept head ids (int32) and their importances. Tensors that no head owns (LoRA A, a
+linear head) travel in full. The server expands a reply back to full shape (pruned slices = global, so
+their delta is 0) with the importances of pruned heads set to 0, for Eq. 8 (``aggregators.head_weighted``)
+or plain FedAvg (B2, spec A10). The analytic OPs of the client step (spec §2.7) are reported per client.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedpeft.adapters.base import HeadSlices
+from fedpeft.clients import ClientContext
+from fedpeft.comm.codec import Message
+from fedpeft.comm.update import Params, Update
+from fedpeft.costs import client_ops
+from fedpeft.rng import torch_rng
+from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, Shapes
+from fedpeft.sharing.head_importance import head_confidence, key_token_ids
+
+HEADS, ALPHA = "heads", "head_alpha"  # reply tensors: kept head ids, their importances
+
+
+class HeadPruningSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sparsity: float = Field(0.9, ge=0, lt=1, description="s: share of all attention heads pruned per client")
+    scoring: Literal["importance", "random", "none"] = Field(
+        "importance", description="importance (Eq. 6 confidence), random (B2 baseline), none (dense: keep all)")
+    importance_batches: int | None = Field(None, ge=1, description="cap on local batches of the importance pass")
+    importance_batch_size: int = Field(32, ge=1)
+
+
+def n_keep(sparsity: float, num_heads: int) -> int:
+    """Kept heads: ⌈(1 − s)·N⌉, at least 1 (T5-small, s = 0.9: 15 of 144 heads, the paper's 1.86 MB)."""
+    return max(1, min(num_heads, math.ceil((1 - sparsity) * num_heads - 1e-9)))
+
+
+def kept_slices(slices: HeadSlices, kept: set[int]) -> dict[str, list[int]]:
+    """Per head-assignable tensor: indices of its slices that feed at least one kept head."""
+    return {k: [i for i, (heads, *_rest) in enumerate(v) if kept.intersection(heads)] for k, v in slices.items()}
+
+
+def _take(t: torch.Tensor, spec: list[tuple], idx: list[int]) -> torch.Tensor:
+    """The slices ``idx`` of ``t`` concatenated along their dim (a zero-size tensor when none)."""
+    dim = spec[0][1] if spec else 0
+    parts = [t.narrow(dim, spec[i][2], spec[i][3] - spec[i][2]) for i in idx]
+    return torch.cat(parts, dim) if parts else t.narrow(dim, 0, 0)
+
+
+@SHARING.register("head_pruning", "per-client pruning of attention heads by importance (head-pruning paper Eq. 6-7): "
+                  "pruned heads' slices frozen and not uploaded", HeadPruningSettings)
+class HeadPruning(ShareAll):
+    adapters = frozenset({"lora", "deep_prompt"})
+    dtypes = {HEADS: torch.int32}
+    provides = frozenset({HEADS, ALPHA})
+
+    def __init__(self, settings: HeadPruningSettings, ctx: SharingContext) -> None:
+        super().__init__(settings, ctx)
+        self.slices = ctx.head_slices
+        if not self.slices:
+            raise ValueError("method.sharing.name: 'head_pruning' needs an adapter with head-assignable tensors "
+                             "(lora, deep_prompt)")
+        self.num_heads = 1 + max(h for v in self.slices.values() for heads, *_ in v for h in heads)
+        self.keep = n_keep(settings.sparsity, self.num_heads) if settings.scoring != "none" else self.num_heads
+
+    # ---------------------------------------------------------------- client
+
+    def importance(self, params: Params, client: ClientContext) -> torch.Tensor:
+        """alpha_c (Eq. 6): mean confidence of every head over the client's local data (or the first batches)."""
+        clf, data = self.ctx.classifier, client.train
+        tok = clf.backbone.tokenizer
+        eos = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
+        total = torch.zeros(self.num_heads, dtype=torch.float64)
+        bs = self.settings.importance_batch_size
+        starts = list(range(0, len(data), bs))[: self.settings.importance_batches]
+        seen = 0
+        for start in starts:
+            batch = clf.batch(data, list(range(start, min(start + bs, len(data)))))
+            attn, prep = clf.attentions(params, batch)
+            keys = prep.extra.get("attention_mask", prep.attention_mask)
+            ids = key_token_ids(batch["input_ids"], keys.shape[1], prep.insert_at, prep.inserted)
+            total += head_confidence(attn, prep.attention_mask, ids, keys, eos).double().cpu()
+            seen += batch["input_ids"].shape[0]
+        return total / max(seen, 1)
+
+    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> dict[str, Any]:
+        """Eq. 7 before training: the kept heads, their importances, and the frozen mask of pruned slices."""
+        s = self.settings
+        if s.scoring == "importance":
+            alpha = self.importance(start, client)
+            order = sorted(range(self.num_heads), key=lambda h: (-float(alpha[h]), h))
+        elif s.scoring == "random":
+            alpha = torch.ones(self.num_heads, dtype=torch.float64)
+            gen = torch_rng(client.seed, round, client.client_id, "random-heads")
+            order = torch.randperm(self.num_heads, generator=gen).tolist()
+        else:
+            alpha = torch.ones(self.num_heads, dtype=torch.float64)
+            order = list(range(self.num_heads))
+        kept = sorted(order[: self.keep])
+        frozen = {}
+        keep_set = set(kept)
+        for name, spec in self.slices.items():
+            mask = torch.ones_like(start[name], dtype=torch.bool)
+            for i in kept_slices({name: spec}, keep_set)[name]:
+                _, dim, a, b = spec[i]
+                mask.narrow(dim, a, b - a).fill_(False)
+            frozen[name] = mask
+        return {"kept": kept, "alpha": alpha[kept].float(), "frozen": frozen}
+
+    def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
+               round: int, plan: Any) -> Update:
+        """Upload only the kept slices (+ ids and importances) and report the step's analytic OPs."""
+        kept = plan["kept"]
+        idx = kept_slices(self.slices, set(kept))
+        tensors = dict(update.tensors)
+        for name, spec in self.slices.items():
+            if name in tensors:
+                tensors[name] = _take(tensors[name], spec, idx[name]).contiguous()
+        update = update.with_tensors(tensors)
+        update.aux_tensors |= {HEADS: torch.tensor(kept, dtype=torch.int32), ALPHA: plan["alpha"]}
+        ops = client_ops(self.ctx.classifier, len(kept) / self.num_heads, client.train,
+                         int(update.scalars.get("steps", 0)), int(getattr(self.ctx.trainer, "batch_size", 1)))
+        update.scalars |= {"kept_heads": len(kept), **ops}
+        return update
+
+    # ---------------------------------------------------------------- server
+
+    def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]:
+        """Head-assignable tensors travel with a variable size along their slice dimension."""
+        out: dict[str, tuple[int | None, ...]] = dict(update)
+        for name, spec in self.slices.items():
+            if name in out:
+                out[name] = tuple(None if d == spec[0][1] else n for d, n in enumerate(out[name]))
+        return out
+
+    def report_schema(self, state: Message, round: int) -> tuple[Shapes, tuple[str, ...]]:
+        return {HEADS: (self.keep,), ALPHA: (self.keep,)}, ()
+
+    def check(self, reply: Message) -> None:
+        """The kept slices' sizes must be what the kept head ids imply (else the reply is rejected)."""
+        heads = reply.tensors[HEADS].tolist()
+        if len(set(heads)) != len(heads) or any(not 0 <= h < self.num_heads for h in heads):
+            raise ValueError(f"'{HEADS}' must be distinct head ids in [0, {self.num_heads})")
+        if not bool((reply.tensors[ALPHA] >= 0).all()):
+            raise ValueError(f"'{ALPHA}' must be non-negative")
+        idx = kept_slices(self.slices, set(heads))
+        for name, spec in self.slices.items():
+            if name in reply.tensors:
+                want = sum(spec[i][3] - spec[i][2] for i in idx[name])
+                got = reply.tensors[name].shape[spec[0][1]]
+                if got != want:
+                    raise ValueError(f"'{name}' carries {got} rows for the kept heads, expected {want}")
+
+    def expand(self, update: Update, shared: Params) -> Update:
+        """Full-size tensors (pruned slices = the global values: zero delta) and alpha over all N heads."""
+        kept = update.aux_tensors[HEADS].long().tolist()
+        idx = kept_slices(self.slices, set(kept))
+        tensors = dict(update.tensors)
+        for name, spec in self.slices.items():
+            if name not in tensors:
+                continue
+            full = shared[name].clone().float()
+            off, dim = 0, spec[0][1]
+            for i in idx[name]:
+                _, _, a, b = spec[i]
+                full.narrow(dim, a, b - a).copy_(tensors[name].narrow(dim, off, b - a))
+                off += b - a
+            tensors[name] = full
+        alpha = torch.zeros(self.num_heads, dtype=torch.float32)
+        alpha[torch.tensor(kept, dtype=torch.long)] = update.aux_tensors[ALPHA].float()
+        update = update.with_tensors(tensors)
+        update.aux_tensors = dict(update.aux_tensors) | {ALPHA: alpha}
+        return update
