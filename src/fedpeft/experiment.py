@@ -82,5 +82,5 @@ def build_experiment(cfg: ExperimentConfig) -> Experiment:
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
     clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length,
                      cfg.runtime.autocast)
-    adapter.bind(AdapterContext(cfg.seed, task, clf.readout))
+    adapter.bind(AdapterContext(cfg.seed, task, clf.readout, backbone))
     return Experiment(cfg, task, backbone, clf, train_parts, test_parts)

@@ -29,11 +29,13 @@ class Prepared:
 
 @dataclass(frozen=True)
 class AdapterContext:
-    """What every process knows without communication: the run seed, the task and the resolved readout."""
+    """What every process knows without communication: the run seed, the task, the resolved readout and the
+    shared backbone (an adapter that changes its structure, like LoRA, does so here, once)."""
 
     seed: int
     task: Any
     readout: str
+    backbone: Backbone | None = None
 
 
 class Adapter(Protocol):

@@ -21,7 +21,7 @@ import re
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.adapters.base import ADAPTERS, AdapterBase, HeadSlices, Params, Prepared
+from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, HeadSlices, Params, Prepared
 from fedpeft.backbones.loading import Backbone
 
 # default target modules per architecture: the query/key/value projections of every attention block
@@ -52,6 +52,11 @@ class Lora(AdapterBase):
         self._modules: dict[int, list[str]] = {}
 
     # ---------------------------------------------------------------- injection (once per backbone)
+
+    def bind(self, ctx: AdapterContext) -> None:
+        """Inject the LoRA layers into the shared backbone when the experiment is built."""
+        if ctx.backbone is not None:
+            self.modules(ctx.backbone)
 
     def peft_config(self, backbone: Backbone):
         from peft import LoraConfig
