@@ -1,0 +1,196 @@
+"""Head pruning for federated LoRA (benchmarks/results/headprune.md): MiniLM + LoRA r = 16 on q/k/v with a
+linear task head (Eq. 5), many clients with few per round, IID and Dirichlet label skew, >= 3 paired seeds.
+
+Arms (the paper's Table 1 plus an ablation): B1 dense FedAvg with random / loss selection; B2 random heads
+pruned (s = 0.9) + FedAvg with random / loss selection; ours (importance pruning + Eq. 8) with random / loss
+selection; ours at s = 0.5; importance pruning with plain FedAvg (separates pruning from Eq. 8). All arms of
+a (task, partition, seed) share the partition and the initial adapter. Reported: final-round accuracy
+(never the best round), per-round curves, upload bytes per client-round, analytic OPs per sequence (paper
+and clean mode), rounds to a target fixed before the runs (95 % of B1-random's final accuracy of the same
+seed), the majority-class baseline with the test set's standard error.
+
+    python benchmarks/headprune.py --runs-dir runs/headprune --workers 2        # CPU, resumable
+    python benchmarks/headprune.py --runs-dir runs/headprune --render-only      # rewrite the table
+
+Every run is a fedpeft run directory under --runs-dir; finished runs are skipped, interrupted ones resumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+ARMS = {  # label -> overrides on top of the preset
+    "B1 FedAvg, random CS": ["method.name=fedavg-lora"],
+    "B1 FedAvg, loss CS": ["method.name=fedavg-lora", "method.selector.name=loss_difference"],
+    "B2 random pruning s=0.9, random CS": ["method.name=headprune-random"],
+    "B2 random pruning s=0.9, loss CS": ["method.name=headprune-random", "method.selector.name=loss_difference"],
+    "Ours s=0.9, random CS": ["method.name=headprune-rand-cs"],
+    "Ours s=0.9, loss CS": ["method.name=headprune"],
+    "Ours s=0.5, loss CS": ["method.name=headprune", "method.sharing.sparsity=0.5"],
+    "Importance pruning s=0.9 + FedAvg, loss CS": ["method.name=headprune", "method.aggregator.name=fedavg"],
+}
+TASKS = {"mnli": {"max_length": 96}, "agnews": {"max_length": 64}}
+PARTITIONS = {"iid": ["federation.partition.scheme=iid"],
+              "dir0.5": ["federation.partition.scheme=dirichlet", "federation.partition.alpha=0.5",
+                         "federation.partition.min_size=8"]}
+
+
+def job_name(task: str, part: str, arm: str, seed: int) -> str:
+    slug = "".join(ch if ch.isalnum() else "-" for ch in arm.lower()).strip("-")
+    return f"{task}__{part}__{slug}__s{seed}"
+
+
+def overrides(args, task: str, part: str, arm: str, seed: int) -> list[str]:
+    return [f"task.name={task}", f"task.max_train={args.max_train}", f"task.max_test={args.max_test}",
+            f"task.max_length={TASKS[task]['max_length']}", "model.name=minilm", "model.readout=linear",
+            f"seed={seed}", f"federation.num_clients={args.clients}", f"federation.clients_per_round={args.per_round}",
+            f"federation.rounds={args.rounds}", "method.adapter.r=16", f"method.trainer.lr={args.lr}",
+            f"method.trainer.batch_size={args.batch}", "evaluation.local=false", "evaluation.batch_size=128",
+            "runtime.progress=false", f"runtime.threads={args.threads}", f"runtime.device={args.device}",
+            *PARTITIONS[part], *ARMS[arm]]
+
+
+def run_job(args, task: str, part: str, arm: str, seed: int) -> str:
+    from fedpeft.resolve import load_config
+    from fedpeft.runtime.embedded import run_embedded
+
+    out = Path(args.runs_dir) / job_name(task, part, arm, seed)
+    if (out / "summary.json").exists():
+        return f"{out.name}: done before"
+    cfg = load_config(None, overrides(args, task, part, arm, seed))
+    t0 = time.time()
+    run_embedded(cfg, out, resume=(out / "config.yaml").exists())
+    return f"{out.name}: {time.time() - t0:.0f} s"
+
+
+# ---------------------------------------------------------------- the results file
+
+
+def _load(out: Path) -> dict | None:
+    if not (out / "summary.json").exists():
+        return None
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    clients = [c for r in recs for c in r["clients"] if c["status"] == "ok"]
+    mean = lambda key: statistics.fmean(c[key] for c in clients) if clients and key in clients[0] else None  # noqa
+    summary = json.loads((out / "summary.json").read_text())
+    return {"acc": [r["accuracy"] for r in recs], "final": recs[-1]["accuracy"],
+            "up": summary["bytes_up_per_client_round"], "tensor_up": summary.get("upload_tensor_bytes"),
+            "ops_paper": mean("gops_seq_paper"), "ops_clean": mean("gops_seq_clean"),
+            "kept": mean("kept_heads"), "wall": summary["wall_seconds"]}
+
+
+def _ms(xs: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    if not xs:
+        return "–"
+    m = statistics.fmean(xs) * scale
+    return f"{m:.{digits}f} ± {statistics.stdev(xs) * scale:.{digits}f}" if len(xs) > 1 else f"{m:.{digits}f}"
+
+
+def majority(task: str, args) -> tuple[float, int]:
+    from fedpeft.data import load_task
+    from fedpeft.resolve import load_config
+
+    cfg = load_config(None, [f"task.name={task}", f"task.max_test={args.max_test}", f"task.max_train={args.max_train}"])
+    t = load_task(cfg.task, 0)
+    labels = [e.label for e in t.test]
+    return max(labels.count(c) for c in set(labels)) / len(labels), len(labels)
+
+
+def render(args) -> Path:
+    runs = Path(args.runs_dir)
+    lines = ["# Head pruning for federated LoRA: MiniLM at CPU/GPU scale", "",
+             f"Command: `python benchmarks/headprune.py {' '.join(args.argv)}`", "",
+             f"Setup: MiniLM (6 layers x 12 heads = 72 heads, d = 384) with LoRA r = 16 (alpha 32) on query/key/value "
+             f"and a linear task head (trained, exchanged, Eq. 5); {args.clients} clients, {args.per_round} per round, "
+             f"{args.rounds} rounds; AdamW lr {args.lr}, batch {args.batch}, one local epoch, fresh each round; "
+             f"train capped at {args.max_train}, test at {args.max_test} examples (the same test set for every arm). "
+             f"Accuracy is the final round's global test accuracy (never the best round), mean ± std over seeds "
+             f"{args.seeds} (paired: same partition and initial adapter across arms). Upload = real codec bytes per "
+             f"client-round (float32); OPs = analytic G MACs per training sequence at the local data's mean length.", ""]
+    if args.notes and Path(args.notes).exists():
+        lines += [Path(args.notes).read_text().strip(), ""]
+    for task in args.tasks:
+        maj, n = majority(task, args)
+        se = math.sqrt(0.25 / n) * 100
+        lines += [f"## {task} (test n = {n}; standard error of one accuracy ≤ {se:.1f} points; majority class "
+                  f"{maj * 100:.1f} %)", ""]
+        for part in args.partitions:
+            lines += [f"### {part}", "", "| arm | seeds done | final acc % | Δ vs B1-random, per seed | rounds to "
+                      "target | upload B/client-round | G OPs/seq paper | G OPs/seq clean | kept heads |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            base = {s: _load(runs / job_name(task, part, "B1 FedAvg, random CS", s)) for s in args.seeds}
+            curves = {}
+            for arm in ARMS:
+                res = {s: _load(runs / job_name(task, part, arm, s)) for s in args.seeds}
+                done = {s: r for s, r in res.items() if r}
+                reach = []
+                for s, r in done.items():
+                    if base.get(s):
+                        target = 0.95 * base[s]["final"]
+                        reach.append(next((i + 1 for i, a in enumerate(r["acc"]) if a >= target), None))
+                reach_txt = ", ".join("–" if x is None else str(x) for x in reach) or "–"
+                first = next(iter(done.values()), None)
+                paired = ", ".join(f"{(done[s]['final'] - base[s]['final']) * 100:+.1f}" for s in done if base.get(s))
+                lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | {_ms([r['final'] for r in done.values()])} | "
+                             f"{paired or '–'} | {reach_txt} | {statistics.fmean(r['up'] for r in done.values()):,.0f} | "
+                             f"{first['ops_paper'] or 0:.3f} | {first['ops_clean'] or 0:.3f} | {first['kept'] or 0:.0f} |"
+                             if first else f"| {arm} | 0/{len(args.seeds)} | – | – | – | – | – | – | – |")
+                if done:
+                    curves[arm] = [statistics.fmean(r["acc"][i] for r in done.values())
+                                   for i in range(min(len(r["acc"]) for r in done.values()))]
+            lines += ["", "Mean accuracy per round (%):", "", "| arm | " + " | ".join(
+                str(i + 1) for i in range(args.rounds)) + " |", "|---|" + "---|" * args.rounds]
+            for arm, c in curves.items():
+                lines.append(f"| {arm} | " + " | ".join(f"{a * 100:.1f}" for a in c) + " |")
+            lines.append("")
+    out = Path(args.results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs-dir", default="runs/headprune")
+    p.add_argument("--results", default=str(Path(__file__).parent / "results" / "headprune.md"))
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    p.add_argument("--partitions", nargs="+", default=list(PARTITIONS), choices=list(PARTITIONS))
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--clients", type=int, default=50)
+    p.add_argument("--per-round", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--max-train", type=int, default=6000)
+    p.add_argument("--max-test", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--render-only", action="store_true")
+    p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "headprune_notes.md"),
+                   help="text (where it ran, the reading) put under the setup paragraph")
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    if not args.render_only:
+        jobs = [(t, part, arm, s) for s in args.seeds for t in args.tasks for part in args.partitions for arm in args.arms]
+        with ProcessPoolExecutor(args.workers) as pool:
+            futures = [pool.submit(run_job, args, *j) for j in jobs]
+            for f in as_completed(futures):
+                try:
+                    print(f.result(), flush=True)
+                except Exception as e:  # one failed run must not lose the others; it is resumed next time
+                    print(f"failed: {type(e).__name__}: {e}", flush=True)
+    print(f"wrote {render(args)}")
+
+
+if __name__ == "__main__":
+    main()
