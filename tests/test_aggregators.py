@@ -55,13 +55,16 @@ def _build(name: str, num_clients: int):
 
     entry = AGGREGATORS.entry(name)
     settings = entry.settings.model_validate({}) if entry.settings is not None else None
-    return entry.obj(settings, AggregatorContext(num_clients, 0, trainer=GradientSettings(lr=0.1)))
+    slices = {"a": [((0,), 0, 0, 1), ((1, 2), 0, 1, 3)]}  # head-assignable rows of "a" (head_weighted)
+    return entry.obj(settings, AggregatorContext(num_clients, 0, trainer=GradientSettings(lr=0.1),
+                                                 head_slices=slices))
 
 
 def _updates(glob, num_clients, seed):
     g = torch.Generator().manual_seed(seed)
     return [Update(c, {k: v + torch.randn(v.shape, generator=g) for k, v in glob.items()}, 3 + 2 * c,
-                   scalars={"steps": 2, "train_loss": 0.5}) for c in range(num_clients)]
+                   {"head_alpha": torch.rand(3, generator=g)}, {"steps": 2, "train_loss": 0.5})
+            for c in range(num_clients)]
 
 
 PARAM_AGGREGATORS = [n for n in AGGREGATORS.names() if "params" in AGGREGATORS.get(n).accepts]

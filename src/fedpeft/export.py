@@ -74,7 +74,8 @@ def _prompt_tuning(cfg: ExperimentConfig, glob):
                          "position 'before_all' exports")
     prompt = glob["prompt"]
     exp = build_experiment(cfg)
-    peft_config = PromptTuningConfig(num_virtual_tokens=prompt.shape[0], token_dim=prompt.shape[1],
+    task_type = "CAUSAL_LM" if exp.backbone.family == "causal" else "FEATURE_EXTRACTION"
+    peft_config = PromptTuningConfig(task_type=task_type, num_virtual_tokens=prompt.shape[0], token_dim=prompt.shape[1],
                                      num_transformer_submodules=1,
                                      num_attention_heads=exp.backbone.model.config.num_attention_heads,
                                      num_layers=exp.backbone.model.config.num_hidden_layers,

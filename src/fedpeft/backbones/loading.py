@@ -43,7 +43,8 @@ class Backbone:
 
     @property
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        """Weights of the pretrained model (LoRA layers injected by an adapter not counted)."""
+        return sum(p.numel() for n, p in self.model.named_parameters() if ".lora_" not in n)
 
     @property
     def device(self) -> torch.device:
