@@ -2,6 +2,8 @@
 
 - ``lora``: ``adapter_config.json`` (the run's ``LoraConfig``) and ``adapter_model.safetensors`` with PEFT's
   key names ``base_model.model.<module>.lora_{A,B}.weight``. Heads that no client ever kept keep B = 0 rows.
+  A linear readout (``model.readout: linear``) goes to ``task_head.safetensors`` (``head.weight``, ``head.bias``:
+  logits = mean-pooled last hidden state · weightᵀ + bias).
 - ``soft_prompt`` with ``position: before_all``: PEFT prompt tuning (``prompt_embeddings`` [m, d]). fedpeft's
   default ``after_first`` places the prompt after [CLS]/BOS, which PEFT's prompt tuning cannot express.
 - Deep prompts (P-tuning v2), projected prompts, linear heads and full fine-tuning are not exported: PEFT's
@@ -46,9 +48,9 @@ def export_peft(run_dir: str | Path, out: str | Path) -> Path:
     else:
         raise ValueError(f"method.adapter.name: '{name}' has no PEFT format (lora and soft_prompt export; see "
                          f"fedpeft.export)")
-    if any(k.startswith("head.") for k in glob):
-        raise ValueError("model.readout: a linear head is not part of a PEFT adapter; export with a "
-                         "similarity or verbalizer readout")
+    head = {k: v.float().contiguous() for k, v in glob.items() if k.startswith("head.")}
+    if head:  # fedpeft's linear readout is not a module of the base model: saved beside the adapter
+        save_file(head, str(out / "task_head.safetensors"))
     save_file({k: v.float().contiguous() for k, v in tensors.items()}, str(out / "adapter_model.safetensors"))
     (out / "adapter_config.json").write_text(json.dumps(peft_config.to_dict(), indent=2, default=_json) + "\n")
     return out
