@@ -254,3 +254,21 @@ def test_export_loads_in_peft_with_the_same_outputs(model, tmp_path):
         theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                             output_hidden_states=True).hidden_states[-1]
     assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+def test_head_pruning_of_deep_prompts_withholds_pruned_key_value_heads(tmp_path):
+    """The same policy on P-tuning v2 prefixes: a layer's prefix columns of a pruned key/value head stay frozen
+    and do not travel (Table 3's prompt methods, here with real head-assignable slices)."""
+    sent = {}
+    cfg = _cfg("fedavg-prefix", **{"method.adapter.num_tokens": 2, "method.adapter.r": None,
+                                   "method.sharing": "{name: head_pruning, sparsity: 0.5}", "federation.rounds": 1})
+    exp = build_experiment(cfg)
+    run_embedded(cfg, tmp_path / "run", experiment=exp, reply_hook=lambda r, c, d: sent.setdefault(c, d) and d)
+    msg = decode(sent[0])
+    kept = msg.tensors["heads"].tolist()
+    assert len(kept) == 4  # of 2 layers x 4 heads
+    for layer in range(2):
+        n_kept = sum(layer * 4 <= h < (layer + 1) * 4 for h in kept)
+        assert msg.tensors[f"prefix.{layer}"].shape == (2, 2, 8 * n_kept)  # [h, k/v, kept heads x head_dim]
+    rec = RunDir(tmp_path / "run").read_metrics()[0]
+    assert rec["num_ok"] == 3 and all(c["kept_heads"] == 4 for c in rec["clients"])
