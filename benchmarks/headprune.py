@@ -69,6 +69,36 @@ def run_job(args, task: str, part: str, arm: str, seed: int) -> str:
     return f"{out.name}: {time.time() - t0:.0f} s"
 
 
+def step_time(args) -> dict:
+    """Seconds per local training step of one client at s = 0.9, its pruned heads masked (computed, output
+    zeroed) vs physically pruned (not computed), interleaved in one process; the same kept heads for both."""
+    import torch
+
+    from fedpeft.build import build
+    from fedpeft.resolve import load_config
+    from fedpeft.trainers.gradient import train_local
+
+    torch.set_num_threads(args.threads)
+    cfg = load_config(None, overrides(args, "mnli", "iid", "Ours s=0.9, loss CS", 0))
+    b = build(cfg)
+    method, client = b.method, b.exp.client(0)
+    start = method.initial_params()
+    inst = method.configure_round(method.server_init(), 1, [0])[0]
+    times: dict[str, list[float]] = {"masked": [], "pruned": []}
+    for rep in range(args.step_reps + 1):
+        for mode in times:
+            method.sharing.settings = method.sharing.settings.model_copy(update={"mode": mode})
+            plan = method.sharing.plan(start, inst, client, 1)
+            t0 = time.perf_counter()
+            res = train_local(b.exp.classifier, plan.get("params", start), client.train, "adamw",
+                              method.trainer.settings, torch.Generator().manual_seed(rep), None, plan["frozen"],
+                              plan["static"])
+            if rep:  # the first repetition warms up
+                times[mode].append((time.perf_counter() - t0) / res.steps)
+    return {m: statistics.median(t) for m, t in times.items()} | {"reps": args.step_reps, "threads": args.threads,
+                                                                   "device": args.device, "examples": len(client.train)}
+
+
 # ---------------------------------------------------------------- the results file
 
 
@@ -105,7 +135,7 @@ def majority(task: str, args) -> tuple[float, int]:
 def render(args) -> Path:
     runs = Path(args.runs_dir)
     lines = ["# Head pruning for federated LoRA: MiniLM at CPU/GPU scale", "",
-             f"Command: `python benchmarks/headprune.py {' '.join(args.argv)}`", "",
+             f"Rendered with: `python benchmarks/headprune.py {' '.join(args.argv)}`", "",
              f"Setup: MiniLM (6 layers x 12 heads = 72 heads, d = 384) with LoRA r = 16 (alpha 32) on query/key/value "
              f"and a linear task head (trained, exchanged, Eq. 5); {args.clients} clients, {args.per_round} per round, "
              f"{args.rounds} rounds; AdamW lr {args.lr}, batch {args.batch}, one local epoch, fresh each round; "
@@ -149,6 +179,16 @@ def render(args) -> Path:
             for arm, c in curves.items():
                 lines.append(f"| {arm} | " + " | ".join(f"{a * 100:.1f}" for a in c) + " |")
             lines.append("")
+    timing = Path(args.runs_dir) / "step_time.json"
+    if timing.exists():
+        t = json.loads(timing.read_text())
+        lines += ["## Local step time, masked vs physically pruned heads (s = 0.9, MNLI client 0, one run)", "",
+                  f"`python benchmarks/headprune.py --step-time --device {t['device']} --threads {t['threads']}`: "
+                  f"median over {t['reps']} local epochs of {t['examples']} examples (batch {args.batch}) after a "
+                  f"warm-up, the two modes interleaved.", "",
+                  "| masked: pruned heads computed, output zeroed | physically pruned: not computed | ratio |",
+                  "|---|---|---|", f"| {t['masked'] * 1000:.1f} ms/step | {t['pruned'] * 1000:.1f} ms/step | "
+                  f"{t['masked'] / t['pruned']:.2f}× |", ""]
     out = Path(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
@@ -176,11 +216,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--step-time", action="store_true", help="measure masked vs physically pruned step time, then render")
+    p.add_argument("--step-reps", type=int, default=5)
     p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "headprune_notes.md"),
                    help="text (where it ran, the reading) put under the setup paragraph")
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
-    if not args.render_only:
+    if args.step_time:
+        Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.runs_dir) / "step_time.json").write_text(json.dumps(step_time(args), indent=1))
+    elif not args.render_only:
         jobs = [(t, part, arm, s) for s in args.seeds for t in args.tasks for part in args.partitions for arm in args.arms]
         with ProcessPoolExecutor(args.workers) as pool:
             futures = [pool.submit(run_job, args, *j) for j in jobs]

@@ -272,3 +272,54 @@ def test_head_pruning_of_deep_prompts_withholds_pruned_key_value_heads(tmp_path)
         assert msg.tensors[f"prefix.{layer}"].shape == (2, 2, 8 * n_kept)  # [h, k/v, kept heads x head_dim]
     rec = RunDir(tmp_path / "run").read_metrics()[0]
     assert rec["num_ok"] == 3 and all(c["kept_heads"] == 4 for c in rec["clients"])
+
+
+# ---------------------------------------------------------------- masked vs physically pruned heads
+
+
+def test_masked_and_physically_pruned_steps_agree_on_kept_parameters():
+    """Zeroing the pruned heads' outputs and not computing them at all give the same loss and the same
+    gradients on A and on the kept heads' B rows."""
+    from fedpeft.backbones.attention_layout import head_overrides
+    from fedpeft.sharing.head_pruning import _take, kept_slices
+
+    cfg = _cfg("headprune", **{"method.sharing.sparsity": 0.75})
+    exp = build_experiment(cfg)
+    method = build_method(cfg, exp)
+    gen = torch.Generator().manual_seed(3)
+    params = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in method.initial_params().items()}
+    kept = [1, 5]  # one head in each layer
+    slices = method.sharing.slices
+    idx = kept_slices(slices, set(kept))
+    full = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    small = {k: (_take(v, slices[k], idx[k]) if k in slices else v).clone().requires_grad_(True)
+             for k, v in params.items()}
+    batch = exp.classifier.batch(exp.test_encoded, list(range(8)))
+    loss = {}
+    for mode, p in (("masked", full), ("pruned", small)):
+        static = head_overrides(exp.backbone, kept, mode)
+        loss[mode] = torch.nn.functional.cross_entropy(exp.classifier.logits(p, batch, static), batch["labels"])
+        loss[mode].backward()
+    assert float(loss["masked"].detach()) == pytest.approx(float(loss["pruned"].detach()), abs=1e-5)
+    for k in params:
+        g_small = small[k].grad
+        g_full = _take(full[k].grad, slices[k], idx[k]) if k in slices else full[k].grad
+        assert torch.allclose(g_full, g_small, atol=1e-6), k
+    # and it is a different function from keeping every head (the paper's lora_only default)
+    with torch.no_grad():
+        intact = exp.classifier.logits(params, batch)
+        pruned = exp.classifier.logits(small, batch, head_overrides(exp.backbone, kept, "pruned"))
+    assert (intact - pruned).abs().max() > 1e-3
+
+
+def test_physically_pruned_run_uploads_the_same_wire_format(tmp_path):
+    sent = {}
+    cfg = _cfg(**{"federation.rounds": 1, "method.sharing.mode": "pruned", "method.sharing.sparsity": 0.5})
+    run_embedded(cfg, tmp_path / "run", reply_hook=lambda r, c, d: sent.setdefault(c, d) and d)
+    rec = RunDir(tmp_path / "run").read_metrics()[0]
+    assert rec["num_ok"] == 3 and rec["num_rejected"] == 0
+    msg = decode(sent[0])
+    assert sum(msg.tensors[k].shape[0] for k in msg.tensors if "lora_B" in k) == 3 * 8 * 4  # 4 kept heads' rows
+    with pytest.raises(ValueError, match="grouped-query"):
+        run_embedded(_cfg(model="tiny-llama", **{"federation.rounds": 1, "method.sharing.mode": "pruned"}),
+                     tmp_path / "gqa")

@@ -94,7 +94,7 @@ class Classifier:
         return torch.autocast(self.device.type, dtype=self.autocast)
 
     def _forward(self, params: Params, batch: dict[str, torch.Tensor], hidden_states: bool = False,
-                 attentions: bool = False):
+                 attentions: bool = False, static: Params | None = None):
         params = {k: v.to(self.device) for k, v in params.items()}
         prep = self.adapter.prepare(self.backbone, params, batch["input_ids"], batch["attention_mask"],
                                     int(batch["lead"]))
@@ -104,14 +104,17 @@ class Classifier:
         if attentions:
             kwargs["output_attentions"] = True
         over = self.adapter.overrides(params)
+        if static:  # fixed backbone weights for this call (e.g. a client's physically pruned heads)
+            over = (over or {}) | {k: v.to(self.device) for k, v in static.items()}
         model = self.backbone.model
         with self._autocast():
             out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
         return out, prep, params
 
-    def logits(self, params: Params, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Class logits [batch, num_classes] of the adapted frozen model (float32)."""
-        out, prep, params = self._forward(params, batch)
+    def logits(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None = None) -> torch.Tensor:
+        """Class logits [batch, num_classes] of the adapted frozen model (float32); ``static`` replaces backbone
+        weights for this call only (the shared module is never written)."""
+        out, prep, params = self._forward(params, batch, static=static)
         with self._autocast():
             logits = self.readout_logits(out, prep, batch, params)
         return logits.float() if self.autocast is not None else logits

@@ -156,9 +156,10 @@ class ComposedMethod:
         received = self.trainer.params_of(instruction)
         start = self.sharing.client_params(received, sub_state(client.state, PRIVATE))
         plan = self.sharing.plan(start, instruction, client, round)
-        frozen = plan.get("frozen") if isinstance(plan, dict) else None
-        update, trainer_state = self.trainer.fit(start, instruction, client, round, sub_state(client.state, OPT),
-                                                 frozen=frozen)
+        plan = plan if isinstance(plan, dict) else {}  # "params": what to train, "frozen", "static" (see sharing)
+        update, trainer_state = self.trainer.fit(plan.get("params", start), instruction, client, round,
+                                                 sub_state(client.state, OPT), frozen=plan.get("frozen"),
+                                                 static=plan.get("static"))
         trained = update.tensors
         private = set(start) - set(received)  # kept on the device, never uploaded
         update = update.with_tensors({k: v for k, v in trained.items() if k not in private})

@@ -61,7 +61,9 @@ class SharingPolicy(Protocol):
     def client_params(self, received: Params, private: Params) -> Params: ...
 
     def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> Any:
-        """Before training: a plan whose ``frozen`` entry (name -> bool mask) the trainer must not change."""
+        """Before training, a dict: optional ``params`` (the tensors to train instead of ``start``), ``frozen``
+        (name -> bool mask the trainer must not change) and ``static`` (backbone weights for this client's
+        forwards)."""
         ...
 
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,

@@ -21,6 +21,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.base import HeadSlices
+from fedpeft.backbones.attention_layout import head_overrides
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
@@ -39,6 +40,9 @@ class HeadPruningSettings(BaseModel):
         "importance", description="importance (Eq. 6 confidence), random (B2 baseline), none (dense: keep all)")
     importance_batches: int | None = Field(None, ge=1, description="cap on local batches of the importance pass")
     importance_batch_size: int = Field(32, ge=1)
+    mode: Literal["lora_only", "masked", "pruned"] = Field(
+        "lora_only", description="lora_only: pruned heads' slices frozen, backbone heads intact (paper, spec A3); "
+                                 "masked: their outputs also zeroed; pruned: not computed at all (LoRA only)")
 
 
 def n_keep(sparsity: float, num_heads: int) -> int:
@@ -72,6 +76,15 @@ class HeadPruning(ShareAll):
             raise ValueError("method.sharing.name: 'head_pruning' needs an adapter with head-assignable tensors "
                              "(lora, deep_prompt)")
         self.num_heads = 1 + max(h for v in self.slices.values() for heads, *_ in v for h in heads)
+        if settings.mode == "pruned":
+            cfg = ctx.classifier.backbone.model.config
+            heads = int(cfg.num_attention_heads)
+            if int(getattr(cfg, "num_key_value_heads", None) or heads) != heads:
+                raise ValueError("method.sharing.mode: 'pruned' cannot cut heads out of grouped-query attention "
+                                 "(key/value heads are shared); use 'masked'")
+            if ctx.classifier.adapter.name != "lora":
+                raise ValueError("method.sharing.mode: 'pruned' trains LoRA's kept rows in their cut form; it needs "
+                                 "the lora adapter (use 'masked' for other adapters)")
         self.keep = n_keep(settings.sparsity, self.num_heads) if settings.scoring != "none" else self.num_heads
 
     # ---------------------------------------------------------------- client
@@ -116,18 +129,27 @@ class HeadPruning(ShareAll):
                 _, dim, a, b = spec[i]
                 mask.narrow(dim, a, b - a).fill_(False)
             frozen[name] = mask
-        return {"kept": kept, "alpha": alpha[kept].float(), "frozen": frozen}
+        plan = {"kept": kept, "alpha": alpha[kept].float(), "frozen": frozen}
+        if s.mode != "lora_only":
+            plan["static"] = head_overrides(self.ctx.classifier.backbone, kept, s.mode)
+        if s.mode == "pruned":  # train the kept slices only, compressed as they travel
+            idx = kept_slices(self.slices, keep_set)
+            plan["params"] = {k: _take(v, self.slices[k], idx[k]).clone() if k in self.slices else v
+                              for k, v in start.items()}
+            plan["frozen"] = None
+        return plan
 
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
                round: int, plan: Any) -> Update:
         """Upload only the kept slices (+ ids and importances) and report the step's analytic OPs."""
         kept = plan["kept"]
-        idx = kept_slices(self.slices, set(kept))
-        tensors = dict(update.tensors)
-        for name, spec in self.slices.items():
-            if name in tensors:
-                tensors[name] = _take(tensors[name], spec, idx[name]).contiguous()
-        update = update.with_tensors(tensors)
+        if self.settings.mode != "pruned":  # (a pruned step trained the kept slices in their wire form)
+            idx = kept_slices(self.slices, set(kept))
+            tensors = dict(update.tensors)
+            for name, spec in self.slices.items():
+                if name in tensors:
+                    tensors[name] = _take(tensors[name], spec, idx[name]).contiguous()
+            update = update.with_tensors(tensors)
         update.aux_tensors |= {HEADS: torch.tensor(kept, dtype=torch.int32), ALPHA: plan["alpha"]}
         ops = client_ops(self.ctx.classifier, len(kept) / self.num_heads, client.train,
                          int(update.scalars.get("steps", 0)), int(getattr(self.ctx.trainer, "batch_size", 1)))

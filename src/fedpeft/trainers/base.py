@@ -49,9 +49,10 @@ class LocalTrainer(Protocol):
     def params_of(self, instruction: Message) -> Params: ...
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
-            state: Params, frozen: dict[str, torch.Tensor] | None = None) -> tuple[Update, Params]:
-        """Train from ``params`` (entries where ``frozen`` is True keep their values); returns the update and
-        this trainer's new persistent client state."""
+            state: Params, frozen: dict[str, torch.Tensor] | None = None,
+            static: Params | None = None) -> tuple[Update, Params]:
+        """Train from ``params`` (entries where ``frozen`` is True keep their values; ``static`` backbone weights
+        replace the frozen ones in this client's forwards); returns the update and the trainer's new client state."""
         ...
 
     def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:

@@ -82,11 +82,12 @@ def _load_flat_state(opt: torch.optim.Optimizer, names: list[str], flat: dict[st
 
 def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, cfg: GradientSettings,
                 generator: torch.Generator, optimizer_state: dict[str, torch.Tensor] | None = None,
-                frozen: dict[str, torch.Tensor] | None = None) -> TrainResult:
+                frozen: dict[str, torch.Tensor] | None = None, static: Params | None = None) -> TrainResult:
     """Train copies of ``params`` on ``data`` (on the classifier's device); shuffling comes from ``generator``.
 
     Entries where ``frozen`` is True get no gradient and are restored after every step (weight decay and
-    optimizer state cannot move them: head pruning's frozen slices, spec A4)."""
+    optimizer state cannot move them: head pruning's frozen slices, spec A4). ``static``: backbone weights that
+    replace the frozen ones in every forward of this client (physically pruned heads)."""
     names = sorted(params)
     work = {k: params[k].detach().to(clf.device, torch.float32).clone().requires_grad_(True) for k in names}
     anchor = {k: v.detach().clone() for k, v in work.items()} if cfg.prox_mu > 0 else None
@@ -103,7 +104,7 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
             order = torch.cat([order, torch.randperm(n, generator=generator)])
         idx, order = order[: min(cfg.batch_size, n)], order[min(cfg.batch_size, n):]
         batch = clf.batch(data, idx.tolist())
-        loss = F.cross_entropy(clf.logits(work, batch).float(), batch["labels"])
+        loss = F.cross_entropy(clf.logits(work, batch, static).float(), batch["labels"])
         if anchor is not None:  # FedProx Eq. 2
             loss = loss + 0.5 * cfg.prox_mu * sum(((work[k] - anchor[k]) ** 2).sum() for k in names)
         opt.zero_grad(set_to_none=True)
@@ -131,9 +132,11 @@ class GradientTrainer(TrainerBase):
     optimizer: ClassVar[str]
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
-            state: Params, frozen: dict[str, torch.Tensor] | None = None) -> tuple[Update, Params]:
+            state: Params, frozen: dict[str, torch.Tensor] | None = None,
+            static: Params | None = None) -> tuple[Update, Params]:
         gen = torch_rng(client.seed, round, client.client_id, "local-train")
-        res = train_local(self.clf, params, client.train, self.optimizer, self.settings, gen, state or None, frozen)
+        res = train_local(self.clf, params, client.train, self.optimizer, self.settings, gen, state or None, frozen,
+                          static)
         update = Update(client.client_id, res.params, len(client.train),
                         scalars={"train_loss": res.mean_loss, "steps": res.steps})
         return update, (res.optimizer_state or {})
