@@ -6,9 +6,12 @@
   logits = mean-pooled last hidden state · weightᵀ + bias).
 - ``soft_prompt`` with ``position: before_all``: PEFT prompt tuning (``prompt_embeddings`` [m, d]). fedpeft's
   default ``after_first`` places the prompt after [CLS]/BOS, which PEFT's prompt tuning cannot express.
-- Deep prompts (P-tuning v2), projected prompts, linear heads and full fine-tuning are not exported: PEFT's
-  prefix tuning would need its own cache layout per architecture, a projected prompt needs the shared
-  projection, and full fine-tuning is a whole model (save it with ``save_pretrained`` instead).
+- ``deep_prompt`` (P-tuning v2): PEFT prefix tuning without projection (``prompt_embeddings`` [h, L·2·d_kv], the
+  layers' ``[h, 2, d_kv]`` prefixes side by side, which is PEFT's ``[h, L, 2, kv heads, head dim]`` cache
+  layout; with grouped-query attention PEFT narrows ``token_dim`` to the key/value heads itself). Only with
+  ``shift_positions: true``: PEFT's models number the input positions after the prefix.
+- Projected prompts and full fine-tuning are not exported: a projected prompt needs the shared projection
+  (FedBPT's ``A``), and full fine-tuning is a whole model (save it with ``save_pretrained`` instead).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_file
 
 from fedpeft.config import ExperimentConfig
@@ -45,9 +49,11 @@ def export_peft(run_dir: str | Path, out: str | Path) -> Path:
         peft_config, tensors = _lora(cfg, glob)
     elif name == "soft_prompt":
         peft_config, tensors = _prompt_tuning(cfg, glob)
+    elif name == "deep_prompt":
+        peft_config, tensors = _prefix_tuning(cfg, glob)
     else:
-        raise ValueError(f"method.adapter.name: '{name}' has no PEFT format (lora and soft_prompt export; see "
-                         f"fedpeft.export)")
+        raise ValueError(f"method.adapter.name: '{name}' has no PEFT format (lora, soft_prompt and deep_prompt "
+                         f"export; see fedpeft.export)")
     head = {k: v.float().contiguous() for k, v in glob.items() if k.startswith("head.")}
     if head:  # fedpeft's linear readout is not a module of the base model: saved beside the adapter
         save_file(head, str(out / "task_head.safetensors"))
@@ -76,10 +82,33 @@ def _prompt_tuning(cfg: ExperimentConfig, glob):
                          "position 'before_all' exports")
     prompt = glob["prompt"]
     exp = build_experiment(cfg)
-    task_type = "CAUSAL_LM" if exp.backbone.family == "causal" else "FEATURE_EXTRACTION"
-    peft_config = PromptTuningConfig(task_type=task_type, num_virtual_tokens=prompt.shape[0], token_dim=prompt.shape[1],
+    peft_config = PromptTuningConfig(task_type=_task_type(exp), num_virtual_tokens=prompt.shape[0], token_dim=prompt.shape[1],
                                      num_transformer_submodules=1,
                                      num_attention_heads=exp.backbone.model.config.num_attention_heads,
                                      num_layers=exp.backbone.model.config.num_hidden_layers,
                                      base_model_name_or_path=cfg.model.name)
     return peft_config, {"prompt_embeddings": prompt}
+
+
+def _prefix_tuning(cfg: ExperimentConfig, glob):
+    from peft import PrefixTuningConfig
+
+    from fedpeft.adapters.deep_prompt import kv_geometry, layer_key
+
+    if not cfg.method.adapter.settings().get("shift_positions", True):
+        raise ValueError("method.adapter.shift_positions: PEFT's prefix tuning numbers input positions after the "
+                         "prefix; only deep prompts with shift_positions true export")
+    exp = build_experiment(cfg)
+    layers, _, _ = kv_geometry(exp.backbone)
+    prefix = torch.stack([glob[layer_key(l)] for l in range(layers)], dim=1)  # [h, L, 2, d_kv]
+    model_cfg = exp.backbone.model.config
+    peft_config = PrefixTuningConfig(task_type=_task_type(exp), num_virtual_tokens=prefix.shape[0],
+                                     num_layers=layers, token_dim=int(model_cfg.hidden_size),
+                                     num_attention_heads=int(model_cfg.num_attention_heads),
+                                     num_transformer_submodules=1, prefix_projection=False,
+                                     base_model_name_or_path=cfg.model.name)
+    return peft_config, {"prompt_embeddings": prefix.reshape(prefix.shape[0], -1)}
+
+
+def _task_type(exp) -> str:
+    return "CAUSAL_LM" if exp.backbone.family == "causal" else "FEATURE_EXTRACTION"
