@@ -22,11 +22,16 @@ from fedpeft.tracking.summary import TIMING_FIELDS
 from fedpeft.transforms.scale_delta import ScaleDelta, ScaleDeltaSettings
 
 MODELS = ["tiny-bert", "tiny-llama"]
-SMALL = {  # per adapter: the smallest settings that still exercise it
+SMALL = {  # per adapter, trainer and post-tuning: the smallest settings that still exercise it
     "soft_prompt": {"method.adapter.num_tokens": 3},
+    "token_prompt": {"method.adapter.num_tokens": 3},
     "deep_prompt": {"method.adapter.num_tokens": 2},
-    "projected_prompt": {"method.adapter.num_tokens": 3, "method.adapter.intrinsic_dim": 8,
-                         "method.trainer.iterations": 2},
+    "projected_prompt": {"method.adapter.num_tokens": 3, "method.adapter.intrinsic_dim": 8},
+    "cmaes": {"method.trainer.iterations": 2},
+    "discrete_search": {"method.trainer.steps": 3},
+    "bbt": {"method.post_tuning.iterations": 2, "method.post_tuning.intrinsic_dim": 8,
+            "method.post_tuning.popsize": 4, "method.post_tuning.shots": 2},
+    "gradient": {"method.post_tuning.steps": 2, "method.post_tuning.shots": 2},
 }
 
 
@@ -34,11 +39,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(preset: str, model: str, **extra):
-    adapter = PRESETS.get(preset).method_defaults["adapter"]["name"]
-    trainer = PRESETS.get(preset).method_defaults["trainer"]["name"]
+    defaults = PRESETS.get(preset).method_defaults
+    adapter, trainer = defaults["adapter"]["name"], defaults["trainer"]["name"]
+    post = defaults.get("post_tuning", {}).get("name")
     over = {"method.name": preset, "model.name": model, "task.num_examples": 72, "federation.rounds": 2,
             "method.adapter.num_tokens": None, "method.trainer.max_steps": None, "method.trainer.batch_size": None,
-            **SMALL.get(adapter, {})}
+            **SMALL.get(adapter, {}), **SMALL.get(trainer, {}), **SMALL.get(post, {})}
     if trainer in ("adam", "adamw", "sgd"):
         over |= {"method.trainer.max_steps": 2, "method.trainer.batch_size": 8}
     if preset == "fedpeptao":

@@ -10,6 +10,8 @@ from typing import Any
 
 from fedpeft.adapters import ADAPTERS
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS
+from fedpeft.downlink import DOWNLINKS
+from fedpeft.post_tuning import POST_TUNING
 from fedpeft.registry import Registry
 from fedpeft.selection import SELECTORS
 from fedpeft.sharing import SHARING
@@ -19,6 +21,7 @@ from fedpeft.transforms import TRANSFORMS
 # ``method.<axis>`` -> registry of that axis
 AXIS_REGISTRIES: dict[str, Registry[Any]] = {
     "adapter": ADAPTERS, "trainer": TRAINERS, "aggregator": AGGREGATORS, "selector": SELECTORS, "sharing": SHARING,
+    "downlink": DOWNLINKS, "post_tuning": POST_TUNING,
 }
 # ``method.<list>`` -> registry of its entries
 LIST_REGISTRIES: dict[str, Registry[Any]] = {"transforms": TRANSFORMS, "wrappers": WRAPPERS}

@@ -1,7 +1,7 @@
 """The experiment schema: pydantic models that only compose sections; no registry or preset is imported here.
 
-Each method component (``method.adapter``, ``trainer``, ``aggregator``, ``selector``, ``sharing``, and the
-lists ``transforms`` and ``wrappers``) is a ``Component``: ``name`` plus that component's own keys, which its
+Each method component (``method.adapter``, ``trainer``, ``aggregator``, ``selector``, ``sharing``,
+``downlink``, ``post_tuning``, and the lists ``transforms`` and ``wrappers``) is a ``Component``: ``name`` plus that component's own keys, which its
 own settings model (registered next to its code) validates. Presets, registries and YAML loading are
 resolved in ``fedpeft.resolve``, which only entry points import.
 """
@@ -31,18 +31,41 @@ class TaskConfig(_Strict):
     few_shot: int | None = Field(None, gt=0, description="k training examples per class, drawn before partitioning")
     max_length: int = Field(128, ge=8, description="tokens per input, prompt excluded")
     num_examples: int = Field(600, gt=0, description="size of synthetic tasks")
+    domains: list[str] | None = Field(None, min_length=1, description="domain tasks: which domains to load, "
+                                                                       "default all")
 
 
 class ModelConfig(_Strict):
     name: str = "minilm"
     readout: Literal["auto", "similarity", "verbalizer", "linear"] = "auto"
     similarity_scale: float = Field(20.0, gt=0, description="logit scale of cosine similarities")
+    calibration: Literal["none", "contextual"] = Field(
+        "none", description="contextual calibration (Zhao et al. 2021) of the verbalizer/similarity readout: "
+                            "log p(y|x) - log p_cf(y), p_cf the mean class probabilities of content-free "
+                            "inputs ('N/A', '', the mask token) under the same adapter params")
 
 
 class PartitionConfig(_Strict):
-    scheme: Literal["iid", "dirichlet", "dirichlet_quantity"] = "iid"
+    scheme: Literal["iid", "dirichlet", "dirichlet_quantity", "domains"] = "iid"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
     min_size: int = Field(2, ge=1, description="minimum examples per client (Dirichlet schemes redraw below it)")
+    clients_per_domain: int = Field(1, ge=1, description="domains scheme: IID clients per domain")
+
+
+class NonParticipantConfig(_Strict):
+    """Clients that never train (evaluated only): a seeded share, or one fold of the sorted domains."""
+
+    fraction: float = Field(0.0, ge=0, lt=1, description="seeded share of clients that never train")
+    fold: int | None = Field(None, ge=0, description="domains scheme: the clients of this domain group never train")
+    folds: int = Field(4, ge=2, description="domains scheme: contiguous groups the sorted domains are split into")
+
+    @model_validator(mode="after")
+    def _check_choice(self) -> NonParticipantConfig:
+        if self.fold is not None and self.fraction > 0:
+            raise ValueError("non_participants.fraction and non_participants.fold are exclusive; set one")
+        if self.fold is not None and self.fold >= self.folds:
+            raise ValueError(f"non_participants.fold ({self.fold}) must be below non_participants.folds ({self.folds})")
+        return self
 
 
 class FederationConfig(_Strict):
@@ -51,9 +74,12 @@ class FederationConfig(_Strict):
     rounds: int = Field(5, ge=1)
     min_clients: int = Field(1, ge=1, description="fewest valid replies that still complete a round")
     partition: PartitionConfig = PartitionConfig()
+    non_participants: NonParticipantConfig = NonParticipantConfig()
 
     @model_validator(mode="after")
     def _check_counts(self) -> FederationConfig:
+        if self.non_participants.fold is not None and self.partition.scheme != "domains":
+            raise ValueError("non_participants.fold needs partition.scheme 'domains'; use non_participants.fraction")
         if self.clients_per_round is not None and self.clients_per_round > self.num_clients:
             raise ValueError(
                 f"clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})"
@@ -96,13 +122,16 @@ class MethodConfig(_Strict):
     aggregator: Component = Component(name="fedavg")
     selector: Component = Component(name="uniform")
     sharing: Component = Component(name="all")
+    downlink: Component = Component(name="dense")
+    post_tuning: Component = Component(name="none")
     transforms: list[Component] = Field(default_factory=list, description="client-side update transforms, in order")
     wrappers: list[Component] = Field(default_factory=list, description="server-side aggregation wrappers, "
                                                                          "innermost first")
     codec: CodecConfig = CodecConfig()
 
 
-AXES = ("adapter", "trainer", "aggregator", "selector", "sharing")  # the single components of ``method``
+# the single components of ``method``
+AXES = ("adapter", "trainer", "aggregator", "selector", "sharing", "downlink", "post_tuning")
 
 
 class EvaluationConfig(_Strict):

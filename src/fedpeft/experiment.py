@@ -17,7 +17,8 @@ from fedpeft.backbones.encoding import Encoded
 from fedpeft.backbones.loading import Backbone, load_backbone, resolve_device
 from fedpeft.clients import ClientContext
 from fedpeft.config import ExperimentConfig
-from fedpeft.data import label_histogram, load_task, partition, split_like
+from fedpeft.data import domains_of, label_histogram, load_task, partition, split_by_group, split_like
+from fedpeft.data.participants import non_participants
 from fedpeft.data.types import TaskData
 from fedpeft.rng import SERVER, numpy_rng
 
@@ -32,6 +33,8 @@ class Experiment:
     classifier: Classifier
     train_parts: list[np.ndarray]
     test_parts: list[np.ndarray]
+    domains: list[str] | None = None  # each client's domain (partition scheme 'domains'), for reporting
+    non_participants: frozenset[int] = frozenset()  # clients that never train, only evaluated
     _encoded: dict[str, Encoded] = field(default_factory=dict)
 
     @property
@@ -70,17 +73,35 @@ class Experiment:
         }
 
 
-def build_experiment(cfg: ExperimentConfig) -> Experiment:
-    """Load the task, split it among clients (seeded), and attach the process's shared backbone."""
-    task = load_task(cfg.task, cfg.seed)
+def split_clients(
+    task: TaskData, cfg: ExperimentConfig
+) -> tuple[list[np.ndarray], list[np.ndarray], list[str] | None]:
+    """Seeded train and test index shards per client, and each client's domain (None unless scheme is 'domains')."""
     train_labels = np.array([e.label for e in task.train])
     test_labels = np.array([e.label for e in task.test])
     fed = cfg.federation
-    train_parts = partition(train_labels, fed.num_clients, fed.partition, numpy_rng(cfg.seed, 0, SERVER, "partition"))
-    test_parts = split_like(test_labels, train_parts, train_labels, numpy_rng(cfg.seed, 0, SERVER, "test-partition"))
+    train_groups = domains_of(task.train)
+    train_parts = partition(train_labels, fed.num_clients, fed.partition, numpy_rng(cfg.seed, 0, SERVER, "partition"),
+                            groups=train_groups)
+    test_rng = numpy_rng(cfg.seed, 0, SERVER, "test-partition")
+    if fed.partition.scheme != "domains":
+        return train_parts, split_like(test_labels, train_parts, train_labels, test_rng), None
+    test_groups = domains_of(task.test)
+    if test_groups is None:
+        raise ValueError(f"task '{task.name}' has domains in train but not in test")
+    assert train_groups is not None  # the 'domains' partitioner refuses a task without them
+    test_parts = split_by_group(test_groups, train_parts, train_groups, test_rng)
+    return train_parts, test_parts, [str(train_groups[p[0]]) for p in train_parts]
+
+
+def build_experiment(cfg: ExperimentConfig) -> Experiment:
+    """Load the task, split it among clients (seeded), and attach the process's shared backbone."""
+    task = load_task(cfg.task, cfg.seed)
+    train_parts, test_parts, domains = split_clients(task, cfg)
+    idle = non_participants(cfg.federation.non_participants, len(train_parts), cfg.seed, domains)
     backbone = load_backbone(cfg.model.name).to(resolve_device(cfg.runtime.device))
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
     clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length,
-                     cfg.runtime.autocast)
+                     cfg.runtime.autocast, calibration=cfg.model.calibration)
     adapter.bind(AdapterContext(cfg.seed, task, clf.readout, backbone))
-    return Experiment(cfg, task, backbone, clf, train_parts, test_parts)
+    return Experiment(cfg, task, backbone, clf, train_parts, test_parts, domains, idle)

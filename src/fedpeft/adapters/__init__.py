@@ -8,6 +8,7 @@ from fedpeft.adapters import (  # noqa: F401  (registration)
     lora,
     projected_prompt,
     soft_prompt,
+    token_prompt,
 )
 
 __all__ = ["ADAPTERS", "Adapter", "AdapterBase", "AdapterContext", "HeadSlices", "Prepared"]

@@ -1,4 +1,9 @@
-"""Soft prompt (Lester et al. 2021; FedPrompt §2.1): m trainable vectors spliced into the input embeddings."""
+"""Soft prompt (Lester et al. 2021; FedPrompt §2.1): m trainable vectors spliced into the input embeddings.
+
+``prompt`` may carry a leading population axis ``[P, m, d]``: the batch of n rows is then tiled P times
+(candidate-major, rows [c*n:(c+1)*n] belong to candidate c) so that P candidate prompts run in ONE forward
+(the forward-only searches: token search, post-tuning by CMA-ES).
+"""
 
 from __future__ import annotations
 
@@ -51,6 +56,11 @@ class SoftPrompt(AdapterBase):
         embeds = backbone.input_embeddings()(input_ids)
         prompt = params["prompt"]
         at = lead if self.cfg.position == "after_first" else 0
-        rows = prompt.unsqueeze(0).expand(embeds.shape[0], -1, -1)
+        n = embeds.shape[0]
+        if prompt.dim() == 3:  # a population of candidate prompts, candidate-major tiling
+            embeds, attention_mask = embeds.repeat(prompt.shape[0], 1, 1), attention_mask.repeat(prompt.shape[0], 1)
+            rows = prompt.repeat_interleave(n, dim=0)
+        else:
+            rows = prompt.unsqueeze(0).expand(n, -1, -1)
         embeds, attention_mask = insert_rows(embeds, attention_mask, rows, at)
-        return Prepared(embeds, attention_mask, at, prompt.shape[0])
+        return Prepared(embeds, attention_mask, at, prompt.shape[-2])

@@ -5,7 +5,10 @@ out, under ``torch.inference_mode`` (no autograd graph can be built, no gradient
 backbone). It exposes no parameters. It counts model calls (``queries``), candidate evaluations
 and the tokens it ran through the model (prompt tokens included).
 
-Population evaluation: ``losses(Z [P, d], ...)`` stacks all P candidates along the batch dimension
+The client may also read the word-embedding matrix e(V) (``embedding_table``), as the discrete-prompt
+paper's clients do (spec: "PLM API (forward only) and embedding matrix e(V)").
+
+Population evaluation: ``losses(Z [P, d], ...)`` (or ``[P, T, d]`` prompts with ``param_dims=2``) stacks all P candidates along the batch dimension
 and runs them in ONE forward per data chunk (``batched=True``); ``batched=False`` runs one forward
 per candidate, for comparison. Both give the same per-candidate losses up to float rounding.
 """
@@ -39,12 +42,20 @@ class BlackBox:
     """``losses``/``logits`` of prompt vectors ``z`` on encoded data; nothing else of the model is reachable."""
 
     def __init__(self, classifier: Classifier, batched: bool = True, max_rows: int = 256,
-                 param_name: str = "z") -> None:
+                 param_name: str = "z", param_dims: int = 1) -> None:
         self.__clf = classifier  # name-mangled: the client code has no business with the model
         self.batched = batched
         self.max_rows = max_rows
         self.param_name = param_name
+        self.param_dims = param_dims  # dims of one candidate: 1 for z [d], 2 for a prompt [T, d]
         self.usage = Usage()
+
+    def embedding_table(self) -> torch.Tensor:
+        """e(V) as a detached float32 CPU copy (rows = vocabulary ids)."""
+        return self.__clf.backbone.input_embeddings().weight.detach().float().cpu().clone()
+
+    def special_ids(self) -> list[int]:
+        return sorted(self.__clf.backbone.tokenizer.all_special_ids)
 
     @property
     def num_classes(self) -> int:
@@ -52,8 +63,8 @@ class BlackBox:
 
     @torch.inference_mode()
     def logits(self, z: torch.Tensor, data: Encoded) -> torch.Tensor:
-        """Class logits [P, n, C] of every candidate row of ``z`` ([d] or [P, d]) on every example of ``data``."""
-        zz = z.reshape(1, -1) if z.dim() == 1 else z
+        """Class logits [P, n, C] of every candidate of ``z`` (one candidate, or P stacked on a leading axis)."""
+        zz = z.unsqueeze(0) if z.dim() == self.param_dims else z
         pop, n = zz.shape[0], len(data)
         out = torch.empty(pop, n, self.num_classes)
         groups = [list(range(pop))] if self.batched else [[c] for c in range(pop)]
@@ -92,6 +103,6 @@ class BlackBox:
 
     def accuracy(self, z: torch.Tensor, data: Encoded) -> tuple[float, float]:
         """(accuracy, mean loss) of one prompt vector on ``data``."""
-        logits = self.logits(z.reshape(1, -1), data)[0]
+        logits = self.logits(z.unsqueeze(0) if z.dim() == self.param_dims else z, data)[0]
         labels = torch.as_tensor(data.labels).long()
         return float((logits.argmax(-1) == labels).float().mean()), float(F.cross_entropy(logits, labels))

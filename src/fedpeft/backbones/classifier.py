@@ -6,11 +6,16 @@
   (causal LMs); softmax over the label words only (OpenPrompt One2oneVerbalizer).
 - ``linear``: a trainable ``head.weight``/``head.bias`` on the pooled output; it is trained and
   exchanged with the adapter and counted in the payload.
+- ``calibration="contextual"`` (verbalizer/similarity; Zhao et al. 2021, "Calibrate Before Use"): logits are
+  ``log softmax(raw) - log p_cf`` with p_cf the mean class softmax of content-free inputs (the template filled
+  with "N/A", "" and the mask token), computed with the same params in the same forward (appended rows,
+  per population candidate).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -57,9 +62,22 @@ class Classifier:
     """
 
     def __init__(self, backbone: Backbone, adapter: Adapter, task: TaskData, readout: str = "auto",
-                 similarity_scale: float = 20.0, max_length: int = 128, autocast: str = "none") -> None:
+                 similarity_scale: float = 20.0, max_length: int = 128, autocast: str = "none",
+                 calibration: str = "none", content_free: tuple[str, ...] | None = None) -> None:
         self.backbone, self.adapter, self.task = backbone, adapter, task
         self.readout = resolve_readout(readout, backbone.family)
+        if calibration not in ("none", "contextual"):
+            raise ValueError(f"model.calibration: unknown '{calibration}' (none, contextual)")
+        if calibration == "contextual" and self.readout == "linear":
+            raise ValueError("model.calibration: 'contextual' applies to the verbalizer and similarity readouts; "
+                             "a trained linear head needs no calibration (use none)")
+        self.calibration = calibration
+        mask = backbone.tokenizer.mask_token
+        self.content_free = tuple(content_free) if content_free is not None else (
+            ("N/A", "", mask) if mask else ("N/A", ""))
+        if calibration == "contextual" and not self.content_free:
+            raise ValueError("model.calibration: contextual calibration needs at least one content-free input")
+        self._cf: Encoded | None = None
         self.scale = similarity_scale
         self.max_length = max_length
         self.pad_id = backbone.tokenizer.pad_token_id
@@ -113,11 +131,60 @@ class Classifier:
 
     def logits(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None = None) -> torch.Tensor:
         """Class logits [batch, num_classes] of the adapted frozen model (float32); ``static`` replaces backbone
-        weights for this call only (the shared module is never written)."""
+        weights for this call only (the shared module is never written). Contextually calibrated when
+        ``calibration`` is "contextual" (the content-free rows ride along in the same forward pass)."""
+        if self.calibration == "contextual":
+            return self._calibrated_logits(params, batch, static)
         out, prep, params = self._forward(params, batch, static=static)
         with self._autocast():
             logits = self.readout_logits(out, prep, batch, params)
         return logits.float() if self.autocast is not None else logits
+
+    # ---------------------------------------------------------------- contextual calibration
+
+    def content_free_encoded(self) -> Encoded:
+        """The content-free inputs encoded like real examples (same template and max_length), cached."""
+        if self._cf is None:
+            pair = self.task.is_pair
+            self._cf = self.encode([Example(t, 0, t if pair else None) for t in self.content_free])
+        return self._cf
+
+    def with_content_free(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+        """``batch`` with the k content-free rows appended (all right-padded to a common width), and k."""
+        cf = self.content_free_encoded()
+        ids, att = batch["input_ids"], batch["attention_mask"]
+        n, k = ids.shape[0], len(cf)
+        width = max(ids.shape[1], max(len(r) for r in cf.input_ids))
+        all_ids = torch.full((n + k, width), self.pad_id, dtype=ids.dtype, device=ids.device)
+        all_att = torch.zeros((n + k, width), dtype=att.dtype, device=att.device)
+        all_ids[:n, : ids.shape[1]], all_att[:n, : att.shape[1]] = ids, att
+        for j, r in enumerate(cf.input_ids):
+            all_ids[n + j, : len(r)] = torch.tensor(r, dtype=ids.dtype)
+            all_att[n + j, : len(r)] = 1
+        mask_index = torch.cat([batch["mask_index"].to(self.device),
+                                torch.as_tensor(cf.mask_index, device=self.device)])
+        return {"input_ids": all_ids, "attention_mask": all_att, "mask_index": mask_index,
+                "lead": batch["lead"]}, k
+
+    def _calibrated_logits(self, params: Params, batch: dict[str, torch.Tensor],
+                           static: Params | None) -> torch.Tensor:
+        """log p(y|x) - log p_cf(y) per population candidate, from ONE forward over batch + content-free rows.
+
+        With a population axis the adapter tiles the (extended) batch candidate-major, so each block of
+        n + k output rows is one candidate: its first n rows are the batch, its last k the content-free inputs.
+        """
+        ext, k = self.with_content_free(batch)
+        n = batch["input_ids"].shape[0]
+        out, prep, params = self._forward(params, ext, static=static)
+        with self._autocast():
+            raw = self.readout_logits(out, prep, ext, params)
+        rows = raw.shape[0]
+        if rows % (n + k):
+            raise ValueError(f"model.calibration: {rows} output rows are not a multiple of the {n}+{k} "
+                             "batch + content-free rows (an adapter that does not tile the batch candidate-major)")
+        logp = F.log_softmax(raw.float().view(rows // (n + k), n + k, -1), dim=-1)
+        log_pcf = torch.logsumexp(logp[:, n:], dim=1, keepdim=True) - math.log(k)  # log mean_cf softmax
+        return (logp[:, :n] - log_pcf).reshape(-1, logp.shape[-1])
 
     @torch.no_grad()
     def attentions(self, params: Params, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], Prepared]:

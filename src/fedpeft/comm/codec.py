@@ -27,6 +27,7 @@ WIRE_DTYPES: dict[str, torch.dtype] = {
     "int32": torch.int32,
     "int64": torch.int64,
     "uint8": torch.uint8,
+    "uint16": torch.uint16,
 }
 _META_KEY = "fedpeft"
 

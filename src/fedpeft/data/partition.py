@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from fedpeft.config import PartitionConfig
+from fedpeft.config import ConfigError, PartitionConfig
 from fedpeft.registry import Registry
 
-Partitioner = Callable[[np.ndarray, int, PartitionConfig, np.random.Generator], list[np.ndarray]]
+
+class Partitioner(Protocol):
+    """A registered scheme; ``groups`` (each example's domain) is given for domain tasks, None otherwise."""
+
+    def __call__(
+        self, labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator,
+        groups: np.ndarray | None = None,
+    ) -> list[np.ndarray]: ...
 
 
 # ---------------------------------------------------------------- validation
@@ -40,6 +47,13 @@ def _check_labels(labels: np.ndarray, name: str = "labels") -> np.ndarray:
     if not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0:
         raise ValueError(f"{name} must hold non-negative integer class indices")
     return arr.astype(np.int64)
+
+
+def _check_groups(groups: np.ndarray, name: str = "groups") -> np.ndarray:
+    arr = np.asarray(groups)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {arr.shape}")
+    return arr
 
 
 def _check_min_size(n: int, num_clients: int, min_size: int) -> None:
@@ -134,6 +148,19 @@ def dirichlet_quantity_partition(
     )
 
 
+def group_partition(groups: np.ndarray, clients_per_group: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One block of ``clients_per_group`` IID clients per group, groups in sorted order (client ids group-major)."""
+    groups = _check_groups(groups)
+    _check_int("clients_per_group", clients_per_group, 1)
+    parts: list[np.ndarray] = []
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        if idx.size < clients_per_group:
+            raise ValueError(f"clients_per_group ({clients_per_group}) exceeds the {idx.size} examples of group '{g}'")
+        parts += [idx[p] for p in iid_partition(idx.size, clients_per_group, rng)]
+    return _sorted_parts(parts)
+
+
 # ---------------------------------------------------------------- sampling helpers
 
 
@@ -209,6 +236,34 @@ def split_like(
     return _sorted_parts([np.concatenate(s) if s else np.empty(0, np.int64) for s in shards])
 
 
+def split_by_group(
+    test_groups: np.ndarray,
+    train_parts: list[np.ndarray],
+    train_groups: np.ndarray,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """Local test shards for one-group clients: each group's (shuffled) test indices are split IID among its clients.
+
+    Every client must train on exactly one group; test examples of a group no client holds are left out.
+    """
+    test_groups, train_groups = _check_groups(test_groups, "test_groups"), _check_groups(train_groups, "train_groups")
+    if not train_parts:
+        raise ValueError("train_parts must hold at least one client")
+    owners = []
+    for k, part in enumerate(train_parts):
+        held = np.unique(train_groups[np.asarray(part, dtype=np.int64)])
+        if held.size != 1:
+            raise ValueError(f"train_parts: client {k} holds {held.size} groups; split_by_group needs exactly one")
+        owners.append(held[0])
+    shards = [np.empty(0, np.int64) for _ in train_parts]
+    for g in sorted(set(owners)):
+        clients = [k for k, o in enumerate(owners) if o == g]
+        idx = rng.permutation(np.flatnonzero(test_groups == g))
+        for k, chunk in zip(clients, np.array_split(idx, len(clients)), strict=True):
+            shards[k] = chunk
+    return _sorted_parts(shards)
+
+
 def label_histogram(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
     """Counts per client and class, shape ``[clients, classes]``."""
     labels = _check_labels(labels)
@@ -224,26 +279,52 @@ PARTITIONERS: Registry[Partitioner] = Registry("partition scheme")
 
 
 @PARTITIONERS.register("iid", "uniform random split, client sizes differ by at most one")
-def _iid(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> list[np.ndarray]:
+def _iid(
+    labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator,
+    groups: np.ndarray | None = None,
+) -> list[np.ndarray]:
     return iid_partition(len(labels), num_clients, rng)
 
 
 @PARTITIONERS.register("dirichlet", "label skew: per-class shares ~ Dir(alpha) (Hsu et al. 2019)")
 def _dirichlet(
-    labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator
+    labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     return dirichlet_label_partition(labels, num_clients, cfg.alpha, cfg.min_size, rng)
 
 
 @PARTITIONERS.register("dirichlet_quantity", "quantity skew: client sizes ~ Dir(alpha) (FedPrompt)")
 def _dirichlet_quantity(
-    labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator
+    labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     return dirichlet_quantity_partition(len(labels), num_clients, cfg.alpha, cfg.min_size, rng)
 
 
-def partition(
-    labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator
+@PARTITIONERS.register("domains", "one domain per client (FDU-MTL): domains sorted, each cut IID into "
+                                  "clients_per_domain clients, ids domain-major")
+def _domains(
+    labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """Split example indices among clients with the scheme named in ``cfg.scheme``."""
-    return PARTITIONERS.get(cfg.scheme)(np.asarray(labels), num_clients, cfg, rng)
+    if groups is None:
+        raise ConfigError("federation.partition.scheme: 'domains' needs a task whose examples carry a domain "
+                          "(such as sentiment-domains)")
+    num_domains = np.unique(groups).size
+    expected = num_domains * cfg.clients_per_domain
+    if num_clients != expected:
+        raise ConfigError(f"federation.num_clients must be {expected} for the 'domains' scheme ({num_domains} "
+                          f"domains x partition.clients_per_domain {cfg.clients_per_domain}), got {num_clients}")
+    return group_partition(groups, cfg.clients_per_domain, rng)
+
+
+def partition(
+    labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator,
+    groups: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """Split example indices among clients with the scheme ``cfg.scheme``; ``groups``: each example's domain."""
+    labels = np.asarray(labels)
+    if groups is not None and np.shape(groups) != labels.shape:
+        raise ValueError(f"groups must match labels in shape, got {np.shape(groups)} and {labels.shape}")
+    return PARTITIONERS.get(cfg.scheme)(labels, num_clients, cfg, rng, groups=groups)

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Example:
-    """One labelled example; ``text_b`` is set for sentence-pair tasks."""
+    """One labelled example; ``text_b`` is set for sentence-pair tasks, ``domain`` for multi-domain tasks."""
 
     text_a: str
     label: int
     text_b: str | None = None
+    domain: str | None = None
 
 
 @dataclass

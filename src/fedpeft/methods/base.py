@@ -61,10 +61,12 @@ class Preset:
 PRESETS: Registry[Preset] = Registry("method")
 
 
-DEFAULTS = {"selector": {"name": "uniform"}, "sharing": {"name": "all"}, "codec": {"dtype": "float32"}}
+DEFAULTS = {"selector": {"name": "uniform"}, "sharing": {"name": "all"}, "downlink": {"name": "dense"},
+            "post_tuning": {"name": "none"}, "codec": {"dtype": "float32"}}
 
 
 def preset(name: str, description: str, **components: Any) -> None:
     """Register a preset: ``components`` are the ``method`` sections (adapter=..., trainer=..., ...); selector,
-    sharing policy and codec default to uniform selection, everything shared, float32."""
+    sharing policy, download codec, post-tuning and wire dtype default to uniform selection, everything shared,
+    the tensors as they are, none, float32."""
     PRESETS.add(name, Preset(name, description, copy.deepcopy(DEFAULTS) | components))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from fedpeft.config import ExperimentConfig
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS
+from fedpeft.downlink import DOWNLINKS
+from fedpeft.post_tuning import POST_TUNING
 from fedpeft.sharing import SHARING
 from fedpeft.trainers import TRAINERS
 from fedpeft.transforms import TRANSFORMS
@@ -47,3 +49,9 @@ def check_combination(cfg: ExperimentConfig) -> None:
         if kind not in TRANSFORMS.get(t.name).accepts:
             raise ValueError(f"method.transforms.{i}.name: '{t.name}' transforms trained tensors; trainer "
                              f"'{m.trainer.name}' uploads {KINDS[kind]}")
+    for field, registry in (("downlink", DOWNLINKS), ("post_tuning", POST_TUNING)):
+        name = getattr(m, field).name
+        adapters = registry.get(name).adapters
+        if adapters is not None and m.adapter.name not in adapters:
+            raise ValueError(f"method.{field}.name: '{name}' works on {' or '.join(sorted(adapters))}, not on the "
+                             f"adapter '{m.adapter.name}'")

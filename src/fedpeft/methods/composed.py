@@ -6,10 +6,15 @@
 - selector: which clients train (``selection``); the sharing policy: which tensors are exchanged
   (``sharing``); client-side update transforms (``transforms``).
 
+Two more components act around the exchange: the download codec (``downlink``: how the global tensors
+travel to the clients, e.g. as a compressed residual) and ``post_tuning`` (after the last round, each
+evaluated client adapts the global tensors on a few shots of its own data before it is scored).
+
 Server state (a ``Message``): the global tensors under their own names, the aggregator's state under
-``agg/``, the sharing policy's under ``share/``; scalars ``round``, ``agg``, ``sharing`` and ``history``
-(per client: the last round it replied and its training loss, read by selectors). Client state: the
-trainer's under ``opt/``, the sharing policy's private tensors under ``u/``.
+``agg/``, the sharing policy's under ``share/``, the download codec's message log under ``dl/``; scalars
+``round``, ``agg``, ``sharing`` and ``history`` (per client: the last round it replied and its training
+loss, read by selectors). Client state: the trainer's under ``opt/``, the sharing policy's private tensors
+under ``u/``, the download codec's copy of the global tensors under ``dl/``.
 """
 
 from __future__ import annotations
@@ -17,20 +22,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from fedpeft.adapters import ADAPTERS
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS, AggregatorContext
 from fedpeft.clients import ClientContext, sub_state, with_sub_state
 from fedpeft.comm.codec import WIRE_DTYPES, Message, WireSpec
 from fedpeft.comm.update import WEIGHT, Params, ReplySchema, pack, unpack
 from fedpeft.config import ExperimentConfig
+from fedpeft.downlink import DOWNLINKS, DownlinkContext, sync
+from fedpeft.downlink.base import SEP
+from fedpeft.post_tuning import POST_TUNING, PostTuningContext
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
 from fedpeft.selection import SELECTORS, SelectorContext
 from fedpeft.sharing import SHARING, SharingContext
 from fedpeft.trainers import TRAINERS, TrainerContext
 from fedpeft.transforms import TRANSFORMS
 
-AGG, SHARE = "agg/", "share/"          # server-state prefixes
-OPT, PRIVATE = "opt/", "u/"            # client-state prefixes
+AGG, SHARE, DOWN = "agg/", "share/", "dl/"  # server-state prefixes
+OPT, PRIVATE = "opt/", "u/"                 # client-state prefixes (and DOWN)
+POST_TUNE = "post_tune"                     # evaluation instruction flag: adapt before scoring
 
 
 def _prefixed(prefix: str, tensors: Params) -> Params:
@@ -48,19 +59,21 @@ class ServerState:
     agg: Message
     sharing: Message
     history: dict[int, dict[str, float]] = field(default_factory=dict)
+    down: Params = field(default_factory=dict)
 
     def to_message(self) -> Message:
-        tensors = dict(self.glob) | _prefixed(AGG, self.agg.tensors) | _prefixed(SHARE, self.sharing.tensors)
+        tensors = (dict(self.glob) | _prefixed(AGG, self.agg.tensors) | _prefixed(SHARE, self.sharing.tensors)
+                   | _prefixed(DOWN, self.down))
         return Message(tensors, {"round": self.round, "agg": self.agg.scalars, "sharing": self.sharing.scalars,
                                  "history": {str(c): h for c, h in sorted(self.history.items())}})
 
     @classmethod
     def from_message(cls, msg: Message) -> ServerState:
-        glob = {k: v for k, v in msg.tensors.items() if not k.startswith((AGG, SHARE))}
+        glob = {k: v for k, v in msg.tensors.items() if not k.startswith((AGG, SHARE, DOWN))}
         s = msg.scalars
         return cls(int(s["round"]), glob, Message(sub_state(msg, AGG), dict(s.get("agg", {}))),
                    Message(sub_state(msg, SHARE), dict(s.get("sharing", {}))),
-                   {int(c): dict(h) for c, h in s.get("history", {}).items()})
+                   {int(c): dict(h) for c, h in s.get("history", {}).items()}, sub_state(msg, DOWN))
 
 
 class ComposedMethod:
@@ -70,9 +83,10 @@ class ComposedMethod:
         m = cfg.method
         self.name, self.cfg, self.exp = name, cfg, experiment
         self.clf = experiment.classifier
-        self.wire = WireSpec(m.codec.dtype)
         self.seed = cfg.seed
         self._init: Params | None = None
+        self._table: torch.Tensor | None = None
+        self.non_participants = frozenset(getattr(experiment, "non_participants", ()))
         adapter = ADAPTERS.settings_of(m.adapter)
         trainer_settings = TRAINERS.settings_of(m.trainer)
         head_slices = self.clf.adapter.head_slices(self.clf.backbone)
@@ -87,6 +101,17 @@ class ComposedMethod:
         self.sharing = SHARING.get(m.sharing.name)(SHARING.settings_of(m.sharing), SharingContext(
             self.clf, cfg.seed, self.initial_params, head_slices, trainer_settings))
         self.transforms = [(t.name, TRANSFORMS.get(t.name)(TRANSFORMS.settings_of(t))) for t in m.transforms]
+        self.downlink = DOWNLINKS.get(m.downlink.name)(DOWNLINKS.settings_of(m.downlink), DownlinkContext(
+            self.embedding_table, tuple(self.clf.backbone.tokenizer.all_special_ids)))
+        self.post_tuning = POST_TUNING.get(m.post_tuning.name)(POST_TUNING.settings_of(m.post_tuning),
+                                                               PostTuningContext(self.clf, cfg.evaluation.batch_size))
+        self.wire = WireSpec(m.codec.dtype, self.downlink.wire_overrides())
+
+    def embedding_table(self) -> torch.Tensor:
+        """e(V) as float32 on the CPU, read once from the shared backbone (the same on every process)."""
+        if self._table is None:
+            self._table = self.clf.backbone.input_embeddings().weight.detach().float().cpu().clone()
+        return self._table
 
     def initial_params(self) -> Params:
         """The adapter's initial tensors from the experiment seed (identical on the server and every client)."""
@@ -104,12 +129,35 @@ class ComposedMethod:
         return {k: st.glob[k] for k in self.sharing.shared(st.glob, st.sharing, round)}
 
     def configure_round(self, state: Message, round: int, clients: list[int]) -> dict[int, Message]:
+        """Select among the participants (non-participants never train) and build each one's instruction."""
         st = ServerState.from_message(state)
-        selected = self.selector.select(sorted(clients), round, st.history,
-                                        numpy_rng(self.seed, round, SERVER, "select"))
+        eligible = sorted(c for c in clients if c not in self.non_participants)
+        selected = self.selector.select(eligible, round, st.history, numpy_rng(self.seed, round, SERVER, "select"))
         msg = self.trainer.downlink(self._shared(st, round), self.aggregator.broadcast(st.agg))
         msg.scalars = {"round": round, **msg.scalars, **self.sharing.instruction_scalars(st.sharing, round)}
-        return {c: msg for c in selected}
+        return {c: self._encode_down(msg, st, c, round - 1) for c in selected}
+
+    def _encode_down(self, msg: Message, st: ServerState, client: int, upto: int) -> Message:
+        """``msg`` with the codec's tensors in place of the global ones it compresses, for this client."""
+        keys = self.downlink.keys
+        if not keys:
+            return msg
+        first = int(st.history.get(client, {}).get("round", 1))
+        down = sync.instruction(self.downlink, st.down, st.glob, first, upto)
+        rest = {k: v for k, v in msg.tensors.items() if k not in keys}
+        return Message(rest | down.tensors, dict(msg.scalars) | down.scalars)
+
+    def _decode_down(self, instruction: Message, client: ClientContext) -> Message:
+        """Client side: the instruction with the global tensors rebuilt from the codec's message."""
+        keys = self.downlink.keys
+        if not keys:
+            return instruction
+        coded = {k: v for k, v in instruction.tensors.items() if k.split(SEP)[0] in keys and SEP in k}
+        current, state = sync.rebuild(self.downlink, Message(coded, instruction.scalars),
+                                      sub_state(client.state, DOWN), self.initial_params)
+        client.state = with_sub_state(client.state, DOWN, state)
+        rest = {k: v for k, v in instruction.tensors.items() if k not in coded}
+        return Message(rest | current, dict(instruction.scalars))
 
     def reply_schema(self, state: Message) -> ReplySchema:
         st = ServerState.from_message(state)
@@ -119,13 +167,18 @@ class ComposedMethod:
         report, report_scalars = self.sharing.report_schema(st.sharing, round)
         return ReplySchema(self.sharing.wire_shapes(update) | aux | report, WIRE_DTYPES[self.wire.default],
                            (WEIGHT, *self.trainer.scalars, *report_scalars), frozenset(update),
-                           dtypes=dict(self.sharing.dtypes), check=self.sharing.check)
+                           dtypes=dict(self.sharing.dtypes) | self.trainer.wire_dtypes(), check=self._check)
+
+    def _check(self, reply: Message) -> None:
+        self.sharing.check(reply)
+        self.trainer.check(reply)
 
     def aggregate(self, state: Message, round: int, replies: dict[int, Message]) -> Message:
         st = ServerState.from_message(state)
         schema = self.reply_schema(state)
         shared = self._shared(st, round)
-        updates = [self.sharing.expand(unpack(replies[c], schema, c), shared) for c in sorted(replies)]
+        updates = [self.trainer.decode(self.sharing.expand(unpack(replies[c], schema, c), shared), shared)
+                   for c in sorted(replies)]
         new, agg = self.aggregator.aggregate(shared, updates, st.agg, round)
         glob = st.glob | new
         sharing, keep = self.sharing.after_aggregate(glob, updates, st.sharing, round)
@@ -134,7 +187,12 @@ class ComposedMethod:
         history = dict(st.history)
         for u in updates:
             history[u.client] = {"round": round, **_numeric({"loss": u.scalars.get("train_loss")})}
-        return ServerState(round, glob, agg, sharing, history).to_message()
+        down = st.down
+        if self.downlink.keys:  # the server keeps exactly the p' the clients will rebuild
+            keys = self.downlink.keys
+            rebuilt, message = self.downlink.encode({k: glob[k] for k in keys}, {k: st.glob[k] for k in keys})
+            glob, down = glob | rebuilt, sync.record(self.downlink, st.down, message, round)
+        return ServerState(round, glob, agg, sharing, history, down).to_message()
 
     def evaluate_global(self, state: Message) -> dict[str, float]:
         return self.trainer.evaluate(ServerState.from_message(state).glob, self.exp.test_encoded)
@@ -153,7 +211,7 @@ class ComposedMethod:
 
     def client_update(self, instruction: Message, client: ClientContext) -> Message:
         round = int(instruction.scalars["round"])
-        received = self.trainer.params_of(instruction)
+        received = self.trainer.params_of(self._decode_down(instruction, client))
         start = self.sharing.client_params(received, sub_state(client.state, PRIVATE))
         plan = self.sharing.plan(start, instruction, client, round)
         plan = plan if isinstance(plan, dict) else {}  # "params": what to train, "frozen", "static" (see sharing)
@@ -174,12 +232,24 @@ class ComposedMethod:
     # ------------------------------------------------------------------ federated evaluation
 
     def configure_evaluate(self, state: Message, round: int, clients: list[int]) -> dict[int, Message]:
+        """After the last round, clients post-tune (when the method has post-tuning) before they are scored."""
         st = ServerState.from_message(state)
         msg = self.trainer.eval_downlink(self._shared(st, round + 1))
-        msg.scalars = {"round": round, **msg.scalars}
-        return {c: msg for c in clients}
+        final = round == self.cfg.federation.rounds and self.post_tuning.active
+        msg.scalars = {"round": round, **msg.scalars, POST_TUNE: final}
+        return {c: self._encode_down(msg, st, c, round) for c in clients}
 
     def client_evaluate(self, instruction: Message, client: ClientContext) -> Message:
-        """Personalised where the sharing policy keeps private tensors (FedPepTAO), global otherwise."""
+        """Personalised where the sharing policy keeps private tensors (FedPepTAO) or by post-tuning on a few
+        shots of the client's data (then ``accuracy`` is after and ``accuracy_global`` before it)."""
+        instruction = self._decode_down(instruction, client)
         params = self.sharing.client_params(self.trainer.params_of(instruction), sub_state(client.state, PRIVATE))
-        return Message(scalars=self.trainer.evaluate(params, client.test))
+        role = {"participant": int(client.client_id not in self.non_participants)}
+        if not instruction.scalars.get(POST_TUNE):
+            return Message(scalars=self.trainer.evaluate(params, client.test) | role)
+        before = self.trainer.evaluate(params, client.test)
+        rng = numpy_rng(client.seed, int(instruction.scalars["round"]), client.client_id, "post-tuning")
+        tuned, report = self.post_tuning.tune(params, client.train, rng)
+        after = self.trainer.evaluate(tuned, client.test) if tuned is not params else before
+        return Message(scalars=after | role | report | {"accuracy_global": before.get("accuracy"),
+                                                        "loss_global": before.get("loss")})

@@ -8,11 +8,28 @@ from typing import Any
 TIMING_FIELDS = ("wall_seconds", "train_seconds", "eval_seconds")
 
 
+ROLE_FIELDS = ("local_accuracy_P", "local_accuracy_NP", "local_accuracy_global_P", "local_accuracy_global_NP")
+
+
+def role_means(scored: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean local accuracy over participants (P) and non-participants (NP), after post-tuning and, where the
+    clients post-tuned, before it (``_global``); only for the roles present."""
+    out = {}
+    for role, flag in (("P", 1), ("NP", 0)):
+        group = [m for m in scored if m.get("participant") == flag]
+        if group:
+            out[f"local_accuracy_{role}"] = statistics.fmean(m["accuracy"] for m in group)
+            if all(m.get("accuracy_global") is not None for m in group):
+                out[f"local_accuracy_global_{role}"] = statistics.fmean(m["accuracy_global"] for m in group)
+    return out
+
+
 def round_record(round: int, global_metrics: dict[str, float], clients: list[dict[str, Any]],
                  local_eval: dict[int, dict[str, Any]], eval_bytes_down: int, wall_seconds: float) -> dict[str, Any]:
     """One ``metrics.jsonl`` line: global test metrics, local accuracy spread, bytes this round, time."""
     ok = [c for c in clients if c["status"] == "ok"]
-    local_acc = [m["accuracy"] for m in local_eval.values() if m.get("num_examples", 0) > 0]
+    scored = [m for m in local_eval.values() if m.get("num_examples", 0) > 0]
+    local_acc = [m["accuracy"] for m in scored]
     for c in clients:
         if c["client"] in local_eval:
             c["local_accuracy"] = local_eval[c["client"]].get("accuracy")
@@ -24,6 +41,7 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
         "local_accuracy_min": min(local_acc) if local_acc else None,
         "local_accuracy_max": max(local_acc) if local_acc else None,
         "local_accuracy": {str(k): v.get("accuracy") for k, v in sorted(local_eval.items())},
+        **role_means(scored),
         "bytes_up": sum(c["bytes_up"] for c in clients),
         "bytes_down": sum(c["bytes_down"] for c in clients),
         "eval_bytes_down": eval_bytes_down,
@@ -59,6 +77,7 @@ def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, bac
         "best_accuracy": max(accs) if accs else None,
         "final_loss": records[-1]["loss"] if records else None,
         "final_local_accuracy_mean": records[-1]["local_accuracy_mean"] if records else None,
+        **{f"final_{k}": records[-1].get(k) for k in ROLE_FIELDS if records and k in records[-1]},
         "bytes_up_total": up,
         "bytes_down_total": down,
         "bytes_up_per_client_round": per_client_up,

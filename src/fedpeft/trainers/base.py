@@ -2,8 +2,9 @@
 
 A trainer owns the exchange format of its kind of update: ``downlink`` builds the instruction from the
 shared global tensors (and what the aggregator broadcasts), ``params_of`` reads the starting tensors back
-out of it, ``fit`` trains and returns an ``Update``, ``update_shapes`` tells the server what a valid reply
-holds, and ``evaluate`` scores tensors on data the way this trainer may touch the model (gradient
+out of it, ``fit`` trains and returns an ``Update``, ``update_shapes`` (with ``wire_dtypes`` and ``check``) tells
+the server what a valid reply holds, ``decode`` turns a received update into tensors named like the global
+state (token indices into prompt rows), and ``evaluate`` scores tensors on data the way this trainer may touch the model (gradient
 trainers through the classifier, black-box trainers through the forward-only ``BlackBox``).
 """
 
@@ -59,6 +60,18 @@ class LocalTrainer(Protocol):
         """(update tensor shapes, auxiliary tensor shapes) of a valid reply."""
         ...
 
+    def wire_dtypes(self) -> dict[str, torch.dtype]:
+        """Reply tensors that do not travel in the float wire dtype (e.g. uint16 token indices)."""
+        ...
+
+    def check(self, reply: Message) -> None:
+        """Trainer-specific validity of a reply (raise ValueError to reject it before aggregation)."""
+        ...
+
+    def decode(self, update: Update, shared: Params) -> Update:
+        """Server side: the update with tensors named and shaped like the shared global tensors."""
+        ...
+
     def evaluate(self, params: Params, data: Encoded) -> dict[str, float]: ...
 
     def diagnostics(self, glob: Params) -> dict[str, float]: ...
@@ -92,6 +105,15 @@ class TrainerBase:
 
     def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:
         return dict(shared), {}
+
+    def wire_dtypes(self) -> dict[str, torch.dtype]:
+        return {}
+
+    def check(self, reply: Message) -> None:
+        pass
+
+    def decode(self, update: Update, shared: Params) -> Update:
+        return update
 
     def evaluate(self, params: Params, data: Encoded) -> dict[str, float]:
         if len(data) == 0:

@@ -128,6 +128,16 @@ def labels_of(examples: Sequence[Example]) -> np.ndarray:
     return np.fromiter((e.label for e in examples), dtype=np.int64, count=len(examples))
 
 
+def domains_of(examples: Sequence[Example]) -> np.ndarray | None:
+    """The examples' domain names as a string array; None when no example has one (ValueError if only some do)."""
+    domains = [e.domain for e in examples]
+    if all(d is None for d in domains):
+        return None
+    if any(d is None for d in domains):
+        raise ValueError("some examples have a domain and others not; a domain task must tag every example")
+    return np.array(domains, dtype=str)
+
+
 def stratified_split(
     examples: list[Example], test_fraction: float, seed: int = SPLIT_SEED
 ) -> tuple[list[Example], list[Example]]:
