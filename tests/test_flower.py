@@ -165,6 +165,28 @@ def test_fedbpt_on_flower_sim_matches_embedded(tmp_path):
 
 
 @pytest.mark.slow
+def test_discrete_prompt_on_flower_sim_matches_embedded(tmp_path):
+    """Token-index uploads, the stateful LASSO download (clients keep p' between rounds), a non-participant and
+    post-tuning cross Flower as they cross the embedded runtime: same metrics and bytes, same final state."""
+    from fedpeft.runtime.flower.simulation import run_flower_sim
+
+    cfg = _cfg(method__name="discrete-prompt", method__adapter__num_tokens=3, method__trainer__steps=3,
+               method__trainer__max_steps=None, method__trainer__batch_size=None,
+               method__trainer__reset_optimizer=None, method__downlink__stage1=20,
+               method__post_tuning__iterations=2, method__post_tuning__intrinsic_dim=8,
+               method__post_tuning__popsize=4, method__post_tuning__shots=2, federation__num_clients=4,
+               federation__clients_per_round=2, federation__non_participants__fraction=0.25, federation__rounds=3)
+    run_embedded(cfg, tmp_path / "embedded")
+    run_flower_sim(cfg, tmp_path / "sim")
+    emb, sim = RunDir(tmp_path / "embedded").read_metrics(), RunDir(tmp_path / "sim").read_metrics()
+    assert _comparable(sim) == _comparable(emb)
+    assert "local_accuracy_NP" in sim[-1] and "local_accuracy_global_P" in sim[-1]
+    a = RunDir(tmp_path / "embedded").load_checkpoint()[1].tensors
+    b = RunDir(tmp_path / "sim").load_checkpoint()[1].tensors
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
 def test_fedpeft_run_cli_with_flower_sim_runtime(tmp_path):
     from typer.testing import CliRunner
 

@@ -137,6 +137,7 @@ AXES = ("adapter", "trainer", "aggregator", "selector", "sharing", "downlink", "
 class EvaluationConfig(_Strict):
     batch_size: int = Field(64, ge=1)
     local: bool = Field(True, description="also evaluate on each client's local test shard")
+    every: int = Field(1, ge=1, description="evaluate every k rounds (and always after the last round)")
 
 
 class RuntimeConfig(_Strict):

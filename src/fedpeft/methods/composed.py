@@ -236,7 +236,7 @@ class ComposedMethod:
         st = ServerState.from_message(state)
         msg = self.trainer.eval_downlink(self._shared(st, round + 1))
         final = round == self.cfg.federation.rounds and self.post_tuning.active
-        msg.scalars = {"round": round, **msg.scalars, POST_TUNE: final}
+        msg.scalars = {"round": round, **msg.scalars, **({POST_TUNE: True} if final else {})}
         return {c: self._encode_down(msg, st, c, round) for c in clients}
 
     def client_evaluate(self, instruction: Message, client: ClientContext) -> Message:
@@ -244,12 +244,11 @@ class ComposedMethod:
         shots of the client's data (then ``accuracy`` is after and ``accuracy_global`` before it)."""
         instruction = self._decode_down(instruction, client)
         params = self.sharing.client_params(self.trainer.params_of(instruction), sub_state(client.state, PRIVATE))
-        role = {"participant": int(client.client_id not in self.non_participants)}
         if not instruction.scalars.get(POST_TUNE):
-            return Message(scalars=self.trainer.evaluate(params, client.test) | role)
+            return Message(scalars=self.trainer.evaluate(params, client.test))
         before = self.trainer.evaluate(params, client.test)
         rng = numpy_rng(client.seed, int(instruction.scalars["round"]), client.client_id, "post-tuning")
         tuned, report = self.post_tuning.tune(params, client.train, rng)
         after = self.trainer.evaluate(tuned, client.test) if tuned is not params else before
-        return Message(scalars=after | role | report | {"accuracy_global": before.get("accuracy"),
-                                                        "loss_global": before.get("loss")})
+        return Message(scalars=after | report | {"accuracy_global": before.get("accuracy"),
+                                                 "loss_global": before.get("loss")})

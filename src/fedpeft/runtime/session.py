@@ -121,14 +121,16 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         plan = driver.plan_round(state, rnd)
         results = transport.train(rnd, plan.instructions)
         state, clients = driver.finish_round(state, plan, results)
-        global_metrics = method.evaluate_global(state)
+        scored = rnd % cfg.evaluation.every == 0 or rnd == cfg.federation.rounds
+        global_metrics = method.evaluate_global(state) if scored else {"accuracy": None, "loss": None}
         local_eval: dict[int, dict[str, Any]] = {}
         eval_down = 0
-        if cfg.evaluation.local:
+        if cfg.evaluation.local and scored:
             eval_msgs = driver.plan_evaluate(state, rnd)
             eval_down = sum(len(b) for b in eval_msgs.values())
             local_eval = driver.finish_evaluate(rnd, transport.evaluate(rnd, eval_msgs))
-        rec = round_record(rnd, global_metrics, clients, local_eval, eval_down, time.perf_counter() - t0)
+        rec = round_record(rnd, global_metrics, clients, local_eval, eval_down, time.perf_counter() - t0,
+                           exp.non_participants)
         rec.update(transport.round_extra())
         rec["server"] = method.diagnostics(state)
         records.append(rec)
@@ -136,8 +138,8 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         if rnd % cfg.runtime.checkpoint_every == 0 or rnd == cfg.federation.rounds:
             run.save_checkpoint(rnd, state, transport.client_states())
             transport.checkpointed(rnd)
-        log.info("round %d: accuracy %.4f loss %.4f up %d B down %d B (%.1fs)", rnd, rec["accuracy"],
-                 rec["loss"], rec["bytes_up"], rec["bytes_down"], rec["wall_seconds"])
+        log.info("round %d: accuracy %s loss %s up %d B down %d B (%.1fs)", rnd, _fmt(rec["accuracy"]),
+                 _fmt(rec["loss"]), rec["bytes_up"], rec["bytes_down"], rec["wall_seconds"])
         bar.advance(rounds_task)
         if stop_after_round is not None and rnd >= stop_after_round and rnd < cfg.federation.rounds:
             raise StopAfterRound(f"stopped after round {rnd}")
@@ -152,6 +154,10 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
     })
     run.write_summary(summary)
     return summary
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}"
 
 
 def payload_split(method: Method, state: Message, driver: RoundDriver) -> dict[str, int]:

@@ -11,12 +11,12 @@ TIMING_FIELDS = ("wall_seconds", "train_seconds", "eval_seconds")
 ROLE_FIELDS = ("local_accuracy_P", "local_accuracy_NP", "local_accuracy_global_P", "local_accuracy_global_NP")
 
 
-def role_means(scored: list[dict[str, Any]]) -> dict[str, float]:
+def role_means(scored: dict[int, dict[str, Any]], non_participants: frozenset[int]) -> dict[str, float]:
     """Mean local accuracy over participants (P) and non-participants (NP), after post-tuning and, where the
     clients post-tuned, before it (``_global``); only for the roles present."""
     out = {}
-    for role, flag in (("P", 1), ("NP", 0)):
-        group = [m for m in scored if m.get("participant") == flag]
+    for role, np_role in (("P", False), ("NP", True)):
+        group = [m for c, m in scored.items() if (c in non_participants) == np_role]
         if group:
             out[f"local_accuracy_{role}"] = statistics.fmean(m["accuracy"] for m in group)
             if all(m.get("accuracy_global") is not None for m in group):
@@ -25,11 +25,12 @@ def role_means(scored: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def round_record(round: int, global_metrics: dict[str, float], clients: list[dict[str, Any]],
-                 local_eval: dict[int, dict[str, Any]], eval_bytes_down: int, wall_seconds: float) -> dict[str, Any]:
+                 local_eval: dict[int, dict[str, Any]], eval_bytes_down: int, wall_seconds: float,
+                 non_participants: frozenset[int] = frozenset()) -> dict[str, Any]:
     """One ``metrics.jsonl`` line: global test metrics, local accuracy spread, bytes this round, time."""
     ok = [c for c in clients if c["status"] == "ok"]
-    scored = [m for m in local_eval.values() if m.get("num_examples", 0) > 0]
-    local_acc = [m["accuracy"] for m in scored]
+    scored = {c: m for c, m in local_eval.items() if m.get("num_examples", 0) > 0}
+    local_acc = [m["accuracy"] for m in scored.values()]
     for c in clients:
         if c["client"] in local_eval:
             c["local_accuracy"] = local_eval[c["client"]].get("accuracy")
@@ -41,7 +42,7 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
         "local_accuracy_min": min(local_acc) if local_acc else None,
         "local_accuracy_max": max(local_acc) if local_acc else None,
         "local_accuracy": {str(k): v.get("accuracy") for k, v in sorted(local_eval.items())},
-        **role_means(scored),
+        **role_means(scored, non_participants),
         "bytes_up": sum(c["bytes_up"] for c in clients),
         "bytes_down": sum(c["bytes_down"] for c in clients),
         "eval_bytes_down": eval_bytes_down,
@@ -59,7 +60,7 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
 def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, backbone_params: int,
                   extra: dict[str, Any]) -> dict[str, Any]:
     """Totals over the run; ``upload_ratio_vs_full`` compares with sending every backbone weight in fp32."""
-    accs = [r["accuracy"] for r in records]
+    accs = [r["accuracy"] for r in records if r["accuracy"] is not None]
     up = sum(r["bytes_up"] for r in records)
     down = sum(r["bytes_down"] for r in records)
     client_rounds = sum(r["num_ok"] + r["num_rejected"] for r in records) or 1
@@ -73,7 +74,7 @@ def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, bac
         "runtime": cfg.runtime.name,
         "seed": cfg.seed,
         "rounds": len(records),
-        "final_accuracy": accs[-1] if accs else None,
+        "final_accuracy": records[-1]["accuracy"] if records else None,
         "best_accuracy": max(accs) if accs else None,
         "final_loss": records[-1]["loss"] if records else None,
         "final_local_accuracy_mean": records[-1]["local_accuracy_mean"] if records else None,
