@@ -15,6 +15,13 @@ class ClientContext:
     test: Encoded
     state: Message = field(default_factory=Message)  # persists across rounds; checkpointed by the runtime
     seed: int = 0
+    weight: int | None = None                        # aggregation weight when it is not len(train) (attacks)
+    asr_test: Encoded | None = None                  # triggered non-target test inputs labelled as the target
+
+    @property
+    def num_examples(self) -> int:
+        """The example count the client reports (its weight n_k)."""
+        return len(self.train) if self.weight is None else self.weight
 
 
 def sub_state(state: Message, prefix: str) -> dict:

@@ -134,6 +134,30 @@ class MethodConfig(_Strict):
 AXES = ("adapter", "trainer", "aggregator", "selector", "sharing", "downlink", "post_tuning")
 
 
+class AttackConfig(_Strict):
+    """Backdoor data poisoning (FedPrompt §III-C) by a fixed set of malicious clients, and its success rate."""
+
+    malicious_clients: list[int] | None = Field(None, description="ids of the malicious clients (fixed for the run)")
+    malicious_fraction: float = Field(0.0, ge=0, lt=1, description="or a seeded share of the participants")
+    poison_rate: float = Field(1.0, gt=0, le=1, description="lambda: share of the non-target examples copied "
+                                                            "with the trigger (paper: 1)")
+    trigger: str = Field("cf", min_length=1, description="trigger word")
+    insertions: int = Field(1, ge=1, description="trigger insertions per poisoned example")
+    target: int = Field(1, ge=0, description="target class index")
+    weight: Literal["honest", "poisoned"] = Field("honest", description="aggregation weight of a malicious "
+                                                                        "client: its clean n_k or |D_k ∪ poison|")
+    asr: bool = Field(False, description="measure the attack success rate also without malicious clients "
+                                         "(the natural-error baseline)")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.malicious_clients) or self.malicious_fraction > 0
+
+    @property
+    def measured(self) -> bool:
+        return self.active or self.asr
+
+
 class EvaluationConfig(_Strict):
     batch_size: int = Field(64, ge=1)
     local: bool = Field(True, description="also evaluate on each client's local test shard")
@@ -165,6 +189,7 @@ class ExperimentConfig(_Strict):
     model: ModelConfig = ModelConfig()
     method: MethodConfig = MethodConfig()
     federation: FederationConfig = FederationConfig()
+    attack: AttackConfig = AttackConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     runtime: RuntimeConfig = RuntimeConfig()
 

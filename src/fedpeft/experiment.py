@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedpeft.adapters import ADAPTERS, AdapterContext
+from fedpeft.attacks.backdoor import asr_examples, malicious_ids, poisoned_copies
 from fedpeft.backbones.classifier import Classifier
-from fedpeft.backbones.encoding import Encoded
+from fedpeft.backbones.encoding import Encoded, concat, text_budget
 from fedpeft.backbones.loading import Backbone, load_backbone, resolve_device
 from fedpeft.clients import ClientContext
 from fedpeft.config import ExperimentConfig
@@ -35,6 +36,7 @@ class Experiment:
     test_parts: list[np.ndarray]
     domains: list[str] | None = None  # each client's domain (partition scheme 'domains'), for reporting
     non_participants: frozenset[int] = frozenset()  # clients that never train, only evaluated
+    malicious: frozenset[int] = frozenset()         # clients that poison their data (``attack``)
     _encoded: dict[str, Encoded] = field(default_factory=dict)
 
     @property
@@ -53,15 +55,58 @@ class Experiment:
         return self._encoded["train"]
 
     def client(self, client_id: int) -> ClientContext:
-        """A fresh view of one client's data (state is attached by the runtime)."""
+        """A fresh view of one client's data (state is attached by the runtime); a malicious client's training
+        set is its clean data plus its poisoned copies (Eq. 7)."""
         if not 0 <= client_id < self.num_clients:
             raise ValueError(f"client id {client_id} out of range [0, {self.num_clients})")
+        train = self._train_encoded().subset(self.train_parts[client_id])
+        weight = None
+        if client_id in self.malicious:
+            poison = self._poisoned(client_id)
+            weight = len(train) if self.cfg.attack.weight == "honest" else len(train) + len(poison)
+            train = concat(train, poison)
         return ClientContext(
             client_id=client_id,
-            train=self._train_encoded().subset(self.train_parts[client_id]),
+            train=train,
             test=self.test_encoded.subset(self.test_parts[client_id]),
             seed=self.cfg.seed,
+            weight=weight,
+            asr_test=self._client_asr_test(client_id) if self.cfg.attack.measured else None,
         )
+
+    # ---------------------------------------------------------------- backdoor attack (``attack``)
+
+    def _trigger_args(self) -> tuple:
+        a, tok = self.cfg.attack, self.backbone.tokenizer
+        budget = text_budget(self.backbone, self.task, self.cfg.task.max_length, self.classifier.readout)
+        return a.trigger, a.insertions, lambda text: len(tok(text, add_special_tokens=False)["input_ids"]), budget
+
+    def _poisoned(self, client_id: int) -> Encoded:
+        key = f"poison:{client_id}"
+        if key not in self._encoded:
+            a = self.cfg.attack
+            clean = [self.task.train[i] for i in self.train_parts[client_id]]
+            copies = poisoned_copies(clean, a.target, a.poison_rate, *self._trigger_args(),
+                                     numpy_rng(self.cfg.seed, 0, client_id, "poison"))
+            self._encoded[key] = self.classifier.encode(copies)
+        return self._encoded[key]
+
+    @property
+    def asr_test(self) -> Encoded | None:
+        """The triggered non-target test inputs labelled as the target (accuracy on them = ASR), or None."""
+        if not self.cfg.attack.measured:
+            return None
+        if "asr" not in self._encoded:
+            idx, triggered = asr_examples(self.task.test, self.cfg.attack.target, *self._trigger_args(),
+                                          numpy_rng(self.cfg.seed, 0, SERVER, "asr-test"))
+            self._encoded["asr"] = self.classifier.encode(triggered)
+            self._encoded["asr-index"] = idx  # type: ignore[assignment]
+        return self._encoded["asr"]
+
+    def _client_asr_test(self, client_id: int) -> Encoded:
+        full = self.asr_test
+        position = {int(i): j for j, i in enumerate(self._encoded["asr-index"])}  # type: ignore[arg-type]
+        return full.subset([position[int(i)] for i in self.test_parts[client_id] if int(i) in position])
 
     def label_histograms(self) -> dict[str, list[list[int]]]:
         c = self.task.num_classes
@@ -99,9 +144,15 @@ def build_experiment(cfg: ExperimentConfig) -> Experiment:
     task = load_task(cfg.task, cfg.seed)
     train_parts, test_parts, domains = split_clients(task, cfg)
     idle = non_participants(cfg.federation.non_participants, len(train_parts), cfg.seed, domains)
+    a = cfg.attack
+    participants = [c for c in range(len(train_parts)) if c not in idle]
+    bad = malicious_ids(a.malicious_clients, a.malicious_fraction, len(train_parts), participants,
+                        numpy_rng(cfg.seed, 0, SERVER, "malicious")) if a.active else frozenset()
     backbone = load_backbone(cfg.model.name).to(resolve_device(cfg.runtime.device))
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
     clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length,
                      cfg.runtime.autocast, calibration=cfg.model.calibration)
     adapter.bind(AdapterContext(cfg.seed, task, clf.readout, backbone))
-    return Experiment(cfg, task, backbone, clf, train_parts, test_parts, domains, idle)
+    if bad:
+        log.info("malicious clients (backdoor, target class %d, trigger %r): %s", a.target, a.trigger, sorted(bad))
+    return Experiment(cfg, task, backbone, clf, train_parts, test_parts, domains, idle, bad)

@@ -71,10 +71,8 @@ def _segments(template: str) -> list[tuple[str, str]]:
     return out
 
 
-def encode_examples(
-    backbone: Backbone, task: TaskData, examples: list[Example], max_length: int, readout: str
-) -> Encoded:
-    """Tokenize ``examples`` with the task's template for this backbone family and readout."""
+def _layout(backbone: Backbone, task: TaskData, max_length: int, readout: str):
+    """(template segments, literal ids per segment, lead and trail ids, the token budget left for the texts)."""
     tok, family = backbone.tokenizer, backbone.family
     template = template_for(task, family, readout)
     segs = _segments(template)
@@ -88,6 +86,26 @@ def encode_examples(
     budget = max_length - fixed
     if budget < 1:
         raise ValueError(f"max_length {max_length} leaves no room for text in template {template!r}")
+    return segs, lit_ids, lead, trail, budget
+
+
+def text_budget(backbone: Backbone, task: TaskData, max_length: int, readout: str) -> int:
+    """Tokens left for text_a + text_b once the template, label mask and special tokens are placed."""
+    return _layout(backbone, task, max_length, readout)[-1]
+
+
+def concat(a: Encoded, b: Encoded) -> Encoded:
+    """The examples of ``a`` followed by those of ``b`` (same template and lead)."""
+    return Encoded(list(a.input_ids) + list(b.input_ids), np.concatenate([a.labels, b.labels]),
+                   np.concatenate([a.mask_index, b.mask_index]), a.lead)
+
+
+def encode_examples(
+    backbone: Backbone, task: TaskData, examples: list[Example], max_length: int, readout: str
+) -> Encoded:
+    """Tokenize ``examples`` with the task's template for this backbone family and readout."""
+    tok = backbone.tokenizer
+    segs, lit_ids, lead, trail, budget = _layout(backbone, task, max_length, readout)
     ids_all, mask_all = [], []
     for ex in examples:
         texts = {"text_a": tok(ex.text_a, add_special_tokens=False, verbose=False)["input_ids"],

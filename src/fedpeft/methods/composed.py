@@ -19,7 +19,7 @@ under ``u/``, the download codec's copy of the global tensors under ``dl/``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from fedpeft.adapters import ADAPTERS
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS, AggregatorContext
 from fedpeft.clients import ClientContext, sub_state, with_sub_state
 from fedpeft.comm.codec import WIRE_DTYPES, Message, WireSpec
-from fedpeft.comm.update import WEIGHT, Params, ReplySchema, pack, unpack
+from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpack
 from fedpeft.config import ExperimentConfig
 from fedpeft.downlink import DOWNLINKS, DownlinkContext, sync
 from fedpeft.downlink.base import SEP
@@ -195,7 +195,13 @@ class ComposedMethod:
         return ServerState(round, glob, agg, sharing, history, down).to_message()
 
     def evaluate_global(self, state: Message) -> dict[str, float]:
-        return self.trainer.evaluate(ServerState.from_message(state).glob, self.exp.test_encoded)
+        """Test accuracy and loss of the global tensors (and the attack success rate when it is measured)."""
+        glob = ServerState.from_message(state).glob
+        out = self.trainer.evaluate(glob, self.exp.test_encoded)
+        asr_test = getattr(self.exp, "asr_test", None)
+        if asr_test is not None and len(asr_test):
+            out["asr"] = self.trainer.evaluate(glob, asr_test)["accuracy"]
+        return out
 
     def trainable_params(self, state: Message) -> int:
         """Floating tensors the adapter trains (token ids of demonstrations are not parameters)."""
@@ -225,6 +231,10 @@ class ComposedMethod:
         for i, (name, t) in enumerate(self.transforms):
             update = t.apply(update, start, round, torch_rng(client.seed, round, client.client_id,
                                                              f"transform:{i}:{name}"))
+        if client.asr_test is not None:  # the local model's attack success rate, before any transform
+            local = start | self.trainer.decode(Update(client.client_id, trained, 0), start).tensors
+            asr = self.trainer.evaluate(local, client.asr_test).get("accuracy")
+            update = replace(update, scalars=update.scalars | ({"local_asr": asr} if asr is not None else {}))
         state = with_sub_state(client.state, PRIVATE, self.sharing.private_state(trained))
         client.state = with_sub_state(state, OPT, trainer_state)
         return pack(update)

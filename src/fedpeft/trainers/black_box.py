@@ -137,7 +137,7 @@ class CMAESTrainer(TrainerBase):
                         **cov_tensors(res.state.cov, s.covariance)}
         else:
             aux["sigmas"] = torch.from_numpy(res.sigmas)
-        return Update(client.client_id, tensors, len(client.train), aux, scalars), {}
+        return Update(client.client_id, tensors, client.num_examples, aux, scalars), {}
 
     # ---------------------------------------------------------------- evaluation through the black box
 

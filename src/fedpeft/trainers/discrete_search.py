@@ -152,7 +152,7 @@ class DiscreteSearchTrainer(TrainerBase):
             loss = float(self._box(self.settings.max_rows).losses(prompt, client.train)[0])
         scalars = {"train_loss": loss, "rows_changed": int(changed.sum()), **box.usage.as_dict()}
         upload = encode_tokens(tokens, changed, vocab.table.shape[0])
-        return Update(client.client_id, {TOKENS: upload}, len(client.train), {}, scalars), {}
+        return Update(client.client_id, {TOKENS: upload}, client.num_examples, {}, scalars), {}
 
     # ---------------------------------------------------------------- evaluation through the black box
 

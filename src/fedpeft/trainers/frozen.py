@@ -17,7 +17,7 @@ class NoTraining(TrainerBase):
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
             state: Params, frozen=None, static=None) -> tuple[Update, Params]:
-        return Update(client.client_id, {}, len(client.train)), {}
+        return Update(client.client_id, {}, client.num_examples), {}
 
     def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:
         return {}, {}

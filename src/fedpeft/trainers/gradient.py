@@ -137,7 +137,7 @@ class GradientTrainer(TrainerBase):
         gen = torch_rng(client.seed, round, client.client_id, "local-train")
         res = train_local(self.clf, params, client.train, self.optimizer, self.settings, gen, state or None, frozen,
                           static)
-        update = Update(client.client_id, res.params, len(client.train),
+        update = Update(client.client_id, res.params, client.num_examples,
                         scalars={"train_loss": res.mean_loss, "steps": res.steps})
         return update, (res.optimizer_state or {})
 
