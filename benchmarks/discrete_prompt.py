@@ -21,8 +21,9 @@ import json
 import math
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+
+from runner import mean_std, run_pool
 
 ARMS = {  # label -> overrides on top of the preset (CPU scale: T = 10 prompt tokens, d = 50); run in this order
     "Manual prompt (zero-shot)": ["method.name=manual-prompt", "federation.rounds=1"],
@@ -104,14 +105,6 @@ def _load(out: Path) -> dict | None:
             "eval_down": last["eval_bytes_down"]}
 
 
-def _ms(xs: list, scale: float = 100.0, digits: int = 1) -> str:
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "–"
-    m = statistics.fmean(xs) * scale
-    return f"{m:.{digits}f} ± {statistics.stdev(xs) * scale:.{digits}f}" if len(xs) > 1 else f"{m:.{digits}f}"
-
-
 def baselines(args, setting: str, seed: int) -> dict[str, float]:
     """Majority class (of the pooled training data) and per-client majority, over P and NP clients' test shards."""
     import numpy as np
@@ -165,8 +158,8 @@ def render(args) -> Path:
                   "| arm | seeds done | P acc % | NP acc % | P before post-tuning | NP before | upload B/client-round "
                   "| download B/client-round | queries/client-round |", "|---|---|---|---|---|---|---|---|---|"]
         for name in ("majority", "client majority"):
-            lines.append(f"| {name} | {len(base)}/{len(args.seeds)} | {_ms([b.get(name + ' P') for b in base])} | "
-                         f"{_ms([b.get(name + ' NP') for b in base])} | | | 0 | 0 | 0 |")
+            lines.append(f"| {name} | {len(base)}/{len(args.seeds)} | {mean_std([b.get(name + ' P') for b in base])} | "
+                         f"{mean_std([b.get(name + ' NP') for b in base])} | | | 0 | 0 | 0 |")
         curves = {}
         for arm in args.arms:
             res = {s: _load(runs / job_name(setting, arm, s)) for s in args.seeds}
@@ -176,15 +169,15 @@ def render(args) -> Path:
                 continue
             q = [r["queries"] for r in done if r["queries"] is not None]
             local = arm.startswith(("BBT (local", "Manual"))
-            lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | {_ms([r['P'] for r in done])} | "
-                         f"{_ms([r['NP'] for r in done])} | {_ms([r['P0'] for r in done])} | "
-                         f"{_ms([r['NP0'] for r in done])} | "
+            lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['P'] for r in done])} | "
+                         f"{mean_std([r['NP'] for r in done])} | {mean_std([r['P0'] for r in done])} | "
+                         f"{mean_std([r['NP0'] for r in done])} | "
                          f"{'–' if local else format(statistics.fmean(r['up'] for r in done), ',.0f')} | "
                          f"{'–' if local else format(statistics.fmean(r['down'] for r in done), ',.0f')} | "
                          f"{statistics.fmean(q):,.0f} |" if q else
-                         f"| {arm} | {len(done)}/{len(args.seeds)} | {_ms([r['P'] for r in done])} | "
-                         f"{_ms([r['NP'] for r in done])} | {_ms([r['P0'] for r in done])} | "
-                         f"{_ms([r['NP0'] for r in done])} | "
+                         f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['P'] for r in done])} | "
+                         f"{mean_std([r['NP'] for r in done])} | {mean_std([r['P0'] for r in done])} | "
+                         f"{mean_std([r['NP0'] for r in done])} | "
                          f"{'–' if local else format(statistics.fmean(r['up'] for r in done), ',.0f')} | "
                          f"{'–' if local else format(statistics.fmean(r['down'] for r in done), ',.0f')} | – |")
             if all(r["rounds"] == args.rounds and None not in r["loss"] for r in done) and args.rounds > 1:
@@ -267,13 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         (Path(args.runs_dir) / "calibration.json").write_text(json.dumps(calibration(args), indent=1))
     elif not args.render_only:
         jobs = [(st, arm, s) for st in args.settings for arm in args.arms for s in args.seeds]
-        with ProcessPoolExecutor(args.workers) as pool:
-            futures = [pool.submit(run_job, args, *j) for j in jobs]
-            for f in as_completed(futures):
-                try:
-                    print(f.result(), flush=True)
-                except Exception as e:  # one failed run must not lose the others; it is resumed next time
-                    print(f"failed: {type(e).__name__}: {e}", flush=True)
+        run_pool(run_job, [(args, *j) for j in jobs], args.workers)
     print(f"wrote {render(args)}")
 
 

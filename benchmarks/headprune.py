@@ -22,8 +22,9 @@ import json
 import math
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+
+from runner import mean_std, run_pool
 
 ARMS = {  # label -> overrides on top of the preset
     "B1 FedAvg, random CS": ["method.name=fedavg-lora"],
@@ -115,13 +116,6 @@ def _load(out: Path) -> dict | None:
             "kept": mean("kept_heads"), "wall": summary["wall_seconds"]}
 
 
-def _ms(xs: list[float], scale: float = 100.0, digits: int = 1) -> str:
-    if not xs:
-        return "–"
-    m = statistics.fmean(xs) * scale
-    return f"{m:.{digits}f} ± {statistics.stdev(xs) * scale:.{digits}f}" if len(xs) > 1 else f"{m:.{digits}f}"
-
-
 def majority(task: str, args) -> tuple[float, int]:
     from fedpeft.data import load_task
     from fedpeft.resolve import load_config
@@ -167,7 +161,7 @@ def render(args) -> Path:
                 reach_txt = ", ".join("–" if x is None else str(x) for x in reach) or "–"
                 first = next(iter(done.values()), None)
                 paired = ", ".join(f"{(done[s]['final'] - base[s]['final']) * 100:+.1f}" for s in done if base.get(s))
-                lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | {_ms([r['final'] for r in done.values()])} | "
+                lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['final'] for r in done.values()])} | "
                              f"{paired or '–'} | {reach_txt} | {statistics.fmean(r['up'] for r in done.values()):,.0f} | "
                              f"{first['ops_paper'] or 0:.3f} | {first['ops_clean'] or 0:.3f} | {first['kept'] or 0:.0f} |"
                              if first else f"| {arm} | 0/{len(args.seeds)} | – | – | – | – | – | – | – |")
@@ -227,13 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         (Path(args.runs_dir) / "step_time.json").write_text(json.dumps(step_time(args), indent=1))
     elif not args.render_only:
         jobs = [(t, part, arm, s) for s in args.seeds for t in args.tasks for part in args.partitions for arm in args.arms]
-        with ProcessPoolExecutor(args.workers) as pool:
-            futures = [pool.submit(run_job, args, *j) for j in jobs]
-            for f in as_completed(futures):
-                try:
-                    print(f.result(), flush=True)
-                except Exception as e:  # one failed run must not lose the others; it is resumed next time
-                    print(f"failed: {type(e).__name__}: {e}", flush=True)
+        run_pool(run_job, [(args, *j) for j in jobs], args.workers)
     print(f"wrote {render(args)}")
 
 

@@ -24,6 +24,15 @@ class SoftPromptSettings(BaseModel):
     position: Literal["after_first", "before_all"] = "after_first"
 
 
+def word_ids(backbone: Backbone, words: list[str] | None, m: int) -> torch.Tensor:
+    """The token ids of ``words``, repeated to length m (prompt initialisation from given words)."""
+    if not words:
+        raise ValueError("method.adapter.init_words: required when init is 'words'")
+    tok = backbone.tokenizer
+    ids = [i for w in words for i in tok(w, add_special_tokens=False)["input_ids"]]
+    return torch.tensor((ids * (m // max(len(ids), 1) + 1))[:m])
+
+
 @ADAPTERS.register("soft_prompt", "m trainable virtual-token embeddings in front of the input (FedPrompt)",
                    SoftPromptSettings)
 class SoftPrompt(AdapterBase):
@@ -36,12 +45,7 @@ class SoftPrompt(AdapterBase):
         table = backbone.input_embeddings().weight.detach()
         m = self.cfg.num_tokens
         if self.cfg.init == "words":
-            if not self.cfg.init_words:
-                raise ValueError("method.adapter.init_words: required when init is 'words'")
-            tok = backbone.tokenizer
-            ids = [i for w in self.cfg.init_words for i in tok(w, add_special_tokens=False)["input_ids"]]
-            ids = (ids * (m // max(len(ids), 1) + 1))[:m]
-            rows = table[torch.tensor(ids)]
+            rows = table[word_ids(backbone, self.cfg.init_words, m)]
         elif self.cfg.init == "vocab":
             special = set(backbone.tokenizer.all_special_ids)
             lo = 1000 if table.shape[0] > 5000 else 0  # skip reserved/unused ids at the head of BERT vocabs

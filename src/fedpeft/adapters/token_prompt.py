@@ -14,7 +14,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.base import ADAPTERS, Params
-from fedpeft.adapters.soft_prompt import SoftPrompt
+from fedpeft.adapters.soft_prompt import SoftPrompt, word_ids
 from fedpeft.backbones.loading import Backbone
 
 
@@ -48,11 +48,7 @@ class TokenPrompt(SoftPrompt):
         table = backbone.input_embeddings().weight.detach()
         t = self.cfg.num_tokens
         if self.cfg.init == "words":
-            if not self.cfg.init_words:
-                raise ValueError("method.adapter.init_words: required when init is 'words'")
-            tok = backbone.tokenizer
-            ids = [i for w in self.cfg.init_words for i in tok(w, add_special_tokens=False)["input_ids"]]
-            ids = torch.tensor((ids * (t // max(len(ids), 1) + 1))[:t])
+            ids = word_ids(backbone, self.cfg.init_words, t)
         else:
             allowed = candidate_ids(backbone)
             if len(allowed) < t:
