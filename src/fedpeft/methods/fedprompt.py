@@ -15,6 +15,14 @@ preset("fedprompt", "FedPrompt (Zhao et al. 2023): soft prompt tuning on a froze
                 "reset_optimizer": True},
        aggregator={"name": "fedavg"})
 
+preset("fedprompt-ptuning", "FedPrompt's P-tuning variant (Table VI β): an LSTM prompt encoder, the whole template "
+       "trained and exchanged",
+       # OpenPrompt PtuningTemplate, 20 soft tokens (25.420M parameters on BERT-base, FedPrompt spec §2.6)
+       adapter={"name": "p_tuning", "num_tokens": 20, "encoder": "lstm", "position": "after_first"},
+       trainer={"name": "adam", "lr": 0.03, "batch_size": 16, "local_epochs": 1.0, "grad_clip": 1.0,
+                "reset_optimizer": True},
+       aggregator={"name": "fedavg"})
+
 preset("fedavg-full", "Full fine-tuning with FedAvg over every backbone weight (FedPrompt's Table II baseline)",
        # AdamW 2e-5 on the PLM, same rounds and local budget as FedPrompt (FedPrompt spec §7 #20)
        adapter={"name": "full"},
