@@ -21,7 +21,7 @@ from fedpeft.backbones.encoding import Encoded
 from fedpeft.build import build_method
 from fedpeft.clients import sub_state
 from fedpeft.comm.codec import Message, decode, encode, payload_bytes
-from fedpeft.comm.update import Update, unpack
+from fedpeft.comm.update import unpack
 from fedpeft.config import ConfigError
 from fedpeft.experiment import build_experiment
 from fedpeft.methods import PRESETS
@@ -242,13 +242,21 @@ def test_candidate_evaluations_and_forwards_per_client_round(mode):
     if mode == "chunked":  # 38 rows per forward: K x 12 examples per chunk, 2 chunks for 19 examples
         extra |= {"method.trainer.max_rows": 38}
     _, exp, method = _setup(**extra)
+    vocab_size = method.trainer.vocabulary().table.shape[0]
+    box = BlackBox(exp.classifier, param_name="prompt", param_dims=2)
     state, states = method.server_init(), {}
     for rnd in (1, 2):
+        prev = state.tensors["prompt"].clone()
+        schema = method.reply_schema(state)
         state, _, replies = _train_round(method, exp, state, rnd, [0, 1, 2], states)
         for c, reply in replies.items():
             n = len(exp.client(c).train)
             assert n == 19
             s = reply.scalars
+            # the reported training loss is the uploaded prompt's on the whole local set
+            prompt = method.trainer.decode(unpack(reply, schema, c), {"prompt": prev}).tensors["prompt"]
+            assert s["train_loss"] == pytest.approx(float(box.losses(prompt, exp.client(c).train)[0]), abs=1e-6)
+            assert s["rows_changed"] == int((reply.tensors["tokens"].to(torch.int64) != vocab_size).sum())
             if mode == "whole":
                 assert (s["candidates"], s["queries"]) == (S * K + 1, S + 1)
             elif mode == "minibatch":
@@ -379,11 +387,12 @@ def _last_trained(c: int, upto: int) -> int:
     return rounds[-1] if rounds else 1
 
 
-@pytest.mark.parametrize("phi", [5, 16])
-def test_analogy_download_keeps_every_client_bitwise_in_sync(phi):
+@pytest.mark.parametrize("phi,wire", [(5, "float32"), (16, "float32"), (16, "float16")])
+def test_analogy_download_keeps_every_client_bitwise_in_sync(phi, wire):
+    """A float16 method codec must not round the whole-p' fallback: that client would drift off p' for good."""
     cfg, exp, method = _setup(**{"federation.num_clients": 4, "federation.clients_per_round": 2,
                                  "federation.rounds": len(SCHEDULE), "task.num_examples": 96,
-                                 "method.downlink.phi": phi})
+                                 "method.downlink.phi": phi, "method.codec.dtype": wire})
     T, D = method.initial_params()["prompt"].shape
     assert cfg.federation.clients_per_round < cfg.federation.num_clients
     chain_bytes, whole_bytes = T * 2 * phi * 2, T * D * 4
@@ -429,7 +438,7 @@ def test_analogy_download_keeps_every_client_bitwise_in_sync(phi):
                                          ("discrete-prompt-quant3", lambda T, D: math.ceil(T * D * 3 / 8) + 2 * T)])
 def test_stateless_downloads_keep_every_client_bitwise_in_sync(preset, size, monkeypatch):
     _, exp, method = _setup(preset, **{"federation.num_clients": 4, "federation.clients_per_round": 2,
-                                       "federation.rounds": 3, "task.num_examples": 96})
+                                       "federation.rounds": len(SCHEDULE), "task.num_examples": 96})
     T, D = method.initial_params()["prompt"].shape
     seen: list[torch.Tensor] = []
 
@@ -466,7 +475,8 @@ def test_non_participants_never_train_but_are_evaluated(tmp_path):
     state = method.server_init()
     for rnd in range(1, 8):
         assert np_id not in method.configure_round(state, rnd, [0, 1, 2, 3])
-    run_embedded(cfg, tmp_path / "run", experiment=exp)
+    summary = run_embedded(cfg, tmp_path / "run", experiment=exp)
+    assert summary["upload_tensor_bytes"] == 2 * cfg.method.adapter.num_tokens  # T uint16 indices
     recs = RunDir(tmp_path / "run").read_metrics()
     assert len(recs) == 2
     for r in recs:
@@ -497,33 +507,52 @@ def test_few_shot_split_draws_at_most_k_per_class_and_a_disjoint_dev_set():
         assert none is None and only.input_ids == train.input_ids
 
 
-def test_bbt_post_tuning_with_dev_selection_is_never_worse_on_dev_and_counts_queries():
+class AccuracyBox(BlackBox):
+    """The black box, remembering every ``accuracy`` call: (prompt, accuracy)."""
+
+    seen: list[tuple[torch.Tensor, float]] = []
+
+    def accuracy(self, z: torch.Tensor, data: Encoded) -> tuple[float, float]:
+        out = super().accuracy(z, data)
+        AccuracyBox.seen.append((z.detach().clone(), out[0]))
+        return out
+
+
+def test_bbt_post_tuning_with_dev_selection_is_never_worse_on_dev_and_counts_queries(monkeypatch):
     _, exp, method = _setup()
     clf = exp.classifier
     params = method.initial_params()
     pop, iters = 4, 3
-    worse_last = 0
+    monkeypatch.setattr("fedpeft.post_tuning.bbt.BlackBox", AccuracyBox)
+    last_worse = 0
     for sigma in (0.1, 10.0):
         for c in range(3):
             data = exp.client(c).train
             for seed in range(4):
-                dev_tuner = BBTPostTuning(BBTSettings(shots=4, intrinsic_dim=6, popsize=pop, iterations=iters,
-                                                      sigma=sigma, select="dev"), PostTuningContext(clf))
+                tuner = BBTPostTuning(BBTSettings(shots=4, intrinsic_dim=6, popsize=pop, iterations=iters,
+                                                  sigma=sigma, select="dev"), PostTuningContext(clf))
                 rng = np.random.default_rng(seed)
                 _, dev = few_shot_split(data, 4, True, copy.deepcopy(rng))
-                tuned, report = dev_tuner.tune(params, data, rng)
+                AccuracyBox.seen = []
+                tuned, report = tuner.tune(params, data, rng)
+                seen = AccuracyBox.seen
                 assert set(tuned) == {"prompt"} and tuned["prompt"].shape == params["prompt"].shape
+                # scored on dev: the global prompt first, then the mean after each iteration
+                assert len(seen) == iters + 1 and torch.equal(seen[0][0], params["prompt"])
                 box = BlackBox(clf, param_name="prompt", param_dims=2)
-                before = box.accuracy(params["prompt"], dev)[0]
-                assert box.accuracy(tuned["prompt"], dev)[0] >= before
+                before, after = box.accuracy(params["prompt"], dev)[0], box.accuracy(tuned["prompt"], dev)[0]
+                assert before == seen[0][1] and after >= before
+                best = max(a for _, a in seen)
+                assert after == best  # the earliest prompt of best dev accuracy is kept
+                assert torch.equal(tuned["prompt"], next(z for z, a in seen if a == best))
+                last_worse += seen[-1][1] < best
                 assert report == {"post_queries": pop * iters + iters + 1, "post_shots": 8}
-                last_tuner = BBTPostTuning(BBTSettings(shots=4, intrinsic_dim=6, popsize=pop, iterations=iters,
-                                                       sigma=sigma, select="last"), PostTuningContext(clf))
-                last, report = last_tuner.tune(params, data, np.random.default_rng(seed))
+                last, report = BBTPostTuning(BBTSettings(shots=4, intrinsic_dim=6, popsize=pop, iterations=iters,
+                                                         sigma=sigma, select="last"), PostTuningContext(clf)).tune(
+                    params, data, np.random.default_rng(seed))
                 assert report["post_queries"] == pop * iters
                 assert not torch.equal(last["prompt"], params["prompt"])
-                worse_last += box.accuracy(last["prompt"], dev)[0] < before
-    assert worse_last > 0  # the dev selection had something to guard against
+    assert last_worse > 0  # the dev selection had something to guard against
 
 
 def test_bbt_post_tuning_of_a_projected_prompt_searches_z():
@@ -540,6 +569,8 @@ def test_bbt_post_tuning_of_a_projected_prompt_searches_z():
 
 @pytest.mark.parametrize("stop", [1, 2])
 def test_resume_with_the_analogy_download_and_missed_rounds(stop, tmp_path):
+    """stop=2: a client that trained in round 2 holds p'_1 and needs it in round 3 (its chain starts at round 2),
+    so a resume that lost the checkpointed client states would fail that client."""
     cfg = _cfg(**{"federation.clients_per_round": 2, "federation.rounds": 3})
     exp = build_experiment(cfg)
     run_embedded(cfg, tmp_path / "full", experiment=exp)

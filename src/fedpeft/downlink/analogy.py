@@ -15,6 +15,7 @@ from fedpeft.comm.prompt_compression import analogy_compress, analogy_reconstruc
 from fedpeft.comm.token_index import index_dtype
 from fedpeft.comm.update import Params
 from fedpeft.downlink.base import DOWNLINKS, SEP, DownlinkBase
+from fedpeft.downlink.sync import full_name
 
 PROMPT = "prompt"
 IDS, COEF = PROMPT + SEP + "ids", PROMPT + SEP + "coef"
@@ -36,7 +37,7 @@ class AnalogyDownload(DownlinkBase):
     keys = (PROMPT,)
 
     def wire_overrides(self) -> tuple[tuple[str, str], ...]:
-        return ((COEF, "float16"),)
+        return ((COEF, "float16"), (full_name(PROMPT), "float32"))  # the whole-p' fallback (sync.py) is exact
 
     def encode(self, new: Params, prev: Params) -> tuple[Params, Params]:
         table = self.ctx.table()

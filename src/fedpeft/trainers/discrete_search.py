@@ -48,7 +48,8 @@ class Vocabulary:
     def __init__(self, table: torch.Tensor, special: list[int]) -> None:
         self.table = table
         keep = torch.ones(table.shape[0], dtype=torch.bool)
-        keep[torch.tensor(special, dtype=torch.long)] = False
+        self.special = torch.tensor(special, dtype=torch.long)
+        keep[self.special] = False
         self.ids = torch.nonzero(keep).squeeze(1)
         rows = table[self.ids].double()
         self.unit = (rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12)).float()
@@ -127,9 +128,13 @@ class DiscreteSearchTrainer(TrainerBase):
         return {TOKENS: index_dtype(self.vocabulary().table.shape[0])}
 
     def check(self, reply: Message) -> None:
-        size = self.vocabulary().table.shape[0]
-        if int(reply.tensors[TOKENS].long().max()) > size:
+        vocab = self.vocabulary()
+        size = vocab.table.shape[0]
+        idx = reply.tensors[TOKENS].long()
+        if int(idx.max()) > size:
             raise ValueError(f"'{TOKENS}' holds an index above the sentinel {size}")
+        if bool(torch.isin(idx, vocab.special).any()):
+            raise ValueError(f"'{TOKENS}' holds a special-token id, which the search never picks")
 
     def decode(self, update: Update, shared: Params) -> Update:
         """Rows of the sender's prompt: e(V)[index], or the prompt the server sent for the sentinel."""
