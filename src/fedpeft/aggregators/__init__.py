@@ -11,6 +11,7 @@ from fedpeft.aggregators import (  # noqa: F401  (registration)
     krum,
     median,
     momentum_cv,
+    outlier_filter,
     server_cmaes,
     trimmed_mean,
 )

@@ -210,8 +210,11 @@ class ComposedMethod:
     def diagnostics(self, state: Message) -> dict[str, float]:
         """Numeric scalars of the new global state (e.g. FedBPT's sigma, sigma'; FedPepTAO's ratio)."""
         st = ServerState.from_message(state)
-        return (self.aggregator.diagnostics(st.agg) | self.sharing.diagnostics(st.sharing)
-                | self.trainer.diagnostics(st.glob))
+        out = (self.aggregator.diagnostics(st.agg) | self.sharing.diagnostics(st.sharing)
+               | self.trainer.diagnostics(st.glob))
+        for _, t in self.transforms:  # e.g. the LDP epsilon spent so far
+            out |= t.diagnostics(st.round, self.cfg, st.glob)
+        return out
 
     # ------------------------------------------------------------------ client
 

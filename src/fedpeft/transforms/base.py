@@ -18,12 +18,18 @@ from fedpeft.registry import Registry
 class UpdateTransform(Protocol):
     def apply(self, update: Update, start: Params, round: int, generator: torch.Generator) -> Update: ...
 
+    def diagnostics(self, round: int, cfg: Any, params: Params) -> dict[str, float]: ...
+
 
 class TransformBase:
     accepts: frozenset[str] = frozenset({"params"})  # update kinds it can act on
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
+
+    def diagnostics(self, round: int, cfg: Any, params: Params) -> dict[str, float]:
+        """Scalars for the round's ``server`` metrics (e.g. the LDP epsilon spent), given the global tensors."""
+        return {}
 
 
 TRANSFORMS: Registry[type] = Registry("update transform")  # classes built as cls(settings)
