@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fedpeft.attacks.backdoor import asr_examples, insert_trigger, kept_tokens, malicious_ids, poisoned_copies
 from fedpeft.data.types import Example
@@ -89,3 +90,18 @@ def test_a_poisoned_run_reports_global_and_local_asr_and_resumes_identically(tin
 def test_clean_run_measures_the_natural_error_asr_when_asked(tiny_cfg, tmp_path):
     summary = run_embedded(tiny_cfg(attack__asr=True, federation__rounds=1), tmp_path / "run")
     assert "final_asr" in summary and not build_experiment(tiny_cfg(attack__asr=True)).malicious
+
+
+def test_boosting_scales_only_the_malicious_clients_delta(tiny_cfg):
+    from fedpeft.build import build_method
+
+    deltas = {}
+    for boost in (1.0, 5.0):
+        cfg = tiny_cfg(attack__malicious_clients="[0]", attack__boost=boost, federation__rounds=1)
+        exp = build_experiment(cfg)
+        method = build_method(cfg, exp)
+        inst = method.configure_round(method.server_init(), 1, [0, 1])
+        deltas[boost] = {c: method.client_update(inst[c], exp.client(c)).tensors["prompt"] - inst[c].tensors["prompt"]
+                         for c in (0, 1)}
+    assert torch.allclose(deltas[5.0][0], 5 * deltas[1.0][0], atol=1e-5)
+    assert torch.equal(deltas[5.0][1], deltas[1.0][1])

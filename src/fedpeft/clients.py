@@ -17,6 +17,7 @@ class ClientContext:
     seed: int = 0
     weight: int | None = None                        # aggregation weight when it is not len(train) (attacks)
     asr_test: Encoded | None = None                  # triggered non-target test inputs labelled as the target
+    malicious: bool = False                          # poisons its data (and boosts its delta when asked)
 
     @property
     def num_examples(self) -> int:

@@ -146,6 +146,8 @@ class AttackConfig(_Strict):
     target: int = Field(1, ge=0, description="target class index")
     weight: Literal["honest", "poisoned"] = Field("honest", description="aggregation weight of a malicious "
                                                                         "client: its clean n_k or |D_k ∪ poison|")
+    boost: float = Field(1.0, gt=0, description="gamma: malicious clients scale their delta by it before the "
+                                                "upload (model replacement, Bagdasaryan et al. 2020; paper: 1)")
     asr: bool = Field(False, description="measure the attack success rate also without malicious clients "
                                          "(the natural-error baseline)")
 

@@ -72,6 +72,7 @@ class Experiment:
             seed=self.cfg.seed,
             weight=weight,
             asr_test=self._client_asr_test(client_id) if self.cfg.attack.measured else None,
+            malicious=client_id in self.malicious,
         )
 
     # ---------------------------------------------------------------- backdoor attack (``attack``)

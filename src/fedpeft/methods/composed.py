@@ -38,6 +38,7 @@ from fedpeft.selection import SELECTORS, SelectorContext
 from fedpeft.sharing import SHARING, SharingContext
 from fedpeft.trainers import TRAINERS, TrainerContext
 from fedpeft.transforms import TRANSFORMS
+from fedpeft.transforms.scale_delta import ScaleDelta, ScaleDeltaSettings
 
 AGG, SHARE, DOWN = "agg/", "share/", "dl/"  # server-state prefixes
 OPT, PRIVATE = "opt/", "u/"                 # client-state prefixes (and DOWN)
@@ -234,6 +235,8 @@ class ComposedMethod:
         for i, (name, t) in enumerate(self.transforms):
             update = t.apply(update, start, round, torch_rng(client.seed, round, client.client_id,
                                                              f"transform:{i}:{name}"))
+        if client.malicious and self.cfg.attack.boost != 1:  # model replacement: the attacker boosts its delta
+            update = ScaleDelta(ScaleDeltaSettings(factor=self.cfg.attack.boost)).apply(update, start, round, None)
         if client.asr_test is not None:  # the local model's attack success rate, before any transform
             local = start | self.trainer.decode(Update(client.client_id, trained, 0), start).tensors
             asr = self.trainer.evaluate(local, client.asr_test).get("accuracy")
