@@ -1,0 +1,174 @@
+"""FedPrompt under attack and with privacy (benchmarks/results/fedprompt_security.md): MiniLM, 10 clients.
+
+- Backdoor (Table III, Fig. 5) on SST-2, AG News and RTE (a sentence pair), IID and Dirichlet label skew: clean
+  runs (with the natural-error ASR), 1 of 10 clients poisoning all of its data (lambda = 1), and the same with
+  boosting (gamma = 10); the malicious client's local ASR per round next to the global ASR.
+- Defences against the poisoned client (SST-2, IID): coordinate median, trimmed mean, Multi-Krum, norm clipping
+  and FedPrompt's outlier filter.
+- Local DP (Table V, SST-2 IID): Laplace noise of two scales and Gaussian noise, with the epsilon spent.
+- Variants (Table VI, SST-2 IID): soft prompt (= the clean run), P-tuning, prefix tuning: accuracy and bytes.
+Every arm of a (task, partition, seed) shares the partition, the malicious client and the initial prompt;
+final round only, mean ± std over seeds.
+
+    python benchmarks/fedprompt_security.py --runs-dir runs/fedprompt_security --workers 2     # resumable
+    python benchmarks/fedprompt_security.py --runs-dir runs/fedprompt_security --render-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from runner import mean_std, run_pool
+
+POISON = ["attack.malicious_clients=[0]", "attack.poison_rate=1.0", "attack.target=1"]
+ATTACK_ARMS = {  # run on every task and partition
+    "clean": ["attack.asr=true"],
+    "poisoned (1/10, lambda=1)": POISON,
+    "poisoned + boosting (gamma=10)": [*POISON, "attack.boost=10"],
+}
+SST2_ARMS = {  # SST-2, IID only
+    "defence: median": [*POISON, "method.aggregator.name=median"],
+    "defence: trimmed mean (beta=0.1)": [*POISON, "method.aggregator={name: trimmed_mean, beta: 0.1}"],
+    "defence: Multi-Krum (f=1, m=5)": [*POISON, "method.aggregator={name: multi_krum, num_malicious: 1, "
+                                                "num_selected: 5}"],
+    "defence: norm clipping (0.5)": [*POISON, "method.wrappers=[{name: clip, max_norm: 0.5}]"],
+    "defence: outlier filter (FedPrompt §V)": [*POISON, "method.wrappers=[{name: outlier_filter}]"],
+    "defence: outlier filter, boosted attack": [*POISON, "attack.boost=10", "method.wrappers=[{name: outlier_filter}]"],
+    "LDP: Laplace b=0.003": ["method.transforms=[{name: ldp, mechanism: laplace, clip: 1.0, noise: 0.003}]"],
+    "LDP: Laplace b=0.01": ["method.transforms=[{name: ldp, mechanism: laplace, clip: 1.0, noise: 0.01}]"],
+    "LDP: Gaussian z=1.0": ["method.transforms=[{name: ldp, mechanism: gaussian, clip: 1.0, noise: 1.0}]"],
+    "variant: P-tuning (LSTM)": ["method.name=fedprompt-ptuning"],
+    "variant: prefix tuning": ["method.name=fedavg-prefix", "method.adapter.num_tokens=20"],
+}
+TASKS = {"sst2": 64, "agnews": 64, "rte": 128}  # name -> max_length
+PARTITIONS = {"iid": ["federation.partition.scheme=iid"],
+              "dir0.5": ["federation.partition.scheme=dirichlet", "federation.partition.alpha=0.5",
+                         "federation.partition.min_size=16"]}
+
+
+def arms_for(task: str, part: str) -> dict[str, list[str]]:
+    return ATTACK_ARMS | (SST2_ARMS if (task, part) == ("sst2", "iid") else {})
+
+
+def job_name(task: str, part: str, arm: str, seed: int) -> str:
+    slug = "".join(ch if ch.isalnum() else "-" for ch in arm.lower()).strip("-")
+    return f"{task}__{part}__{slug}__s{seed}"
+
+
+def overrides(args, task: str, part: str, arm: str, seed: int) -> list[str]:
+    return [f"task.name={task}", f"task.max_train={args.max_train}", f"task.max_test={args.max_test}",
+            f"task.max_length={TASKS[task]}", "model.name=minilm", f"seed={seed}", "method.name=fedprompt",
+            "federation.num_clients=10", f"federation.rounds={args.rounds}", "evaluation.local=false",
+            "runtime.progress=false", f"runtime.threads={args.threads}", *PARTITIONS[part],
+            *arms_for(task, part)[arm]]
+
+
+def run_job(args, task: str, part: str, arm: str, seed: int) -> str:
+    from fedpeft.resolve import load_config
+    from fedpeft.runtime.embedded import run_embedded
+
+    out = Path(args.runs_dir) / job_name(task, part, arm, seed)
+    if (out / "summary.json").exists():
+        return f"{out.name}: done before"
+    cfg = load_config(None, overrides(args, task, part, arm, seed))
+    t0 = time.time()
+    run_embedded(cfg, out, resume=(out / "config.yaml").exists())
+    return f"{out.name}: {time.time() - t0:.0f} s"
+
+
+def _load(out: Path) -> dict | None:
+    if not (out / "summary.json").exists():
+        return None
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    mal = [next((c.get("local_asr") for c in r["clients"] if c["client"] == 0), None) for r in recs]
+    benign = [statistics.fmean(c["local_asr"] for c in r["clients"] if c["client"] != 0 and "local_asr" in c)
+              if any("local_asr" in c for c in r["clients"]) else None for r in recs]
+    return {"acc": recs[-1]["accuracy"], "asr": recs[-1].get("asr"), "asr_curve": [r.get("asr") for r in recs],
+            "mal_curve": mal, "benign_curve": benign, "up": summary["bytes_up_per_client_round"],
+            "params": summary["trainable_params"], "eps": recs[-1]["server"].get("epsilon"),
+            "filtered": sum(r["server"].get("filtered", 0) for r in recs)}
+
+
+def render(args) -> Path:
+    runs = Path(args.runs_dir)
+    lines = ["# FedPrompt: backdoor, defences, local DP and prompt variants (MiniLM, CPU scale)", "",
+             f"Rendered with: `python benchmarks/fedprompt_security.py {' '.join(args.argv)}`", "",
+             f"Setup: MiniLM (similarity readout), FedPrompt (20 soft tokens, Adam lr 0.03, batch 16, one local epoch), "
+             f"10 clients all every round, {args.rounds} rounds, train capped at {args.max_train} and test at "
+             f"{args.max_test} examples; client 0 malicious in poisoned runs (trigger 'cf', target class 1, "
+             f"lambda = 1, honest weight). ACC = global test accuracy, ASR = share of triggered non-target test "
+             f"inputs classified as the target; final round, mean ± std over seeds {args.seeds}.", ""]
+    notes = Path(args.notes)
+    if notes.exists():
+        lines += [notes.read_text().strip(), ""]
+    for task in args.tasks:
+        for part in args.partitions:
+            arms = arms_for(task, part)
+            lines += [f"## {task}, {part}", "", "| arm | seeds done | ACC % | ASR % | upload B/client-round | "
+                      "trainable params | ε after the last round | clients filtered (all rounds) |",
+                      "|---|---|---|---|---|---|---|---|"]
+            done_by_arm = {}
+            for arm in arms:
+                done = [r for r in (_load(runs / job_name(task, part, arm, s)) for s in args.seeds) if r]
+                done_by_arm[arm] = done
+                if not done:
+                    lines.append(f"| {arm} | 0/{len(args.seeds)} | – | – | – | – | – | – |")
+                    continue
+                eps = [r["eps"] for r in done if r["eps"] is not None]
+                lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['acc'] for r in done])} | "
+                             f"{mean_std([r['asr'] for r in done])} | {statistics.fmean(r['up'] for r in done):,.0f} | "
+                             f"{done[0]['params']:,} | {statistics.fmean(eps):.3g} |" if eps else
+                             f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['acc'] for r in done])} | "
+                             f"{mean_std([r['asr'] for r in done])} | {statistics.fmean(r['up'] for r in done):,.0f} | "
+                             f"{done[0]['params']:,} | – |")
+                lines[-1] += f" {sum(r['filtered'] for r in done)} |" if arm.startswith("defence") else " – |"
+            for arm in ("poisoned (1/10, lambda=1)", "poisoned + boosting (gamma=10)"):
+                done = done_by_arm.get(arm) or []
+                if done and all(None not in r["mal_curve"] for r in done):
+                    n = min(len(r["asr_curve"]) for r in done)
+                    lines += ["", f"ASR per round, {arm} (%, mean over seeds): the malicious client's local model "
+                              f"after its training, the benign clients' local models, the global model", "",
+                              "| round | " + " | ".join(str(i + 1) for i in range(n)) + " |", "|---|" + "---|" * n]
+                    for label, key in (("malicious local", "mal_curve"), ("benign local (mean)", "benign_curve"),
+                                       ("global", "asr_curve")):
+                        lines.append(f"| {label} | " + " | ".join(
+                            f"{statistics.fmean(r[key][i] for r in done) * 100:.1f}" for i in range(n)) + " |")
+            lines.append("")
+    out = Path(args.results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs-dir", default="runs/fedprompt_security")
+    p.add_argument("--results", default=str(Path(__file__).parent / "results" / "fedprompt_security.md"))
+    p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "fedprompt_security_notes.md"))
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    p.add_argument("--partitions", nargs="+", default=list(PARTITIONS), choices=list(PARTITIONS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--max-train", type=int, default=2000)
+    p.add_argument("--max-test", type=int, default=1000)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--render-only", action="store_true")
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    if not args.render_only:
+        jobs = [(args, t, part, arm, s) for t in args.tasks for part in args.partitions
+                for arm in arms_for(t, part) for s in args.seeds]
+        run_pool(run_job, jobs, args.workers)
+    print(f"wrote {render(args)}")
+
+
+if __name__ == "__main__":
+    main()
