@@ -35,7 +35,7 @@ def small() -> TaskData:
 def toy_task(sizes: dict[str, tuple[int, int]]) -> TaskData:
     """A two-class task whose examples carry a domain; ``sizes``: domain -> (train, test) counts."""
     def split(which: int) -> list[Example]:
-        return [Example(f"{d} {i}", i % 2, domain=d) for d, n in sizes.items() for i in range(n[which])]
+        return [Example(f"{d} {i}", i % 2, group=d) for d, n in sizes.items() for i in range(n[which])]
 
     return TaskData("toy", ["neg", "pos"], split(0), split(1), ["bad", "good"], ["bad.", "good."])
 
@@ -176,7 +176,7 @@ def test_at_least_one_client_must_participate() -> None:
                                                                                          "non_participants.fold"),
     (["federation.non_participants.fold=4"], "non_participants.fold"),
     (["federation.non_participants.fraction=1"], "federation.non_participants.fraction"),
-    (["federation.non_participants.fold=0"], "non_participants.fold needs partition.scheme 'domains'"),
+    (["federation.non_participants.fold=0"], "non_participants.fold needs partition.scheme 'by_column'"),
     (["federation.partition.clients_per_domain=0"], "federation.partition.clients_per_domain"),
 ])
 def test_config_errors_name_the_field(overrides: list[str], field: str) -> None:

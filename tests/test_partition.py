@@ -46,8 +46,8 @@ def test_every_scheme_is_disjoint_covering_and_seeded(scheme: str) -> None:
 
 
 def test_registry_names_and_unknown_scheme() -> None:
-    assert PARTITIONERS.names() == ["dirichlet", "dirichlet_quantity", "domains", "iid"]
-    with pytest.raises(UnknownNameError, match="allowed: dirichlet, dirichlet_quantity, domains, iid"):
+    assert PARTITIONERS.names() == ["by_column", "dirichlet", "dirichlet_quantity", "domains", "iid"]
+    with pytest.raises(UnknownNameError, match="allowed: by_column, dirichlet, dirichlet_quantity, domains, iid"):
         PARTITIONERS.get("pathological")
 
 

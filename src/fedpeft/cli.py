@@ -1,4 +1,4 @@
-"""Command line: ``fedpeft run | export | methods | components | tasks | models | flower (superlink | supernode | run)``."""
+"""Command line: ``fedpeft run | export | predict | report | compare | methods | components | tasks | models | flower (superlink | supernode | run)``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 
 
 def _fail(msg: str) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {msg}")
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(msg)}", soft_wrap=True)  # one line stays one line
     raise typer.Exit(2)
 
 
@@ -29,6 +31,8 @@ def run(
     resume: Annotated[bool, typer.Option(help="continue from the last checkpoint in --out")] = False,
     runtime: Annotated[Optional[str], typer.Option(help="shortcut for --set runtime.name=...")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bars")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="validate, print the resolved config, trainable "
+                                          "params and bytes per client-round; train nothing, write nothing")] = False,
 ) -> None:
     """Run an experiment (or resume one) and print the per-round table."""
     from fedpeft.config import ConfigError
@@ -44,11 +48,32 @@ def run(
     name = cfg.name or f"{cfg.method.name}-{cfg.task.name}-{cfg.model.name}-s{cfg.seed}"
     out_dir = out or Path("runs") / name
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if dry_run:
+        _dry_run(cfg, out_dir)
+        return
     try:
         summary = runtime_fn(cfg.runtime.name)(cfg, out_dir, resume=resume)
     except (FileExistsError, UnknownNameError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     _print_table(out_dir, summary)
+
+
+def _dry_run(cfg, out_dir: Path) -> None:
+    from fedpeft.config import dump_config
+    from fedpeft.dryrun import dry_run
+
+    try:
+        d = dry_run(cfg)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    typer.echo(dump_config(cfg), nl=False)
+    bound = "at most " if d.up_upper_bound else ""
+    console.print(f"trainable params {d.trainable_params:,}", highlight=False)
+    console.print(f"bytes per client-round (round 1, client {d.client} of {d.clients_per_round} selected):\n"
+                  f"  receive {d.down_bytes:,} B (tensors {d.down_tensor_bytes:,} B)\n"
+                  f"  send {bound}{d.up_bytes:,} B (tensors {d.up_tensor_bytes:,} B + framing "
+                  f"{d.up_framing_bytes:,} B of a zero-filled reply)", highlight=False)
+    console.print(f"dry run: nothing trained, {out_dir} not written", highlight=False)
 
 
 def _print_table(out_dir: Path, summary: dict) -> None:
@@ -100,6 +125,42 @@ def export(
 
 
 @app.command()
+def predict(
+    run_dir: Annotated[Path, typer.Argument(help="a finished (or checkpointed) run directory")],
+    text: Annotated[list[str], typer.Option("--text", help="a text to classify (repeatable)")] = [],
+    file: Annotated[Optional[Path], typer.Option("--file", help="texts: one per line, or a .csv/.jsonl with a "
+                                                 "'text' column")] = None,
+    client: Annotated[Optional[int], typer.Option(help="client K's personalised adapter (methods with private "
+                                                  "layers, e.g. FedPepTAO)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write OUT.csv or OUT.jsonl instead of a table")] = None,
+) -> None:
+    """Labels and class probabilities from a run's final global adapter (or client K's personalised one)."""
+    from rich.markup import escape
+
+    from fedpeft.predict import OUTPUT_SUFFIXES, read_texts, write_predictions
+    from fedpeft.predict import predict as predict_texts
+
+    if out is not None and out.suffix.lower() not in OUTPUT_SUFFIXES:
+        _fail(f"--out: '{out.name}' must end in .csv or .jsonl")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        texts = list(text) + (read_texts(file) if file is not None else [])
+        rows = predict_texts(run_dir, texts, client)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    if out is not None:
+        console.print(f"wrote {write_predictions(rows, out)} ({len(rows)} texts)", highlight=False)
+        return
+    table = Table(title=f"{run_dir}" + (f", client {client}" if client is not None else ""))
+    columns = list(rows[0])
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("text", "label") else "right")
+    for r in rows:
+        table.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else escape(str(r[c])) for c in columns))
+    console.print(table)
+
+
+@app.command()
 def methods() -> None:
     """List method presets."""
     from fedpeft.methods import PRESETS
@@ -133,6 +194,41 @@ def models() -> None:
 
     _list("models", [(e.name, e.description) for e in BACKBONES.entries()]
           + [("<hf id or path>", "any Hugging Face encoder, masked LM or causal LM")])
+
+
+def _report(run_dirs: list[Path], out: Optional[Path], target: Optional[float]) -> None:
+    from fedpeft.report import write_report
+
+    try:
+        path = write_report(run_dirs, out, target)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    console.print(f"wrote {path}")
+
+
+_RUN_DIRS = typer.Argument(help="run directories (a folder holding run directories stands for all of them)")
+_REPORT_OUT = typer.Option(help="output HTML (default: RUN_DIR/report.html for one run, ./report.html for several)")
+_TARGET = typer.Option(help="accuracy for 'bytes up to reach' (default: 95 % of the best final accuracy)")
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[list[Path], _RUN_DIRS],
+    out: Annotated[Optional[Path], _REPORT_OUT] = None,
+    target: Annotated[Optional[float], _TARGET] = None,
+) -> None:
+    """Write a self-contained report.html (SVG plots, config and summary tables) of one or several runs."""
+    _report(run_dirs, out, target)
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], _RUN_DIRS],
+    out: Annotated[Optional[Path], _REPORT_OUT] = None,
+    target: Annotated[Optional[float], _TARGET] = None,
+) -> None:
+    """Overlay several runs in one report.html; runs differing only in seed/name are shown as mean ± std."""
+    _report(run_dirs, out, target)
 
 
 flower_app = typer.Typer(no_args_is_help=True, help="Run on Flower: a SuperLink, SuperNodes owning partitions, runs.")

@@ -24,7 +24,8 @@ class _Strict(BaseModel):
 
 class TaskConfig(_Strict):
     name: str = "bbc"
-    path: str | None = Field(None, description="data folder or file; defaults to ../shared/data/<dir>")
+    path: str | None = Field(None, description="data folder or file; defaults to ../shared/data/<dir>; file "
+                                               "tasks: the data file, or a folder with train.<ext> (+ test.<ext>)")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share for tasks without a test split")
     max_train: int | None = Field(None, gt=0, description="cap on training examples (seeded stratified sample)")
     max_test: int | None = Field(None, gt=0, description="cap on test examples (seeded stratified sample)")
@@ -33,6 +34,23 @@ class TaskConfig(_Strict):
     num_examples: int = Field(600, gt=0, description="size of synthetic tasks")
     domains: list[str] | None = Field(None, min_length=1, description="domain tasks: which domains to load, "
                                                                        "default all")
+    # file tasks (csv, tsv, jsonl, parquet): see fedpeft.data.tasks.files
+    test_path: str | None = Field(None, description="file tasks: test file (default: test.<ext> beside train, "
+                                                    "else a seeded stratified test_fraction split)")
+    text_column: str = Field("text", min_length=1, description="file tasks: column of the input text")
+    text_pair_column: str | None = Field(None, min_length=1, description="file tasks: second text of a pair")
+    label_column: str = Field("label", min_length=1, description="file tasks: label column (strings or integers)")
+    label_names: list[str] | None = Field(None, min_length=2, description="file tasks: class order (default: "
+                                                                          "the labels found, sorted)")
+    encoding: str = Field("utf-8", min_length=1, description="file tasks: text encoding of csv/tsv/jsonl files")
+    # readout overrides, any task: replace the task's own after loading
+    label_words: list[str] | None = Field(None, min_length=2, description="one verbalizer word per class")
+    label_descriptions: list[str] | None = Field(None, min_length=2, description="one sentence per class "
+                                                                                 "(similarity readout)")
+    template: str | None = Field(None, min_length=1, description="masked-LM template with {text_a}, {mask} "
+                                                                 "(and {text_b} for pairs)")
+    causal_template: str | None = Field(None, min_length=1, description="causal-LM template; the label word "
+                                                                        "follows it")
 
 
 class ModelConfig(_Strict):
@@ -46,18 +64,33 @@ class ModelConfig(_Strict):
 
 
 class PartitionConfig(_Strict):
-    scheme: Literal["iid", "dirichlet", "dirichlet_quantity", "domains"] = "iid"
+    scheme: Literal["iid", "dirichlet", "dirichlet_quantity", "by_column", "domains"] = "iid"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
-    min_size: int = Field(2, ge=1, description="minimum examples per client (Dirichlet schemes redraw below it)")
-    clients_per_domain: int = Field(1, ge=1, description="domains scheme: IID clients per domain")
+    min_size: int = Field(2, ge=1, description="minimum examples per client (Dirichlet schemes redraw below it; "
+                                               "by_column pools smaller groups into one '<other>' client)")
+    clients_per_domain: int = Field(1, ge=1, description="by_column/domains scheme: IID clients per group")
+    column: str | None = Field(None, min_length=1, description="by_column scheme, file tasks: one client per "
+                                                               "value of this column")
+
+    @property
+    def by_groups(self) -> bool:
+        """True for ``by_column`` and its alias ``domains``: one block of clients per group."""
+        return self.scheme in ("by_column", "domains")
+
+    @model_validator(mode="after")
+    def _check_column(self) -> PartitionConfig:
+        if self.column is not None and not self.by_groups:
+            raise ValueError(f"partition.column needs partition.scheme 'by_column', got '{self.scheme}'")
+        return self
 
 
 class NonParticipantConfig(_Strict):
-    """Clients that never train (evaluated only): a seeded share, or one fold of the sorted domains."""
+    """Clients that never train (evaluated only): a seeded share, or one fold of the sorted groups."""
 
     fraction: float = Field(0.0, ge=0, lt=1, description="seeded share of clients that never train")
-    fold: int | None = Field(None, ge=0, description="domains scheme: the clients of this domain group never train")
-    folds: int = Field(4, ge=2, description="domains scheme: contiguous groups the sorted domains are split into")
+    fold: int | None = Field(None, ge=0, description="by_column scheme: the clients of this fold of groups "
+                                                     "never train")
+    folds: int = Field(4, ge=2, description="by_column scheme: contiguous folds the sorted groups are split into")
 
     @model_validator(mode="after")
     def _check_choice(self) -> NonParticipantConfig:
@@ -78,8 +111,9 @@ class FederationConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_counts(self) -> FederationConfig:
-        if self.non_participants.fold is not None and self.partition.scheme != "domains":
-            raise ValueError("non_participants.fold needs partition.scheme 'domains'; use non_participants.fraction")
+        if self.non_participants.fold is not None and not self.partition.by_groups:
+            raise ValueError("non_participants.fold needs partition.scheme 'by_column' (or its alias 'domains'); "
+                             "use non_participants.fraction")
         if self.clients_per_round is not None and self.clients_per_round > self.num_clients:
             raise ValueError(
                 f"clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})"
@@ -164,6 +198,7 @@ class EvaluationConfig(_Strict):
     batch_size: int = Field(64, ge=1)
     local: bool = Field(True, description="also evaluate on each client's local test shard")
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always after the last round)")
+    report: bool = Field(True, description="write report.html (plots, tables) into the run directory at the end")
 
 
 class RuntimeConfig(_Strict):

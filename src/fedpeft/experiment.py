@@ -18,7 +18,7 @@ from fedpeft.backbones.encoding import Encoded, concat, text_budget
 from fedpeft.backbones.loading import Backbone, load_backbone, resolve_device
 from fedpeft.clients import ClientContext
 from fedpeft.config import ExperimentConfig
-from fedpeft.data import domains_of, label_histogram, load_task, partition, split_by_group, split_like
+from fedpeft.data import groups_of, label_histogram, load_task, partition, pool_small_groups, split_by_group, split_like
 from fedpeft.data.participants import non_participants
 from fedpeft.data.types import TaskData
 from fedpeft.rng import SERVER, numpy_rng
@@ -34,10 +34,15 @@ class Experiment:
     classifier: Classifier
     train_parts: list[np.ndarray]
     test_parts: list[np.ndarray]
-    domains: list[str] | None = None  # each client's domain (partition scheme 'domains'), for reporting
+    groups: list[str] | None = None  # each client's group (partition scheme 'by_column'/'domains'), for reporting
     non_participants: frozenset[int] = frozenset()  # clients that never train, only evaluated
     malicious: frozenset[int] = frozenset()         # clients that poison their data (``attack``)
     _encoded: dict[str, Encoded] = field(default_factory=dict)
+
+    @property
+    def domains(self) -> list[str] | None:
+        """Alias of ``groups`` (the name used by multi-domain tasks)."""
+        return self.groups
 
     @property
     def num_clients(self) -> int:
@@ -122,29 +127,34 @@ class Experiment:
 def split_clients(
     task: TaskData, cfg: ExperimentConfig
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[str] | None]:
-    """Seeded train and test index shards per client, and each client's domain (None unless scheme is 'domains')."""
+    """Seeded train and test index shards per client, and each client's group (None unless scheme is 'by_column').
+
+    For 'by_column' (alias 'domains') the groups below the size threshold are pooled first, in train and test alike,
+    and each client's test shard is an IID share of its group's test examples."""
     train_labels = np.array([e.label for e in task.train])
     test_labels = np.array([e.label for e in task.test])
     fed = cfg.federation
-    train_groups = domains_of(task.train)
+    train_groups, test_groups = groups_of(task.train), groups_of(task.test)
+    if fed.partition.by_groups and train_groups is not None:
+        if test_groups is None:
+            raise ValueError(f"task '{task.name}' has groups in train but not in test")
+        train_groups, test_groups = pool_small_groups(fed.partition.min_size * fed.partition.clients_per_domain,
+                                                      train_groups, test_groups)
     train_parts = partition(train_labels, fed.num_clients, fed.partition, numpy_rng(cfg.seed, 0, SERVER, "partition"),
                             groups=train_groups)
     test_rng = numpy_rng(cfg.seed, 0, SERVER, "test-partition")
-    if fed.partition.scheme != "domains":
+    if not fed.partition.by_groups:
         return train_parts, split_like(test_labels, train_parts, train_labels, test_rng), None
-    test_groups = domains_of(task.test)
-    if test_groups is None:
-        raise ValueError(f"task '{task.name}' has domains in train but not in test")
-    assert train_groups is not None  # the 'domains' partitioner refuses a task without them
+    assert train_groups is not None and test_groups is not None  # the 'by_column' partitioner refuses a task without
     test_parts = split_by_group(test_groups, train_parts, train_groups, test_rng)
     return train_parts, test_parts, [str(train_groups[p[0]]) for p in train_parts]
 
 
 def build_experiment(cfg: ExperimentConfig) -> Experiment:
     """Load the task, split it among clients (seeded), and attach the process's shared backbone."""
-    task = load_task(cfg.task, cfg.seed)
-    train_parts, test_parts, domains = split_clients(task, cfg)
-    idle = non_participants(cfg.federation.non_participants, len(train_parts), cfg.seed, domains)
+    task = load_task(cfg.task, cfg.seed, cfg.federation.partition.column)
+    train_parts, test_parts, groups = split_clients(task, cfg)
+    idle = non_participants(cfg.federation.non_participants, len(train_parts), cfg.seed, groups)
     a = cfg.attack
     participants = [c for c in range(len(train_parts)) if c not in idle]
     bad = malicious_ids(a.malicious_clients, a.malicious_fraction, len(train_parts), participants,
@@ -156,4 +166,4 @@ def build_experiment(cfg: ExperimentConfig) -> Experiment:
     adapter.bind(AdapterContext(cfg.seed, task, clf.readout, backbone))
     if bad:
         log.info("malicious clients (backdoor, target class %d, trigger %r): %s", a.target, a.trigger, sorted(bad))
-    return Experiment(cfg, task, backbone, clf, train_parts, test_parts, domains, idle, bad)
+    return Experiment(cfg, task, backbone, clf, train_parts, test_parts, groups, idle, bad)

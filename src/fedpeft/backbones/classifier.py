@@ -42,7 +42,8 @@ def label_token_ids(backbone: Backbone, words: list[str]) -> list[int]:
     spaced = tok(" a", add_special_tokens=False)["input_ids"] != tok("a", add_special_tokens=False)["input_ids"]
     ids = [tok((" " + w) if spaced else w, add_special_tokens=False)["input_ids"][0] for w in words]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"label words {words} share a first token for {backbone.name}; choose distinct words")
+        raise ValueError(f"task.label_words: label words {words} share a first token for {backbone.name}; "
+                         "set task.label_words to words whose first tokens differ (one per class)")
     return ids
 
 

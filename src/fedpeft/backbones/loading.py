@@ -198,14 +198,30 @@ BACKBONES.add("tiny-roberta-mlm", lambda: _tiny("mlm", "roberta"), "tiny random 
 BACKBONES.add("tiny-llama", lambda: _tiny("causal", "llama"), "tiny random LLaMA-style causal LM for tests")
 
 
+class ModelLoadError(ValueError):
+    """``model.name`` is no built-in model and neither loads as a local directory nor as a hub id."""
+
+
+def _load_failure(name: str, err: BaseException) -> str:
+    """One line naming ``model.name``, what was tried, and the first line of the loader's reason."""
+    reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    if Path(name).expanduser().exists():
+        return f"model.name: '{name}' is a local path but not a loadable Hugging Face model ({reason})"
+    return (f"model.name: '{name}' is not a built-in model ({', '.join(BACKBONES.names())}; see `fedpeft models`), "
+            f"not an existing local path, and not a loadable Hugging Face model id ({reason})")
+
+
 def _from_hub_or_path(name: str) -> Backbone:
     """Any Hugging Face model id or local directory (needs the hub reachable for ids)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(name)
-    family = _family_of(config)
-    model = _auto_class(family).from_pretrained(name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(name)
+    try:
+        config = AutoConfig.from_pretrained(name)
+        family = _family_of(config)
+        model = _auto_class(family).from_pretrained(name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as e:  # bad repo id, no such repo or directory, no network, unknown architecture
+        raise ModelLoadError(_load_failure(name, e)) from e
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return Backbone(name, _freeze(model), tok, family)

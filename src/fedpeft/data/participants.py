@@ -5,16 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from fedpeft.config import ConfigError, NonParticipantConfig
+from fedpeft.data.partition import group_order
 from fedpeft.rng import SERVER, numpy_rng
 
 
 def non_participants(
-    cfg: NonParticipantConfig, num_clients: int, seed: int, client_domains: list[str] | None = None
+    cfg: NonParticipantConfig, num_clients: int, seed: int, client_groups: list[str] | None = None
 ) -> frozenset[int]:
     """Ids of the clients that never train: a seeded ``fraction`` of all clients (rounded to nearest), or the
-    clients of group ``fold`` when the sorted domains are cut into ``folds`` contiguous groups."""
+    clients of fold ``fold`` when the groups (in client order) are cut into ``folds`` contiguous folds."""
     if cfg.fold is not None:
-        ids = _fold_clients(cfg.fold, cfg.folds, client_domains)
+        ids = _fold_clients(cfg.fold, cfg.folds, client_groups)
     elif cfg.fraction > 0:
         count = int(np.floor(cfg.fraction * num_clients + 0.5))
         rng = numpy_rng(seed, 0, SERVER, "non-participants")
@@ -27,12 +28,13 @@ def non_participants(
     return ids
 
 
-def _fold_clients(fold: int, folds: int, client_domains: list[str] | None) -> frozenset[int]:
-    """Clients whose domain is in group ``fold`` of the sorted domains split into ``folds`` contiguous groups."""
-    if client_domains is None:
-        raise ConfigError("federation.non_participants.fold needs federation.partition.scheme 'domains'")
-    names = sorted(set(client_domains))
+def _fold_clients(fold: int, folds: int, client_groups: list[str] | None) -> frozenset[int]:
+    """Clients whose group is in fold ``fold`` of the groups (``group_order``) split into ``folds`` contiguous folds."""
+    if client_groups is None:
+        raise ConfigError("federation.non_participants.fold needs federation.partition.scheme 'by_column' "
+                          "(or its alias 'domains')")
+    names = group_order(client_groups)
     if folds > len(names):
-        raise ConfigError(f"federation.non_participants.folds ({folds}) exceeds the {len(names)} domains")
+        raise ConfigError(f"federation.non_participants.folds ({folds}) exceeds the {len(names)} groups")
     held = {str(d) for d in np.array_split(np.array(names), folds)[fold]}
-    return frozenset(k for k, d in enumerate(client_domains) if d in held)
+    return frozenset(k for k, d in enumerate(client_groups) if d in held)

@@ -18,8 +18,12 @@ from fedpeft.config import ConfigError, PartitionConfig
 from fedpeft.registry import Registry
 
 
+OTHER_GROUP = "<other>"  # by_column: the one client block that pools the groups below the size threshold
+
+
 class Partitioner(Protocol):
-    """A registered scheme; ``groups`` (each example's domain) is given for domain tasks, None otherwise."""
+    """A registered scheme; ``groups`` (each example's group: domain, user, ...) is given where examples carry
+    one, None otherwise."""
 
     def __call__(
         self, labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator,
@@ -148,12 +152,31 @@ def dirichlet_quantity_partition(
     )
 
 
+def group_order(groups: np.ndarray | list[str]) -> list[str]:
+    """The distinct groups in client order: sorted, with the pooled ``OTHER_GROUP`` last."""
+    return sorted({str(g) for g in groups}, key=lambda g: (g == OTHER_GROUP, g))
+
+
+def pool_small_groups(min_count: int, train_groups: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Rename every group with fewer than ``min_count`` examples in ``train_groups`` to ``OTHER_GROUP``, in
+    ``train_groups`` and each of ``others`` (groups absent from training count 0); idempotent."""
+    train_groups = _check_groups(train_groups, "train_groups").astype(str)
+    names, counts = np.unique(train_groups, return_counts=True)
+    small = [str(g) for g, c in zip(names, counts, strict=True) if c < min_count]
+    out = []
+    for arr in (train_groups, *others):
+        arr = np.asarray(arr).astype(str)
+        known = np.isin(arr, names)
+        out.append(np.where(np.isin(arr, small) | ~known, OTHER_GROUP, arr).astype(str))
+    return out
+
+
 def group_partition(groups: np.ndarray, clients_per_group: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """One block of ``clients_per_group`` IID clients per group, groups in sorted order (client ids group-major)."""
-    groups = _check_groups(groups)
+    """One block of ``clients_per_group`` IID clients per group, groups in ``group_order`` (client ids group-major)."""
+    groups = _check_groups(groups).astype(str)
     _check_int("clients_per_group", clients_per_group, 1)
     parts: list[np.ndarray] = []
-    for g in np.unique(groups):
+    for g in group_order(groups):
         idx = np.flatnonzero(groups == g)
         if idx.size < clients_per_group:
             raise ValueError(f"clients_per_group ({clients_per_group}) exceeds the {idx.size} examples of group '{g}'")
@@ -302,28 +325,39 @@ def _dirichlet_quantity(
     return dirichlet_quantity_partition(len(labels), num_clients, cfg.alpha, cfg.min_size, rng)
 
 
-@PARTITIONERS.register("domains", "one domain per client (FDU-MTL): domains sorted, each cut IID into "
-                                  "clients_per_domain clients, ids domain-major")
-def _domains(
+def _by_column(
     labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator,
     groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
+    """Natural clients: groups with fewer than min_size x clients_per_domain examples pooled into OTHER_GROUP,
+    then ``group_partition``."""
     if groups is None:
-        raise ConfigError("federation.partition.scheme: 'domains' needs a task whose examples carry a domain "
+        raise ConfigError(f"federation.partition.scheme: '{cfg.scheme}' needs federation.partition.column (a "
+                          "column of a csv, tsv, jsonl or parquet task) or a task whose examples carry a group "
                           "(such as sentiment-domains)")
-    num_domains = np.unique(groups).size
-    expected = num_domains * cfg.clients_per_domain
+    (pooled,) = pool_small_groups(cfg.min_size * cfg.clients_per_domain, groups)
+    num_groups = len(group_order(pooled))
+    expected = num_groups * cfg.clients_per_domain
     if num_clients != expected:
-        raise ConfigError(f"federation.num_clients must be {expected} for the 'domains' scheme ({num_domains} "
-                          f"domains x partition.clients_per_domain {cfg.clients_per_domain}), got {num_clients}")
-    return group_partition(groups, cfg.clients_per_domain, rng)
+        what = f"values of column '{cfg.column}'" if cfg.column else "groups"
+        note = (f", those under partition.min_size x clients_per_domain = {cfg.min_size * cfg.clients_per_domain} "
+                f"examples pooled into '{OTHER_GROUP}'" if OTHER_GROUP in pooled else "")
+        raise ConfigError(f"federation.num_clients must be {expected} for the '{cfg.scheme}' scheme ({num_groups} "
+                          f"{what}{note}, x partition.clients_per_domain {cfg.clients_per_domain}), "
+                          f"got {num_clients}")
+    return group_partition(pooled, cfg.clients_per_domain, rng)
+
+
+PARTITIONERS.add("by_column", _by_column, "natural clients, one block of clients_per_domain IID clients per "
+                 "value of partition.column (or per domain), values sorted, smaller than min_size pooled last")
+PARTITIONERS.add("domains", _by_column, "alias of by_column: one domain per client (FDU-MTL)")
 
 
 def partition(
     labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator,
     groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """Split example indices among clients with the scheme ``cfg.scheme``; ``groups``: each example's domain."""
+    """Split example indices among clients with the scheme ``cfg.scheme``; ``groups``: each example's group."""
     labels = np.asarray(labels)
     if groups is not None and np.shape(groups) != labels.shape:
         raise ValueError(f"groups must match labels in shape, got {np.shape(groups)} and {labels.shape}")

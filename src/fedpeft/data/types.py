@@ -7,12 +7,18 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Example:
-    """One labelled example; ``text_b`` is set for sentence-pair tasks, ``domain`` for multi-domain tasks."""
+    """One labelled example; ``text_b`` is set for sentence-pair tasks, ``group`` (a domain, user, site, ...)
+    for tasks split into natural clients by the ``by_column`` partition scheme."""
 
     text_a: str
     label: int
     text_b: str | None = None
-    domain: str | None = None
+    group: str | None = None
+
+    @property
+    def domain(self) -> str | None:
+        """Alias of ``group`` (the name used by multi-domain tasks)."""
+        return self.group
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+import yaml
 
 from fedpeft.comm.codec import Message
 from fedpeft.config import ExperimentConfig, dump_config
@@ -68,10 +69,21 @@ def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> RunDir
     """Create (or check, on resume) the run directory and write config.yaml."""
     run = RunDir(out_dir)
     config_yaml = dump_config(cfg)
-    if resume and run.saved_config() not in (None, config_yaml):
+    if resume and run.saved_config() not in (None, config_yaml) and not _same_config(run.saved_config(), cfg):
         raise ValueError(f"{out_dir}/config.yaml differs from the config given to --resume")
     run.prepare(config_yaml, resume)
     return run
+
+
+def _same_config(saved: str, cfg: ExperimentConfig) -> bool:
+    """A config.yaml written before keys were added (with their defaults) still matches; so does one that differs
+    only in ``evaluation.report``, which changes no number."""
+    try:
+        old = ExperimentConfig.model_validate(yaml.safe_load(saved))
+    except Exception:  # noqa: BLE001 - unreadable or no longer valid: it differs
+        return False
+    old = old.model_copy(update={"evaluation": old.evaluation.model_copy(update={"report": cfg.evaluation.report})})
+    return dump_config(old) == dump_config(cfg)
 
 
 @contextlib.contextmanager
@@ -153,7 +165,19 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         **transport.summary_extra(),
     })
     run.write_summary(summary)
+    if cfg.evaluation.report:
+        write_report_or_warn(run.root)
     return summary
+
+
+def write_report_or_warn(root: Path) -> None:
+    """report.html next to the summary; a report that fails to render never fails the run."""
+    try:
+        from fedpeft.report import write_report
+
+        write_report([root], root / "report.html")
+    except Exception as e:  # noqa: BLE001 - any rendering problem only costs the report
+        log.warning("could not write %s: %s: %s", root / "report.html", type(e).__name__, e)
 
 
 def _fmt(value: float | None) -> str:

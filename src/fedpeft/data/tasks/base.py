@@ -128,14 +128,18 @@ def labels_of(examples: Sequence[Example]) -> np.ndarray:
     return np.fromiter((e.label for e in examples), dtype=np.int64, count=len(examples))
 
 
-def domains_of(examples: Sequence[Example]) -> np.ndarray | None:
-    """The examples' domain names as a string array; None when no example has one (ValueError if only some do)."""
-    domains = [e.domain for e in examples]
-    if all(d is None for d in domains):
+def groups_of(examples: Sequence[Example]) -> np.ndarray | None:
+    """The examples' groups (domain, user, ...) as a string array; None when no example has one (ValueError if only
+    some do)."""
+    groups = [e.group for e in examples]
+    if all(g is None for g in groups):
         return None
-    if any(d is None for d in domains):
-        raise ValueError("some examples have a domain and others not; a domain task must tag every example")
-    return np.array(domains, dtype=str)
+    if any(g is None for g in groups):
+        raise ValueError("some examples have a group and others not; a grouped task must tag every example")
+    return np.array(groups, dtype=str)
+
+
+domains_of = groups_of  # the name used by multi-domain tasks
 
 
 def stratified_split(

@@ -1,7 +1,7 @@
 """``sentiment-domains``: binary sentiment over five offline corpora, every example tagged with its domain.
 
-A multi-domain task in the spirit of FDU-MTL (Liu et al. 2017): with the ``domains`` partition scheme
-each client holds one domain. ``load_task`` applies ``few_shot``/``max_train``/``max_test`` per domain.
+A multi-domain task in the spirit of FDU-MTL (Liu et al. 2017): the domain is each example's ``group``, so
+with the ``by_column`` partition scheme (alias ``domains``) each client holds one domain. ``load_task`` applies ``few_shot``/``max_train``/``max_test`` per domain.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def chosen_domains(cfg: TaskConfig, known: dict[str, tuple[TaskLoader, str]]) ->
 
 
 def _tagged(examples: list[Example], domain: str) -> list[Example]:
-    return [replace(e, domain=domain) for e in examples]
+    return [replace(e, group=domain) for e in examples]
 
 
 @TASKS.register(

@@ -1,0 +1,196 @@
+"""Runs read back from their directories, grouped by config (seeds aggregated), and per-round series."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedpeft.tracking.rundir import RunDir
+
+Record = dict[str, Any]
+
+
+@dataclass
+class Run:
+    path: Path
+    config_text: str
+    config: dict[str, Any]
+    summary: dict[str, Any] | None
+    records: list[Record]
+
+    @property
+    def seed(self) -> Any:
+        return self.config.get("seed", (self.summary or {}).get("seed"))
+
+
+@dataclass
+class Group:
+    label: str  # full: the run's name, or the common name with n and seeds
+    runs: list[Run] = field(default_factory=list)
+    short: str = ""  # for legends: what tells the groups apart
+
+
+def expand_run_dirs(paths: list[Path]) -> list[Path]:
+    """Run directories as given; a folder without ``metrics.jsonl`` stands for the runs directly inside it."""
+    out = []
+    for p in map(Path, paths):
+        if (p / "metrics.jsonl").exists():
+            out.append(p)
+        else:
+            inner = sorted(q for q in p.iterdir() if (q / "metrics.jsonl").exists()) if p.is_dir() else []
+            if not inner:
+                raise FileNotFoundError(f"{p}: not a run directory (no metrics.jsonl) and holds none")
+            out.extend(inner)
+    return out
+
+
+def load_run(path: Path) -> Run:
+    path = Path(path)
+    cfg_path, summary_path = path / "config.yaml", path / "summary.json"
+    text = cfg_path.read_text() if cfg_path.exists() else ""
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    return Run(path, text, yaml.safe_load(text) or {}, summary, RunDir(path).read_metrics())
+
+
+def _group_key(run: Run) -> str:
+    return json.dumps({k: v for k, v in run.config.items() if k not in ("seed", "name")}, sort_keys=True, default=str)
+
+
+def _stem(name: str) -> str:
+    return re.sub(r"([-_.]{1,2}(s|seed)?\d+)$", "", name)
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Runs whose config.yaml agree except ``seed`` and ``name`` form one group, in first-seen order."""
+    groups: dict[str, Group] = {}
+    for run in runs:
+        groups.setdefault(_group_key(run), Group("")).runs.append(run)
+    seen: dict[str, int] = {}
+    for g in groups.values():
+        if len(g.runs) == 1:
+            g.label = g.runs[0].path.name
+        else:
+            g.label = f"{_stem(g.runs[0].path.name)} (n={len(g.runs)}, seeds {','.join(str(r.seed) for r in g.runs)})"
+        seen[g.label] = seen.get(g.label, 0) + 1
+        if seen[g.label] > 1:
+            g.label += f" #{seen[g.label]}"
+    out = list(groups.values())
+    stems = [g.runs[0].path.name if len(g.runs) == 1 else _stem(g.runs[0].path.name) for g in out]
+    for g, s in zip(out, _distinct(stems) if len(set(stems)) == len(stems) else [g.label for g in out]):
+        g.short = s if len(g.runs) == 1 else f"{s} (n={len(g.runs)})"
+    return out
+
+
+def _distinct(names: list[str]) -> list[str]:
+    """Names without the prefix and suffix they all share (cut at a separator)."""
+    if len(names) < 2:
+        return names
+    pre = os.path.commonprefix(names)
+    suf = os.path.commonprefix([n[::-1] for n in names])[::-1]
+    cut_pre = max(pre.rfind(c) for c in "-_./ ") + 1
+    cut_suf = min((i for i in (suf.find(c) for c in "-_./ ") if i >= 0), default=len(suf))
+    suf = suf[cut_suf:]
+    out = [n[cut_pre:len(n) - len(suf)].strip("-_./ ") for n in names]
+    return out if all(out) and len(set(out)) == len(out) else names
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def per_round(run: Run, get: Callable[[Record], Any]) -> dict[int, float]:
+    out = {}
+    for r in run.records:
+        v = _num(get(r))
+        if v is not None:
+            out[int(r["round"])] = v
+    return out
+
+
+def cumulative(run: Run, key: str) -> dict[int, float]:
+    total, out = 0.0, {}
+    for r in run.records:
+        total += r.get(key) or 0
+        out[int(r["round"])] = total
+    return out
+
+
+@dataclass
+class Agg:
+    xs: list[float]
+    mean: list[float]
+    lo: list[float] | None  # mean ± std where the group has several runs
+    hi: list[float] | None
+
+
+def aggregate(per_run: list[dict[int, float]]) -> Agg:
+    rounds = sorted({k for d in per_run for k in d})
+    xs, mean, lo, hi = [], [], [], []
+    for k in rounds:
+        vals = [d[k] for d in per_run if k in d]
+        m = statistics.fmean(vals)
+        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+        xs.append(float(k))
+        mean.append(m)
+        lo.append(m - sd)
+        hi.append(m + sd)
+    many = len(per_run) > 1
+    return Agg(xs, mean, lo if many else None, hi if many else None)
+
+
+def server_keys(runs: list[Run]) -> list[str]:
+    keys = {k for run in runs for r in run.records for k, v in (r.get("server") or {}).items() if _num(v) is not None}
+    return sorted(keys)
+
+
+def last_local(run: Run) -> dict[str, float]:
+    """Per-client local accuracy of the last round that has one."""
+    for r in reversed(run.records):
+        local = {k: float(v) for k, v in (r.get("local_accuracy") or {}).items() if _num(v) is not None}
+        if local:
+            return local
+    return {}
+
+
+def final_accuracy(run: Run) -> float | None:
+    if run.summary and _num(run.summary.get("final_accuracy")) is not None:
+        return run.summary["final_accuracy"]
+    accs = [r["accuracy"] for r in run.records if _num(r.get("accuracy")) is not None]
+    return accs[-1] if accs else None
+
+
+def best_accuracy(run: Run) -> float | None:
+    accs = [r["accuracy"] for r in run.records if _num(r.get("accuracy")) is not None]
+    return max(accs) if accs else None
+
+
+def bytes_to_target(run: Run, target: float) -> float | None:
+    """Cumulative training bytes up until the first round whose global accuracy reaches ``target``."""
+    up = cumulative(run, "bytes_up")
+    for r in run.records:
+        if (_num(r.get("accuracy")) or -1.0) >= target:
+            return up[int(r["round"])]
+    return None
+
+
+def wall_seconds(run: Run) -> float:
+    if run.summary and _num(run.summary.get("wall_seconds")) is not None:
+        return run.summary["wall_seconds"]
+    return sum(r.get("wall_seconds") or 0 for r in run.records)
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        return {k: v for key, val in d.items() for k, v in flatten(val, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): d}

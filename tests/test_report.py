@@ -1,0 +1,262 @@
+"""report.html: written after every run, self-contained, every plot; compare aggregates seeds; headless Chromium
+renders it without console errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import struct
+import subprocess
+import xml.etree.ElementTree as ET
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_overrides
+from typer.testing import CliRunner
+
+from fedpeft.cli import app
+from fedpeft.report import write_report
+from fedpeft.resolve import load_config
+from fedpeft.report.svg import PALETTE, Series, fmt_bytes, line_chart, nice_ticks
+from fedpeft.runtime.embedded import run_embedded
+from fedpeft.tracking.rundir import RunDir
+
+CORE = ("plot-accuracy", "plot-bytes", "plot-acc-vs-bytes", "plot-clients", "plot-loss")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two seeds of one tiny config (3 rounds), and a run with DP (epsilon), ASR and non-participants."""
+    root, threads = tmp_path_factory.mktemp("runs"), torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny forwards on a shared 2-core machine (see conftest.one_thread)
+    try:
+        for seed in (0, 1):
+            cfg = load_config(None, tiny_overrides(federation__rounds=3, seed=seed))
+            run_embedded(cfg, root / "pair" / f"tiny-s{seed}")
+        cfg = load_config(None, tiny_overrides(
+            federation__num_clients=4, attack__asr=True, federation__non_participants__fraction=0.25,
+            method__transforms="[{name: ldp, mechanism: laplace, noise: 0.01}]"))
+        run_embedded(cfg, root / "dp")
+    finally:
+        torch.set_num_threads(threads)
+    return root
+
+
+def _svgs(html: str) -> dict[str, str]:
+    return {m.group(1): m.group(0) for m in re.finditer(r'<svg id="([^"]+)".*?</svg>', html, re.S)}
+
+
+def _self_contained(html: str) -> None:
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.I)
+    assert "<script" not in html.lower() and "@import" not in html and "url(http" not in html
+
+
+def test_every_run_writes_a_self_contained_report_with_every_plot(runs):
+    html = (runs / "pair" / "tiny-s0" / "report.html").read_text()
+    _self_contained(html)
+    svgs = _svgs(html)
+    assert set(CORE) <= set(svgs)
+    for plot_id, svg in svgs.items():
+        tree = ET.fromstring(svg)  # well-formed markup
+        assert tree.get("id") == plot_id
+        assert svg.count('class="tick"') >= 4 and 'class="label"' in svg and 'class="legend"' in svg
+    assert 'id="band-range-accuracy-1"' in svgs["plot-accuracy"]  # local min-max around the local mean
+    for table in ('id="comparison"', 'id="summary"', 'id="config"'):
+        assert table in html
+    assert "federation.rounds" in html and "bytes_up_per_client_round" in html
+
+
+def test_method_diagnostics_asr_and_participant_roles_are_plotted(runs):
+    html = (runs / "dp" / "report.html").read_text()
+    svgs = _svgs(html)
+    server = RunDir(runs / "dp").read_metrics()[-1]["server"]
+    assert "epsilon" in server
+    for key in server:
+        assert f"plot-server-{key}" in svgs
+    assert "plot-asr" in svgs
+    assert "local P" in svgs["plot-accuracy"] and "local NP" in svgs["plot-accuracy"]
+
+
+def test_compare_aggregates_seeds_into_a_band_and_a_table(runs, tmp_path):
+    out = tmp_path / "cmp.html"
+    res = CliRunner().invoke(app, ["compare", str(runs / "pair" / "tiny-s0"), str(runs / "pair" / "tiny-s1"),
+                                   str(runs / "dp"), "--out", str(out), "--target", "0"])
+    assert res.exit_code == 0, res.output
+    html = out.read_text()
+    _self_contained(html)
+    svgs = _svgs(html)
+    assert set(CORE) <= set(svgs) and "plot-server-epsilon" in svgs and "plot-asr" in svgs
+    assert 'id="band-std-accuracy-0"' in svgs["plot-accuracy"]  # the two seeds: mean ± std
+    assert "tiny (n=2, seeds 0,1)" in html
+    # bytes up to reach accuracy 0: the first round's upload, the same for both seeds
+    first = RunDir(runs / "pair" / "tiny-s0").read_metrics()[0]["bytes_up"]
+    row = re.search(r"<tr><th>tiny \(n=2.*?</tr>", html, re.S).group(0)
+    assert f"{fmt_bytes(first)} ± 0 B" in row
+
+
+def test_report_of_a_folder_of_runs_and_default_target(runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["report", str(runs / "pair")])
+    assert res.exit_code == 0, res.output
+    html = (tmp_path / "report.html").read_text()
+    finals = [RunDir(runs / "pair" / f"tiny-s{s}").read_metrics()[-1]["accuracy"] for s in (0, 1)]
+    assert f"bytes up to reach {0.95 * max(finals):.4f}" in html
+    assert CliRunner().invoke(app, ["report", str(tmp_path / "missing")]).exit_code == 2
+
+
+def test_report_flag_off_and_render_failures_only_warn(tiny_cfg, tmp_path, monkeypatch, caplog, one_thread):
+    run_embedded(tiny_cfg(federation__rounds=1, evaluation__report=False), tmp_path / "off")
+    assert not (tmp_path / "off" / "report.html").exists()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("renderer exploded")
+
+    monkeypatch.setattr("fedpeft.report.write_report", broken)
+    with caplog.at_level(logging.WARNING, logger="fedpeft"):
+        summary = run_embedded(tiny_cfg(federation__rounds=1), tmp_path / "broken")
+    assert summary["rounds"] == 1 and (tmp_path / "broken" / "summary.json").exists()
+    assert "renderer exploded" in caplog.text and not (tmp_path / "broken" / "report.html").exists()
+
+
+def test_report_flag_changes_no_resume_check(tiny_cfg, tmp_path, one_thread):
+    run_embedded(tiny_cfg(federation__rounds=1), tmp_path / "run")
+    # an older config.yaml without the key (written before it existed) still resumes
+    path = tmp_path / "run" / "config.yaml"
+    path.write_text(path.read_text().replace("  report: true\n", ""))
+    summary = run_embedded(tiny_cfg(federation__rounds=1, evaluation__report=False), tmp_path / "run", resume=True)
+    assert summary["rounds"] == 1
+
+
+def test_an_unfinished_run_with_gaps_still_renders(tmp_path):
+    """No summary.json yet, rounds without evaluation (None), NaN loss, no local evaluation, no server keys."""
+    run = RunDir(tmp_path / "r")
+    run.prepare("seed: 3\nmethod: {name: fedbpt}\n", resume=False)
+    for rnd, acc in ((1, None), (2, 0.5), (3, None)):
+        run.append_metrics({"round": rnd, "accuracy": acc, "loss": float("nan"), "bytes_up": 10 ** rnd,
+                            "bytes_down": 5, "train_loss": None, "local_accuracy": {}, "server": {"sigma": 0.1 * rnd},
+                            "wall_seconds": 1.0})
+    html = write_report(tmp_path / "r").read_text()
+    svgs = _svgs(html)
+    assert set(CORE) | {"plot-server-sigma"} <= set(svgs)
+    assert "no data" in svgs["plot-clients"] and "no data" in svgs["plot-loss"]
+    assert "no summary.json" in html and "fedbpt" in html
+    for svg in svgs.values():
+        ET.fromstring(svg)
+
+
+def test_svg_axes_ticks_and_empty_data():
+    assert nice_ticks(0.13, 0.92) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    svg = line_chart("plot-x", "t", "round", "y", [Series("a", [1, 2, 3], [1e3, 1e5, 1e7])], ylog=True, xint=True)
+    ET.fromstring(svg)
+    assert ">10,000<" in svg and ">1e+09<" not in svg and ">1,000,000<" in svg
+    empty = line_chart("plot-y", "t", "x", "y", [Series("a", [], [])])
+    assert 'id="plot-y"' in empty and "no data" in empty
+
+
+# ---------------------------------------------------------------- headless Chromium
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    apt = shutil.which("apt-get")
+    if apt is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("headless Chromium test needs the `chromium` binary; not installed, and cannot install it "
+                    f"({'apt-get missing' if apt is None else 'not running as root'}): apt-get install chromium")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    proc = subprocess.run([apt, "install", "-y", "--no-install-recommends", "chromium"], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0 or not shutil.which("chromium"):
+        pytest.skip(f"`apt-get install chromium` failed (rc {proc.returncode}): {proc.stderr[-500:]}")
+    return shutil.which("chromium")
+
+
+def _browse(binary: str, page: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [binary, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr", "--v=0",
+           "--window-size=1200,2000", *args, page.resolve().as_uri()]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def _console(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+def png_rows(path: Path) -> tuple[int, int, Iterator[np.ndarray]]:
+    """Width, height and the unfiltered pixel rows (lazily, top first) of an 8-bit RGB/RGBA PNG, read with
+    zlib (Pillow is not a dependency)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", chunk)
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    width, height, depth, color = header[:4]
+    assert depth == 8 and color in (2, 6) and header[6] == 0, header
+    bpp = 3 if color == 2 else 4
+    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, width * bpp + 1)
+
+    def rows() -> Iterator[np.ndarray]:
+        prev = np.zeros(width * bpp, np.uint8)
+        for f, line in zip(raw[:, 0], raw[:, 1:]):
+            if f == 0:
+                out = line.copy()
+            elif f == 1:
+                out = (line.reshape(width, bpp).astype(np.int64).cumsum(0) % 256).astype(np.uint8).ravel()
+            elif f == 2:
+                out = line + prev
+            else:  # average (3) and Paeth (4) depend on the byte to the left: one by one
+                cur, up = [0] * (width * bpp), prev.tolist()
+                for i, x in enumerate(line.tolist()):
+                    a = cur[i - bpp] if i >= bpp else 0
+                    b = up[i]
+                    if f == 3:
+                        cur[i] = (x + (a + b) // 2) & 0xFF
+                        continue
+                    c = up[i - bpp] if i >= bpp else 0
+                    pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                    cur[i] = (x + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
+                out = np.array(cur, np.uint8)
+            yield out.reshape(width, bpp)[:, :3]
+            prev = out
+
+    return width, height, rows()
+
+
+def test_headless_chromium_renders_the_report_without_console_errors(runs, tmp_path):
+    binary = _chromium()
+    control = tmp_path / "control.html"  # the console check must see a page's errors
+    control.write_text('<!DOCTYPE html><p>x</p><script>console.error("control-marker")</script>')
+    assert any("control-marker" in line for line in _console(_browse(binary, control, "--dump-dom").stderr))
+
+    page = tmp_path / "cmp.html"
+    write_report([runs / "pair" / "tiny-s0", runs / "pair" / "tiny-s1", runs / "dp"], page)
+    dom = _browse(binary, page, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert _console(dom.stderr) == []
+    for plot_id in CORE + ("plot-asr", "plot-server-epsilon"):
+        assert f'id="{plot_id}"' in dom.stdout
+
+    shot = tmp_path / "shot.png"  # the report the run wrote itself
+    res = _browse(binary, runs / "pair" / "tiny-s0" / "report.html", f"--screenshot={shot}")
+    assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
+    assert _console(res.stderr) == []
+    width, height, rows = png_rows(shot)
+    assert (width, height) == (1200, 2000)
+    colors: set[bytes] = set()
+    blue = bytes.fromhex(PALETTE[0][1:])  # the first line of the accuracy plot
+    for row in rows:  # far from blank: text, tables and the plots' lines (stop reading once seen)
+        colors.update(map(bytes, row[::3]))
+        if len(colors) > 20 and blue in colors:
+            break
+    assert len(colors) > 20 and blue in colors, len(colors)
