@@ -20,10 +20,9 @@ import argparse
 import json
 import math
 import statistics
-import time
 from pathlib import Path
 
-from runner import mean_std, run_pool
+from runner import mean_std, run_config, run_pool
 
 ARMS = {  # label -> overrides on top of the preset (CPU scale: T = 10 prompt tokens, d = 50); run in this order
     "Manual prompt (zero-shot)": ["method.name=manual-prompt", "federation.rounds=1"],
@@ -74,16 +73,7 @@ def overrides(args, setting: str, arm: str, seed: int) -> list[str]:
 
 
 def run_job(args, setting: str, arm: str, seed: int) -> str:
-    from fedpeft.resolve import load_config
-    from fedpeft.runtime.embedded import run_embedded
-
-    out = Path(args.runs_dir) / job_name(setting, arm, seed)
-    if (out / "summary.json").exists():
-        return f"{out.name}: done before"
-    cfg = load_config(None, overrides(args, setting, arm, seed))
-    t0 = time.time()
-    run_embedded(cfg, out, resume=(out / "config.yaml").exists())
-    return f"{out.name}: {time.time() - t0:.0f} s"
+    return run_config(Path(args.runs_dir) / job_name(setting, arm, seed), overrides(args, setting, arm, seed))
 
 
 # ---------------------------------------------------------------- the results file

@@ -24,7 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
-from runner import mean_std, run_pool
+from runner import mean_std, run_config, run_pool
 
 ARMS = {  # label -> overrides on top of the preset
     "B1 FedAvg, random CS": ["method.name=fedavg-lora"],
@@ -58,16 +58,7 @@ def overrides(args, task: str, part: str, arm: str, seed: int) -> list[str]:
 
 
 def run_job(args, task: str, part: str, arm: str, seed: int) -> str:
-    from fedpeft.resolve import load_config
-    from fedpeft.runtime.embedded import run_embedded
-
-    out = Path(args.runs_dir) / job_name(task, part, arm, seed)
-    if (out / "summary.json").exists():
-        return f"{out.name}: done before"
-    cfg = load_config(None, overrides(args, task, part, arm, seed))
-    t0 = time.time()
-    run_embedded(cfg, out, resume=(out / "config.yaml").exists())
-    return f"{out.name}: {time.time() - t0:.0f} s"
+    return run_config(Path(args.runs_dir) / job_name(task, part, arm, seed), overrides(args, task, part, arm, seed))
 
 
 def step_time(args) -> dict:

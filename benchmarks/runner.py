@@ -26,3 +26,21 @@ def mean_std(xs: list, scale: float = 100.0, digits: int = 1) -> str:
         return "–"
     m = statistics.fmean(xs) * scale
     return f"{m:.{digits}f} ± {statistics.stdev(xs) * scale:.{digits}f}" if len(xs) > 1 else f"{m:.{digits}f}"
+
+
+def run_config(out, overrides: list[str]) -> str:
+    """One fedpeft run in directory ``out`` from ``--set``-style overrides: skipped when finished, resumed when
+    interrupted; returns a line for the log."""
+    import time
+    from pathlib import Path
+
+    from fedpeft.resolve import load_config
+    from fedpeft.runtime.embedded import run_embedded
+
+    out = Path(out)
+    if (out / "summary.json").exists():
+        return f"{out.name}: done before"
+    cfg = load_config(None, overrides)
+    t0 = time.time()
+    run_embedded(cfg, out, resume=(out / "config.yaml").exists())
+    return f"{out.name}: {time.time() - t0:.0f} s"
