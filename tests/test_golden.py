@@ -13,8 +13,9 @@ from golden.cases import CASES, fixture, run_case
 # FedAvg-BBT no longer reports a CMA-ES generation counter that was always 0, and ICL no longer reports the
 # number of demonstrations as a server scalar (it is the length of the exchanged ``demo_ids``).
 DROPPED_SERVER_FIELDS = {"fedavg-bbt-bert": {"g"}, "icl-llama": {"num_demos"}}
-# Fields added since (new information, no recorded number changes): the local accuracy over participants.
-ADDED_FIELDS = {"local_accuracy_P"}
+# Fields added since (new information, no recorded number changes): the local accuracy over participants, and
+# per-round vectors for the report's heatmaps (FedPepTAO's layer scores and selected layers).
+ADDED_FIELDS = {"local_accuracy_P", "server_vectors"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

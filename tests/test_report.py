@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from fedpeft.cli import app
 from fedpeft.report import write_report
 from fedpeft.resolve import load_config
-from fedpeft.report.svg import PALETTE, Series, fmt_bytes, line_chart, nice_ticks
+from fedpeft.report.svg import PALETTE, Series, fmt_bytes, heat_color, heatmap, line_chart, nice_ticks
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.tracking.rundir import RunDir
 
@@ -157,6 +157,75 @@ def test_svg_axes_ticks_and_empty_data():
     assert ">10,000<" in svg and ">1e+09<" not in svg and ">1,000,000<" in svg
     empty = line_chart("plot-y", "t", "x", "y", [Series("a", [], [])])
     assert 'id="plot-y"' in empty and "no data" in empty
+
+
+# ---------------------------------------------------------------- per-round vectors (heatmaps)
+
+def _vector_run(path: Path, **over) -> list[dict]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_embedded(load_config(None, tiny_overrides(task__num_examples=96, **over)), path)
+    finally:
+        torch.set_num_threads(threads)
+    return RunDir(path).read_metrics()
+
+
+def _heatmap_cells(svg: str, key: str) -> list[ET.Element]:
+    tree = ET.fromstring(svg)
+    assert tree.get("id") == f"plot-heatmap-{key}" and 'class="label"' in svg and svg.count('class="tick"') >= 4
+    (cells,) = [g for g in tree.iter("g") if g.get("id") == f"cells-heatmap-{key}"]
+    return list(cells)
+
+
+def test_head_pruning_importance_is_a_heatmap_of_rounds_by_heads(tmp_path):
+    recs = _vector_run(tmp_path / "hp", method__name="headprune", method__adapter__num_tokens=None,
+                       method__adapter__r=4, method__sharing__sparsity=0.5)
+    for rec in recs:
+        vec = rec["server_vectors"]
+        assert set(vec) == {"head_importance", "head_kept"}
+        assert len(vec["head_importance"]) == len(vec["head_kept"]) and min(vec["head_importance"]) >= 0
+        ok = [c for c in rec["clients"] if c["status"] == "ok"]
+        assert sum(vec["head_kept"]) == sum(c["kept_heads"] for c in ok) and max(vec["head_kept"]) <= len(ok)
+        assert all((a > 0) == (k > 0) for a, k in zip(vec["head_importance"], vec["head_kept"]))
+    html = (tmp_path / "hp" / "report.html").read_text()
+    _self_contained(html)
+    svgs = _svgs(html)
+    assert {"plot-heatmap-head_importance", "plot-heatmap-head_kept"} <= set(svgs)
+    cells = _heatmap_cells(svgs["plot-heatmap-head_importance"], "head_importance")
+    assert len(cells) == len(recs) * len(recs[0]["server_vectors"]["head_importance"])
+    assert "plot-server-head_importance" not in svgs  # vectors are not line plots
+
+
+def test_fedpeptao_layer_scores_and_selected_layers_are_heatmaps(tmp_path):
+    recs = _vector_run(tmp_path / "pep", method__name="fedpeptao", method__adapter__num_tokens=2,
+                       method__sharing__warmup_rounds=1, federation__rounds=2)
+    for rec in recs:  # selection in round 1 (the warm-up's last round), kept afterwards
+        vec = rec["server_vectors"]
+        assert set(vec) == {"layer_scores", "selected_layers"}
+        assert set(vec["selected_layers"]) <= {0.0, 1.0} and 1.0 in vec["selected_layers"]
+        assert len(vec["layer_scores"]) == len(vec["selected_layers"])
+    html = (tmp_path / "pep" / "report.html").read_text()
+    svgs = _svgs(html)
+    assert {"plot-heatmap-selected_layers", "plot-heatmap-layer_scores"} <= set(svgs)
+    cells = _heatmap_cells(svgs["plot-heatmap-selected_layers"], "selected_layers")
+    assert len(cells) == 2 * len(recs[0]["server_vectors"]["selected_layers"])
+    assert {c.get("fill") for c in cells} <= {heat_color(0), heat_color(1)}
+
+
+def test_runs_without_vectors_have_no_heatmaps_and_no_field(runs):
+    assert all("server_vectors" not in rec for rec in RunDir(runs / "pair" / "tiny-s0").read_metrics())
+    assert "plot-heatmap-" not in (runs / "pair" / "tiny-s0" / "report.html").read_text()
+
+
+def test_heatmap_svg_scale_gaps_and_empty_data():
+    svg = heatmap("plot-heatmap-x", "t", "head", "round", [("1", [0.0, 0.5, 1.0]), ("2", [None, 2.0, 1.0])])
+    ET.fromstring(svg)
+    assert f'fill="{heat_color(1)}"' in svg and f'fill="{heat_color(0)}"' in svg  # the largest, the smallest
+    assert svg.count('fill="#ddd"') == 1  # the gap
+    assert ">round 2, head 1: 2<" in svg.replace("<title>", ">") and ">2<" in svg  # hover value, colour-bar max
+    assert "no data" in heatmap("plot-heatmap-y", "t", "x", "y", [])
+    assert "no data" in heatmap("plot-heatmap-z", "t", "x", "y", [("1", [None])])
 
 
 # ---------------------------------------------------------------- headless Chromium

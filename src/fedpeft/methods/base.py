@@ -45,6 +45,8 @@ class Method(Protocol):
 
     def diagnostics(self, state: Message) -> dict[str, float]: ...
 
+    # optional: ``vectors(state) -> dict[str, list[float]]``, per-round vectors for the report's heatmaps
+
 
 @dataclass(frozen=True)
 class Preset:

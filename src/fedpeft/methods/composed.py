@@ -217,6 +217,10 @@ class ComposedMethod:
             out |= t.diagnostics(st.round, self.cfg, st.glob)
         return out
 
+    def vectors(self, state: Message) -> dict[str, list[float]]:
+        """Per-round vectors of the new global state (head importances, FedPepTAO's layer scores/selection)."""
+        return self.sharing.vectors(ServerState.from_message(state).sharing)
+
     # ------------------------------------------------------------------ client
 
     def client_update(self, instruction: Message, client: ClientContext) -> Message:

@@ -154,6 +154,27 @@ def server_keys(runs: list[Run]) -> list[str]:
     return sorted(keys)
 
 
+def vector_keys(runs: list[Run]) -> list[str]:
+    """Keys of the records' ``server_vectors`` (per-round vectors: head importance, selected layers, ...)."""
+    return sorted({k for run in runs for r in run.records for k in (r.get("server_vectors") or {})})
+
+
+def vector_rows(runs: list[Run], key: str) -> dict[int, list[float | None]]:
+    """Per round, the element-wise mean of the runs' vector ``key`` (runs whose length differs are skipped)."""
+    by_round: dict[int, list[list[float | None]]] = {}
+    for run in runs:
+        for r in run.records:
+            vec = (r.get("server_vectors") or {}).get(key)
+            if isinstance(vec, list) and vec:
+                by_round.setdefault(int(r["round"]), []).append([_num(v) for v in vec])
+    out = {}
+    for rnd, vecs in sorted(by_round.items()):
+        vecs = [v for v in vecs if len(v) == len(vecs[0])]
+        cols = [[x for x in col if x is not None] for col in zip(*vecs)]
+        out[rnd] = [statistics.fmean(c) if c else None for c in cols]
+    return out
+
+
 def last_local(run: Run) -> dict[str, float]:
     """Per-client local accuracy of the last round that has one."""
     for r in reversed(run.records):

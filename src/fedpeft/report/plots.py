@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 import statistics
 
-from fedpeft.report.data import Group, aggregate, cumulative, last_local, per_round, server_keys
-from fedpeft.report.svg import PALETTE, Series, bar_chart, fmt_bytes, line_chart, wants_log
+from fedpeft.report.data import (Group, aggregate, cumulative, last_local, per_round, server_keys, vector_keys,
+                                 vector_rows)
+from fedpeft.report.svg import PALETTE, Series, bar_chart, fmt_bytes, heatmap, line_chart, wants_log
 
 GREY = "#555"
 
@@ -112,6 +113,26 @@ def server(groups: list[Group], key: str) -> str:
                       legend=_legend(groups, series, used))
 
 
+VECTORS = {  # key -> (title, column label); other keys: "Per-round vector: <key>", "index"
+    "head_importance": ("Head importance per round (mean over the round's clients, pruned = 0)",
+                        "head (layer·H + h)"),
+    "head_kept": ("Clients that kept each head per round", "head (layer·H + h)"),
+    "layer_scores": ("FedPepTAO layer scores (aggregated in the selection round)", "layer"),
+    "selected_layers": ("FedPepTAO selected layers per round (1 = shared)", "layer"),
+}
+
+
+def vectors(groups: list[Group], key: str) -> str:
+    """Heatmap of a ``server_vectors`` key: rounds × elements (several groups: their rows one after another)."""
+    rows = []
+    for g in groups:
+        for rnd, vals in vector_rows(g.runs, key).items():
+            rows.append((str(rnd) if len(groups) == 1 else f"{g.short} {rnd}", vals))
+    title, xlabel = VECTORS.get(key, (f"Per-round vector: {key}", "index"))
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", key)
+    return heatmap(f"plot-heatmap-{slug}", title, xlabel, "round", rows)
+
+
 def asr(groups: list[Group]) -> str:
     series, used = _lines(groups, [("attack success rate", "solid", lambda r: r.get("asr"))])
     return line_chart("plot-asr", "Attack success rate per round", "round", "ASR", series, xint=True, ybounds=(0, 1),
@@ -122,6 +143,7 @@ def all_plots(groups: list[Group]) -> list[str]:
     runs = [r for g in groups for r in g.runs]
     out = [accuracy(groups), bytes_(groups), acc_vs_bytes(groups), clients(groups), loss(groups)]
     out += [server(groups, k) for k in server_keys(runs)]
+    out += [vectors(groups, k) for k in vector_keys(runs)]
     if any(rec.get("asr") is not None for r in runs for rec in r.records):
         out.append(asr(groups))
     return out

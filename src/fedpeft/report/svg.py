@@ -206,3 +206,51 @@ def bar_chart(plot_id: str, title: str, xlabel: str, ylabel: str, categories: li
     xticks = [(L + (c + 0.5) * slot, cat) for c, cat in enumerate(categories) if c % every == 0]
     return _frame(plot_id, title, xlabel, ylabel, xticks, [(sy(t), yfmt(t)) for t in sy.ticks], body,
                   [(label, PALETTE[g % len(PALETTE)], "solid", True) for g, (label, _, _) in enumerate(groups)])
+
+
+HEAT = ((247, 251, 255), (107, 174, 214), (8, 48, 107))  # sequential blues: low, middle, high
+
+
+def heat_color(f: float) -> str:
+    """The colour of ``f`` in [0, 1] on the sequential scale."""
+    f = min(1.0, max(0.0, f))
+    (a, b), t = ((HEAT[0], HEAT[1]), f * 2) if f <= 0.5 else ((HEAT[1], HEAT[2]), f * 2 - 1)
+    return "#" + "".join(f"{round(x + (y - x) * t):02x}" for x, y in zip(a, b))
+
+
+def heatmap(plot_id: str, title: str, xlabel: str, ylabel: str, rows: list[tuple[str, list[float | None]]], *,
+            vfmt: Fmt = fmt_num) -> str:
+    """A grid of rects, one row per ``(label, values)`` (top first), one column per index, coloured on a
+    sequential scale from the smallest to the largest value (colour bar on the right; missing values grey)."""
+    vals = [v for _, vs in rows for v in vs if v is not None and math.isfinite(v)]
+    ncols = max((len(vs) for _, vs in rows), default=0)
+    if not vals or not ncols:
+        return empty_chart(plot_id, title, "no data")
+    lo, hi = min(vals), max(vals)
+    span = hi - lo or 1.0
+    cw, ch = (R - L) / ncols, (B - T) / len(rows)
+    key = plot_id.removeprefix("plot-")
+    body = [f'<g id="cells-{escape(key)}">']
+    for i, (label, vs) in enumerate(rows):
+        for j, v in enumerate(vs):
+            ok = v is not None and math.isfinite(v)
+            fill = heat_color((v - lo) / span) if ok else "#ddd"
+            body.append(f'<rect x="{L + j * cw:.2f}" y="{T + i * ch:.2f}" width="{cw:.2f}" height="{ch:.2f}" '
+                        f'fill="{fill}"><title>{escape(ylabel)} {escape(label)}, {escape(xlabel)} {j}: '
+                        f'{escape(vfmt(v)) if ok else "–"}</title></rect>')
+    body.append("</g>")
+    # colour bar (in the legend column), with the smallest, middle and largest value
+    bx, steps = R + 20, 24
+    for k in range(steps):
+        y = B - (k + 1) * (B - T) / steps
+        body.append(f'<rect x="{bx}" y="{y:.2f}" width="16" height="{(B - T) / steps + 0.5:.2f}" '
+                    f'fill="{heat_color((k + 0.5) / steps)}"/>')
+    body.append(f'<rect x="{bx}" y="{T}" width="16" height="{B - T}" fill="none" stroke="#999"/>')
+    for f in (0.0, 0.5, 1.0):
+        y = B - f * (B - T)
+        body.append(f'<text class="tick" x="{bx + 22}" y="{y + 4:.1f}">{escape(vfmt(lo + f * (hi - lo)))}</text>')
+    every = max(1, math.ceil(ncols / 16))
+    xticks = [(L + (j + 0.5) * cw, str(j)) for j in range(ncols) if j % every == 0]
+    every = max(1, math.ceil(len(rows) / 12))
+    yticks = [(T + (i + 0.5) * ch, label) for i, (label, _) in enumerate(rows) if i % every == 0]
+    return _frame(plot_id, title, xlabel, ylabel, xticks, yticks, body, [])

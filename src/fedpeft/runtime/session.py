@@ -145,6 +145,9 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
                            exp.non_participants)
         rec.update(transport.round_extra())
         rec["server"] = method.diagnostics(state)
+        vectors = method.vectors(state) if hasattr(method, "vectors") else {}
+        if vectors:  # only methods that report some (the records of the others are unchanged)
+            rec["server_vectors"] = vectors
         records.append(rec)
         run.append_metrics(rec)
         if rnd % cfg.runtime.checkpoint_every == 0 or rnd == cfg.federation.rounds:

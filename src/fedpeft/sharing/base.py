@@ -73,6 +73,10 @@ class SharingPolicy(Protocol):
 
     def diagnostics(self, state: Message) -> dict[str, float]: ...
 
+    def vectors(self, state: Message) -> dict[str, list[float]]:
+        """Per-round vectors of the new state for the report's heatmaps (e.g. per-head importance)."""
+        ...
+
 
 class ShareAll:
     """Every tensor is exchanged every round; clients keep nothing of their own."""
@@ -122,6 +126,9 @@ class ShareAll:
 
     def diagnostics(self, state: Message) -> dict[str, float]:
         return {k: v for k, v in state.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+    def vectors(self, state: Message) -> dict[str, list[float]]:
+        return {}
 
 
 SHARING: Registry[type] = Registry("sharing policy")  # classes built as cls(settings, SharingContext)

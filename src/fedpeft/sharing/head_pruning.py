@@ -169,6 +169,21 @@ class HeadPruning(ShareAll):
     def report_schema(self, state: Message, round: int) -> tuple[Shapes, tuple[str, ...]]:
         return {HEADS: (self.keep,), ALPHA: (self.keep,)}, ()
 
+    def after_aggregate(self, glob, updates, state, round):
+        """Keep this round's per-head mean importance (pruned = 0) and keep counts over the clients (report)."""
+        scalars = {k: v for k, v in state.scalars.items() if k not in ("head_importance", "head_kept")}
+        if updates:
+            alphas = torch.stack([u.aux_tensors[ALPHA].double() for u in updates])
+            kept = torch.zeros(self.num_heads, dtype=torch.float64)
+            for u in updates:
+                kept[u.aux_tensors[HEADS].long()] += 1
+            scalars |= {"head_importance": [float(x) for x in alphas.mean(0)],
+                        "head_kept": [float(x) for x in kept]}
+        return Message(dict(state.tensors), scalars), None
+
+    def vectors(self, state: Message) -> dict[str, list[float]]:
+        return {k: list(state.scalars[k]) for k in ("head_importance", "head_kept") if k in state.scalars}
+
     def check(self, reply: Message) -> None:
         """The kept slices' sizes must be what the kept head ids imply (else the reply is rejected)."""
         heads = reply.tensors[HEADS].tolist()

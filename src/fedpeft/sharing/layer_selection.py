@@ -120,6 +120,18 @@ class LayerSelection(ShareAll):
         keep = {k for k in glob if layer_of(k) is None or layer_of(k) in layers}
         return Message(scalars=scalars), keep
 
+    def vectors(self, state: Message) -> dict[str, list[float]]:
+        """Once selected: the aggregated layer scores (when the order uses them) and SL as a 0/1 vector."""
+        selected = state.scalars.get("selected")
+        if selected is None:
+            return {}
+        out = {}
+        if state.scalars.get("layer_scores") is not None:
+            out["layer_scores"] = [float(x) for x in state.scalars["layer_scores"]]
+        chosen = {int(x) for x in selected}
+        out["selected_layers"] = [1.0 if layer in chosen else 0.0 for layer in range(self.num_layers)]
+        return out
+
     # ---------------------------------------------------------------- client
 
     def client_params(self, received: Params, private: Params) -> Params:
