@@ -1,6 +1,7 @@
 """FedPrompt under attack and with privacy (benchmarks/results/fedprompt_security.md): MiniLM, 10 clients.
 
-- Backdoor (Table III, Fig. 5) on SST-2, AG News and RTE (a sentence pair), IID and Dirichlet label skew: clean
+- Backdoor (Table III, Fig. 5) on SST-2, AG News and QNLI (a sentence pair), IID and the paper's Dirichlet
+  quantity skew (alpha = 0.5, every client >= 10 examples; labels not skewed on purpose): clean
   runs (with the natural-error ASR), 1 of 10 clients poisoning all of its data (lambda = 1), and the same with
   boosting (gamma = 10); the malicious client's local ASR per round next to the global ASR.
 - Defences against the poisoned client (SST-2, IID): coordinate median, trimmed mean, Multi-Krum, norm clipping
@@ -43,10 +44,10 @@ SST2_ARMS = {  # SST-2, IID only
     "variant: P-tuning (LSTM)": ["method.name=fedprompt-ptuning"],
     "variant: prefix tuning": ["method.name=fedavg-prefix", "method.adapter.num_tokens=20"],
 }
-TASKS = {"sst2": 64, "agnews": 64, "rte": 128}  # name -> max_length
+TASKS = {"sst2": 64, "agnews": 64, "qnli": 128}  # name -> max_length
 PARTITIONS = {"iid": ["federation.partition.scheme=iid"],
-              "dir0.5": ["federation.partition.scheme=dirichlet", "federation.partition.alpha=0.5",
-                         "federation.partition.min_size=16"]}
+              "qdir0.5": ["federation.partition.scheme=dirichlet_quantity", "federation.partition.alpha=0.5",
+                          "federation.partition.min_size=10"]}
 
 
 def arms_for(task: str, part: str) -> dict[str, list[str]]:
@@ -146,8 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--partitions", nargs="+", default=list(PARTITIONS), choices=list(PARTITIONS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--max-train", type=int, default=2000)
-    p.add_argument("--max-test", type=int, default=1000)
+    p.add_argument("--max-train", type=int, default=1000)
+    p.add_argument("--max-test", type=int, default=500)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--render-only", action="store_true")

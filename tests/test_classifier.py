@@ -63,6 +63,24 @@ def test_causal_readout_uses_last_real_token_with_right_padding():
     assert torch.allclose(both[1], alone[0], atol=1e-5)
 
 
+@pytest.mark.parametrize("model", ["tiny-bert-mlm", "tiny-llama"])
+def test_verbalizer_applies_the_lm_head_to_read_rows_only_with_the_same_logits(model):
+    """Body + head on the read row equals the whole model's full-vocabulary logits at that row."""
+    clf = _clf(model, m=2)
+    params = clf.init_params(torch.Generator().manual_seed(0))
+    params["prompt"] = params["prompt"] + torch.randn_like(params["prompt"])
+    batch = clf.batch(clf.encode(EXAMPLES), [0, 1])
+    prep = clf.adapter.prepare(clf.backbone, params, batch["input_ids"], batch["attention_mask"], 1)
+    full = clf.backbone.model(inputs_embeds=prep.embeds, attention_mask=prep.attention_mask).logits
+    if clf.backbone.family == "mlm":
+        pos = batch["mask_index"] + torch.where(batch["mask_index"] >= prep.insert_at, prep.inserted, 0)
+    else:
+        pos = prep.attention_mask.sum(1) - 1
+    want = full[torch.arange(2), pos][:, clf.label_ids]
+    assert clf.backbone.body_and_head is not None
+    assert torch.allclose(clf.logits(params, batch), want, atol=1e-5)
+
+
 def test_label_words_must_have_distinct_first_tokens():
     bb = load_backbone("tiny-bert")
     assert len(set(label_token_ids(bb, ["bad", "great"]))) == 2

@@ -3,7 +3,9 @@
 - ``similarity``: cosine between the mean-pooled output and the pooled embeddings of each class's
   label description (encoders without an MLM head, e.g. MiniLM; nothing but the adapter is trained).
 - ``verbalizer``: logits of each class's label word at the mask (masked LMs) or as the next token
-  (causal LMs); softmax over the label words only (OpenPrompt One2oneVerbalizer).
+  (causal LMs); softmax over the label words only (OpenPrompt One2oneVerbalizer). The transformer body runs
+  alone and the LM head is applied to the one read row per input, not to every position (the same numbers
+  up to float rounding; SmolLM2's full-vocabulary logits at every position were ~21 % of its FLOPs).
 - ``linear``: a trainable ``head.weight``/``head.bias`` on the pooled output; it is trained and
   exchanged with the adapter and counted in the payload.
 - ``calibration="contextual"`` (verbalizer/similarity; Zhao et al. 2021, "Calibrate Before Use"): logits are
@@ -122,13 +124,26 @@ class Classifier:
             kwargs["output_hidden_states"] = True
         if attentions:
             kwargs["output_attentions"] = True
-        over = self.adapter.overrides(params)
+        over = self.adapter.overrides(params) or {}
         if static:  # fixed backbone weights for this call (e.g. a client's physically pruned heads)
-            over = (over or {}) | {k: v.to(self.device) for k, v in static.items()}
-        model = self.backbone.model
+            over = over | {k: v.to(self.device) for k, v in static.items()}
+        model, split = self.backbone.model, self.backbone.body_and_head
+        if split is not None:  # the body only: the verbalizer applies the LM head to the rows it reads
+            prefix = split[0] + "."
+            model = split[1]
+            over = {k[len(prefix):]: v for k, v in over.items() if k.startswith(prefix)}
         with self._autocast():
             out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
         return out, prep, params
+
+    def _head_rows(self, hidden: torch.Tensor, params: Params) -> torch.Tensor:
+        """Vocabulary logits of the LM head on the read rows [n, d] only (the head's own weights, or the
+        adapter's overrides of them), instead of on every position."""
+        _, _, name, head = self.backbone.body_and_head
+        prefix = name + "."
+        over = {k[len(prefix):]: v for k, v in (self.adapter.overrides(params) or {}).items()
+                if k.startswith(prefix)}
+        return functional_call(head, over, args=(hidden,), strict=False) if over else head(hidden)
 
     def logits(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None = None) -> torch.Tensor:
         """Class logits [batch, num_classes] of the adapted frozen model (float32); ``static`` replaces backbone
@@ -206,13 +221,15 @@ class Classifier:
 
     def readout_logits(self, out, prep, batch: dict[str, torch.Tensor], params: Params) -> torch.Tensor:
         if self.readout == "verbalizer":
-            vocab_logits = out.logits
+            states = out.logits if self.backbone.body_and_head is None else out.last_hidden_state
             if self.backbone.family == "mlm":
-                mask_index = batch["mask_index"].repeat(vocab_logits.shape[0] // batch["mask_index"].shape[0])
+                mask_index = batch["mask_index"].repeat(states.shape[0] // batch["mask_index"].shape[0])
                 pos = mask_index + torch.where(mask_index >= prep.insert_at, prep.inserted, 0)
             else:
                 pos = prep.attention_mask.sum(1) - 1  # right padding: last attended position
-            rows = vocab_logits[torch.arange(vocab_logits.shape[0], device=pos.device), pos]
+            rows = states[torch.arange(states.shape[0], device=pos.device), pos]
+            if self.backbone.body_and_head is not None:
+                rows = self._head_rows(rows, params)
             return rows[:, self.label_ids]
         hidden = out.last_hidden_state if self.backbone.family == "encoder" else out.hidden_states[-1]
         pooled = mean_pool(hidden, prep.attention_mask)

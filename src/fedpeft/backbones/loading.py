@@ -25,6 +25,8 @@ from fedpeft.registry import Registry
 
 log = logging.getLogger(__name__)
 Family = Literal["encoder", "mlm", "causal"]
+# config fields with which a causal LM's forward changes the head's logits after the head (Gemma 2, Cohere, Granite)
+LOGIT_RESCALING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 @dataclass
@@ -49,6 +51,20 @@ class Backbone:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def body_and_head(self) -> tuple[str, nn.Module, str, nn.Module] | None:
+        """(prefix, transformer body, head name, LM head) of a *ForMaskedLM / *ForCausalLM model, so a readout
+        can run the body and apply the head to the rows it reads only; None for bare encoders and for models
+        whose forward rescales the head's logits (soft-capping, logit scales), which must run whole."""
+        prefix = getattr(self.model, "base_model_prefix", "")
+        body = getattr(self.model, prefix, None) if prefix else None
+        heads = [(n, m) for n, m in self.model.named_children() if n != prefix]
+        cfg = self.model.config
+        if (body is None or len(heads) != 1 or self.family == "encoder"
+                or any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in LOGIT_RESCALING)):
+            return None
+        return prefix, body, heads[0][0], heads[0][1]
 
     def to(self, device: str | torch.device) -> Backbone:
         """Place the frozen weights on ``device`` (in place: one backbone per process); drops derived caches."""
