@@ -21,16 +21,17 @@ def _strip_timing(records):
 
 
 def test_run_dir_contract(tiny_cfg, tmp_path):
-    summary = run_embedded(tiny_cfg(), tmp_path / "run")
+    summary = run_embedded(tiny_cfg(evaluation__round_zero=True), tmp_path / "run")
     root = tmp_path / "run"
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint/meta.json", "run.log"):
         assert (root / name).exists(), name
     records = RunDir(root).read_metrics()
-    assert [r["round"] for r in records] == [1, 2]
+    assert [r["round"] for r in records] == [0, 1, 2]  # round 0: the initial state, before any training
     for key in ("accuracy", "loss", "local_accuracy_mean", "local_accuracy_min", "local_accuracy_max",
                 "bytes_up", "bytes_down", "wall_seconds", "clients"):
-        assert key in records[0]
-    assert len(records[0]["clients"]) == 3
+        assert key in records[1]
+    assert len(records[1]["clients"]) == 3
+    assert records[0]["clients"] == [] and records[0]["bytes_up"] == 0 and records[0]["accuracy"] is not None
     on_disk = json.loads((root / "summary.json").read_text())
     for key in ("method", "task", "model", "rounds", "final_accuracy", "best_accuracy", "bytes_up_total",
                 "bytes_down_total", "bytes_up_per_client_round", "trainable_params", "wall_seconds"):
@@ -97,6 +98,21 @@ def test_kill_and_resume_gives_identical_metrics(tiny_cfg, tmp_path):
     ck_a = RunDir(tmp_path / "full").load_checkpoint()[1].tensors
     ck_b = RunDir(tmp_path / "cut").load_checkpoint()[1].tensors
     assert all(torch.equal(ck_a[k], ck_b[k]) for k in ck_a)
+
+
+def test_round_zero_is_the_untrained_state_and_is_not_repeated_on_resume(tiny_cfg, tmp_path):
+    cfg = tiny_cfg(evaluation__round_zero=True, federation__rounds=3)
+    full = run_embedded(cfg, tmp_path / "full")
+    with pytest.raises(StopAfterRound):
+        run_embedded(cfg, tmp_path / "cut", stop_after_round=1)
+    run_embedded(cfg, tmp_path / "cut", resume=True)
+    got = _strip_timing(RunDir(tmp_path / "cut").read_metrics())
+    assert [r["round"] for r in got] == [0, 1, 2, 3]
+    assert got == _strip_timing(RunDir(tmp_path / "full").read_metrics())
+    run_embedded(tiny_cfg(evaluation__round_zero=True, federation__rounds=1), tmp_path / "one")
+    shorter = RunDir(tmp_path / "one").read_metrics()
+    assert _strip_timing(shorter[:1]) == got[:1]  # the initial state does not depend on what follows
+    assert full["rounds"] == 3 and full["initial_accuracy"] == got[0]["accuracy"]
 
 
 def test_resume_keeps_persistent_optimizer_state(tiny_cfg, tmp_path):

@@ -1,7 +1,9 @@
-"""FedBPT end to end on tiny random backbones: projection, black box, perturbation, bytes, no gradients, resume."""
+"""FedBPT end to end on tiny random backbones: projection, black box, perturbation, bytes, no gradients, resume,
+and the faithfulness switches (uploaded fitness, shared noise, pycma options, covariance model)."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -28,6 +30,8 @@ from fedpeft.perturbation import perturb, ratio_fitness, replacement_vocab, text
 from fedpeft.runtime.embedded import StopAfterRound, run_embedded
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import TIMING_FIELDS
+from fedpeft.trainers import cmaes as cmaes_module
+from fedpeft.trainers.black_box import cmaes_streams
 from fedpeft.trainers.cmaes import CMAESSettings, CMAState, local_cmaes
 
 D, I, M = 24, 3, 4
@@ -60,6 +64,10 @@ def test_presets_listed_and_config_errors_name_fields():
         _cfg(**{"method.trainer.popsize": 1})
     with pytest.raises(ConfigError, match="method.trainer.covariance"):
         _cfg(**{"method.trainer.covariance": "banded"})
+    with pytest.raises(ConfigError, match="method.trainer.noise"):
+        _cfg(**{"method.trainer.noise": "common"})
+    with pytest.raises(ConfigError, match=r"method.trainer.*mirrors \(3\) must be at most popsize // 2 \(2\)"):
+        _cfg(**{"method.trainer.mirrors": 3})
 
 
 def test_projection_is_shared_by_seed_with_spec_std():
@@ -280,6 +288,126 @@ def test_local_cmaes_lowers_the_clean_loss():
     res = local_cmaes(BlackBox(clf), data, CMAState(np.zeros(D), 1.0, np.eye(D)), cfg, np.random.default_rng(0),
                       evaluate_start=True)
     assert res.clean_loss < res.first_loss
+
+
+def _record_sampling(monkeypatch) -> list[tuple[np.ndarray, dict]]:
+    """Every local ``sample`` call's C and the state of the noise stream it draws from."""
+    calls = []
+    real = cmaes_module.sample
+
+    def recording(state, lam, rng, injected=None):
+        calls.append((state.cov.copy(), copy.deepcopy(rng.bit_generator.state)))
+        return real(state, lam, rng, injected)
+
+    monkeypatch.setattr(cmaes_module, "sample", recording)
+    return calls
+
+
+def test_uploaded_fitness_is_the_clean_loss_or_the_authors_ratio():
+    """server_fitness: clean F^k (paper, C9) or clean / perturbed mean CE at the final mean (fedbpt_train.py)."""
+    replies = {}
+    for mode in ("clean", "ratio"):
+        cfg = _cfg(**{"method.trainer.server_fitness": mode})
+        exp = build_experiment(cfg)
+        method = build_method(cfg, exp)
+        inst = method.configure_round(method.server_init(), 1, [0])[0]
+        replies[mode] = method.client_update(inst, exp.client(0))
+    clean, ratio = replies["clean"], replies["ratio"]
+    torch.testing.assert_close(clean.tensors["z"], ratio.tensors["z"])  # the switch changes only what is reported
+    assert float(clean.tensors["loss"][0]) == pytest.approx(clean.scalars["train_loss"], rel=1e-6)
+    assert float(ratio.tensors["loss"][0]) == pytest.approx(ratio.scalars["ratio_loss"], rel=1e-6)
+    assert ratio.scalars["ratio_loss"] != pytest.approx(ratio.scalars["train_loss"], rel=1e-3)
+    # without perturbation there is no ratio: the authors' client then uploads the clean loss too (--perturb 0)
+    cfg = _cfg(**{"method.trainer.server_fitness": "ratio", "method.trainer.perturb_rate": 0.0})
+    exp = build_experiment(cfg)
+    method = build_method(cfg, exp)
+    reply = method.client_update(method.configure_round(method.server_init(), 1, [0])[0], exp.client(0))
+    assert float(reply.tensors["loss"][0]) == pytest.approx(reply.scalars["train_loss"], rel=1e-6)
+
+
+def test_noise_streams_shared_or_independent():
+    first = {}
+    for noise in ("independent", "shared", "shared_round"):
+        for rnd in (1, 2):
+            for client in (0, 1):
+                own, shared = cmaes_streams(7, rnd, client, noise)
+                first[noise, rnd, client] = (own.standard_normal(),
+                                             None if shared is None else shared.standard_normal())
+    assert all(first["independent", r, c][1] is None for r in (1, 2) for c in (0, 1))  # one stream, as recorded
+    assert len({first["independent", r, c][0] for r in (1, 2) for c in (0, 1)}) == 4
+    assert len({first["shared", r, c][1] for r in (1, 2) for c in (0, 1)}) == 1  # authors: every client, every round
+    assert first["shared_round", 1, 0][1] == first["shared_round", 1, 1][1] != first["shared_round", 2, 0][1]
+    for noise in ("shared", "shared_round"):  # perturbations stay per client
+        assert first[noise, 1, 0][0] == first["independent", 1, 0][0] != first[noise, 1, 1][0]
+
+
+@pytest.mark.parametrize("noise", ["independent", "shared"])
+def test_shared_noise_gives_every_client_the_same_sampling_draws(noise, monkeypatch):
+    cfg = _cfg(**{"method.trainer.noise": noise})
+    exp = build_experiment(cfg)
+    method = build_method(cfg, exp)
+    calls = _record_sampling(monkeypatch)
+    state = method.server_init()
+    starts = []
+    for rnd in (1, 2):
+        for c, inst in method.configure_round(state, rnd, [0, 1]).items():
+            calls.clear()
+            method.client_update(inst, exp.client(c))
+            starts.append(calls[0][1])  # the noise stream's state at the first draw of the round
+    same = [starts[0] == s for s in starts[1:]]
+    assert same == ([True, True, True] if noise == "shared" else [False, False, False])
+
+
+def test_diagonal_covariance_is_one_model_on_server_and_clients(monkeypatch):
+    """covariance=diagonal: the server's C stays diagonal, clients start from exactly its diagonal and their own C
+    stays diagonal through the local iterations (every sample draws from a diagonal C)."""
+    cfg = _cfg(**{"method.trainer.covariance": "diagonal"})
+    exp = build_experiment(cfg)
+    method = build_method(cfg, exp)
+    calls = _record_sampling(monkeypatch)
+    state = method.server_init()
+    for rnd in (1, 2):
+        insts = method.configure_round(state, rnd, [0, 1, 2])
+        replies = {c: decode(encode(method.client_update(decode(encode(m, method.wire)), exp.client(c)), method.wire))
+                   for c, m in insts.items()}
+        state = method.aggregate(state, rnd, replies)
+        cov = state.tensors["agg/cov"].numpy()
+        np.testing.assert_array_equal(cov, np.diag(np.diagonal(cov)))
+        assert not np.allclose(np.diagonal(cov), 1.0)
+    inst = decode(encode(method.configure_round(state, 3, [0])[0], method.wire))
+    assert set(inst.tensors) == {"mean", "cov_diag"}
+    np.testing.assert_allclose(inst.tensors["cov_diag"].double().numpy(), np.diagonal(cov), rtol=1e-6)
+    calls.clear()
+    method.client_update(inst, exp.client(0))
+    assert len(calls) == I
+    np.testing.assert_array_equal(calls[0][0], np.diag(inst.tensors["cov_diag"].double().numpy()))
+    for c, _ in calls:
+        np.testing.assert_array_equal(c, np.diag(np.diagonal(c)))
+
+
+def test_local_cmaes_with_pycma_options_mirrors_the_worst_candidate(monkeypatch):
+    """mirrors=1 (pycma's delayed selective mirroring): from the second iteration on, the first candidate is the
+    previous worst reflected through the previous mean (kept or rescaled along the same line)."""
+    clf = _classifier("tiny-bert")
+    data = clf.encode(clf.task_examples[:8])  # type: ignore[attr-defined]
+    seen = []
+    real = cmaes_module.sample
+
+    def recording(state, lam, rng, injected=None):
+        x = real(state, lam, rng, injected)
+        seen.append((state.mean.copy(), None if injected is None else injected.copy(), x))
+        return x
+
+    monkeypatch.setattr(cmaes_module, "sample", recording)
+    cfg = CMAESSettings(iterations=4, popsize=5, perturb_rate=0.0, weights="log", mirrors=1)
+    res = local_cmaes(BlackBox(clf), data, CMAState(np.zeros(D), 1.0, np.eye(D)), cfg, np.random.default_rng(0))
+    assert seen[0][1] is None and all(inj is not None and len(inj) <= 1 for _, inj, _ in seen[1:])
+    for (m_old, _, x_old), (m_new, inj, x) in zip(seen, seen[1:]):
+        if len(inj):
+            assert any(np.allclose(inj[0], m_old - row) for row in x_old)
+            step = x[0] - m_new
+            assert step @ inj[0] == pytest.approx(np.linalg.norm(step) * np.linalg.norm(inj[0]), rel=1e-9)
+    assert res.usage["queries"] == 4 + 1  # mirrors replace candidates: the budget is unchanged
 
 
 @pytest.mark.slow

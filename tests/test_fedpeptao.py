@@ -8,9 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedpeft.adapters.deep_prompt import DeepPrompt, DeepPromptSettings, kv_geometry
+from fedpeft.adapters.deep_prompt import DeepPrompt, DeepPromptSettings, fairseq_padding_idx, kv_geometry
 from fedpeft.aggregators import AggregatorContext
-from fedpeft.aggregators.momentum_cv import MomentumCV, MomentumCVSettings, init_state, momentum_cv_step
+from fedpeft.aggregators.momentum_cv import (
+    MomentumCV,
+    MomentumCVSettings,
+    init_state,
+    momentum_cv_step,
+    server_lr,
+    step_diagnostics,
+)
 from fedpeft.build import build_method
 from fedpeft.clients import sub_state
 from fedpeft.comm.codec import Message, decode
@@ -19,7 +26,9 @@ from fedpeft.config import ConfigError
 from fedpeft.experiment import build_experiment
 from fedpeft.methods import PRESETS
 from fedpeft.sharing.hessian_ratio import (
+    RATIO_ESTIMATORS,
     HessianOperator,
+    RatioSettings,
     exact_spectrum,
     gap_ratio,
     lanczos_spectrum,
@@ -27,6 +36,7 @@ from fedpeft.sharing.hessian_ratio import (
     slq_plateau_ratio,
 )
 from fedpeft.sharing.layer_orders import num_selected, select_layers
+from fedpeft.sharing.layer_selection import LayerSelectionSettings
 from fedpeft.sharing.layer_scores import aggregate_weighted, cosine_kernel, kernel_score, layer_scores
 from fedpeft.runtime.embedded import StopAfterRound, run_embedded
 from fedpeft.tracking.rundir import RunDir
@@ -66,6 +76,34 @@ def test_layer_scores_and_weighted_aggregation():
     assert torch.allclose(agg, torch.tensor([2.0, 4.0], dtype=torch.float64))  # n_i/N weights (Eq. 4)
     with pytest.raises(ValueError):
         aggregate_weighted([torch.tensor([1.0])], [0])
+
+
+def test_nonpad_scores_ignore_padded_positions():
+    g = torch.Generator().manual_seed(0)
+    hidden = [torch.randn(4, 5, 6, generator=g) for _ in range(2)]
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
+    pads = (1 - mask).unsqueeze(-1).float()
+    noisy = [h + 10 * torch.randn(4, 5, 6, generator=g) * pads for h in hidden]
+    assert torch.allclose(layer_scores(hidden, mask=mask), layer_scores(noisy, mask=mask))
+    assert not torch.allclose(layer_scores(hidden), layer_scores(noisy))  # the code's "all" sees the pads
+    assert torch.allclose(layer_scores(hidden, mask=torch.ones(4, 5)), layer_scores(hidden))
+
+
+def test_nonpad_layer_scores_of_a_batch_do_not_see_the_pad_tokens(tiny_cfg):
+    cfg = _cfg(tiny_cfg)
+    exp = build_experiment(cfg)
+    policy = build_method(cfg, exp).sharing
+    assert policy.settings.score_tokens == "all"  # default: the code's flattening (golden metrics unchanged)
+    nonpad = type(policy)(LayerSelectionSettings(score_tokens="nonpad"), policy.ctx)
+    data = exp.client(0).train
+    batch = exp.classifier.batch(data, list(range(8)))
+    real = batch["attention_mask"].bool()
+    assert not bool(real.all())
+    other = dict(batch) | {"input_ids": torch.where(real, batch["input_ids"], 1234)}
+    params = policy.ctx.initial_params()
+    # other pad tokens change the hidden states at pad positions only (they are masked as keys)
+    assert torch.allclose(nonpad.layer_scores(params, batch), nonpad.layer_scores(params, other))
+    assert not torch.allclose(policy.layer_scores(params, batch), policy.layer_scores(params, other))
 
 
 def test_selected_layers_are_the_top_ceil_r_L():
@@ -115,6 +153,41 @@ def test_secant_lipschitz_of_a_quartic():
     # B(sΔ) − B(0) = H sΔ − (∇F(θ+sΔ) − ∇F(θ)) = s − ((1+s)^3 − 1)/3 = −s² − s³/3 on the first axis
     expected = max(abs(-(s ** 2) - s ** 3 / 3) / s for s in (0.25, 0.5, 1.0))
     assert secant_lipschitz(loss, op, theta, delta) == pytest.approx(expected, rel=1e-4)
+
+
+SPECTRUM = torch.tensor([0.1, 0.2, 0.3, 5.0, 5.2, 5.4, 5.6, 5.8], dtype=torch.float64)
+
+
+def _quadratic_plus_quartic(c: float):
+    """F(θ) = ½ Σ λ_j θ_j² + (c/12) Σ θ_j⁴: Hessian diag(λ) at θ = 0, and with Δ = 1 (θ^0 = 1, θ^t = 0) the
+    remainder B(sΔ) − B(0) = −(c/3) s³ per axis, so the secant Lipschitz estimate is max_s (c/3) s² = c/3."""
+    lam = SPECTRUM.float()
+    return lambda th: 0.5 * (lam * th ** 2).sum() + c / 12 * (th ** 4).sum()
+
+
+@pytest.mark.parametrize("c, k", [(1.5, 3), (0.03, 1), (6.0, None)])
+@pytest.mark.parametrize("exact", [True, False])
+def test_hessian_gap_estimator_on_a_known_spectrum(c, k, exact):
+    """4𝓛 = 4c/3: 2.0 lies between the cluster gaps (0.1) and the big gap (4.7) -> k = 3, r = 5/8; 0.04 is below
+    every gap -> k = 1, r = 7/8; 8.0 is above every gap -> no gap, r = 1 (keep every layer). The Lanczos path
+    (more parameters than max_exact_params) finds all 8 distinct eigenvalues in 8 steps, and with eigenvectors
+    on the axes every Rademacher probe puts weight 1/K on each, so its spectral mass equals (K − k)/K."""
+    dim = len(SPECTRUM)
+    s = RatioSettings(max_exact_params=dim if exact else dim - 1, lanczos_iters=dim)
+    est = RATIO_ESTIMATORS.get("hessian_gap")
+    res = est(_quadratic_plus_quartic(c), torch.zeros(dim), torch.ones(dim), s, torch.Generator().manual_seed(3))
+    assert res.exact is exact and res.num_params == dim
+    assert res.lipschitz == pytest.approx(c / 3, rel=1e-4)
+    assert res.spectrum_min == pytest.approx(0.1, abs=1e-5) and res.spectrum_max == pytest.approx(5.8, abs=1e-4)
+    assert res.gap_index == k
+    assert res.ratio == pytest.approx(1.0 if k is None else (dim - k) / dim, abs=1e-6)
+    # the official code's heuristic sees the same two clusters: 1 − CDF(t) plateaus at the upper cluster's mass
+    # (with exactly half of it up there the plateau equals ratio(0)/2 up to rounding, the code's "below half"
+    # test fires and its step-halving restarts until it takes the flat start near t = 0 as the plateau: r ≈ 1)
+    slq = RATIO_ESTIMATORS.get("slq_plateau")(_quadratic_plus_quartic(c), torch.zeros(dim), torch.ones(dim), s,
+                                              torch.Generator().manual_seed(3))
+    assert slq.ratio == pytest.approx(5 / 8, abs=0.01)
+    assert RATIO_ESTIMATORS.get("fixed")(None, None, None, RatioSettings(keep_ratio=0.3), None).ratio == 0.3
 
 
 # ---------------------------------------------------------------- Alg. 2: server momentum + control variates
@@ -198,6 +271,43 @@ def test_fedavgm_mode_and_state_round_trip_and_restrict():
     assert sorted(cut.tensors) == ["P::b", "c/3::b", "cg::b", "m::b"]
 
 
+def test_server_lr_decays_like_the_official_script():
+    """example_roberta.sh: --server_lr 0.05; run_fed_pers_with_optim_v2.py l.322: no server step in round 1, then
+    ``args.server_lr = max(args.server_lr * 0.99, 0.0001)`` before the step of every later round."""
+    s = MomentumCVSettings(server_lr=0.05, lr_decay=0.99, lr_floor=1e-4)
+    eta, official = 0.05, {}
+    for r in range(2, 1000):
+        eta = max(eta * 0.99, 0.0001)
+        official[r] = eta
+    assert all(server_lr(s, r) == pytest.approx(eta_r, rel=1e-9) for r, eta_r in official.items())
+    assert server_lr(s, 2) == pytest.approx(0.0495) and server_lr(s, 999) == 1e-4
+    assert server_lr(MomentumCVSettings(server_lr=0.05), 50) == 0.05  # γ = 1: constant (paper sweep)
+
+
+def test_server_step_ratio_on_small_tensors():
+    s = MomentumCVSettings(server_lr=0.05, lr_decay=0.99)
+    st1 = momentum_cv_step(init_state(_p(0.0, 0.0)), {0: _p(1.0, 0.0)}, {0: 1}, {0: 1}, 0.1, 1, 1, s)
+    assert step_diagnostics(st1) == {"server_lr": 0.0, "server_step_ratio": 0.0}  # round 1: no server step
+    st2 = momentum_cv_step(st1, {0: _p(1.0, 2.0)}, {0: 1}, {0: 1}, 0.1, 1, 2, s)
+    # one client of one: c_g − c_0 = 0; P^1 = (−1, 0), P^2 = w^1 − w̄^2 = (0, −2), g = P^1 − P^2 = (−1, 2), m = 0.1 g
+    assert torch.allclose(st2.m["x"], torch.tensor([-0.1, 0.2]), atol=1e-6)
+    ratio = 0.0495 * math.sqrt(0.05) / 2.0
+    diag = step_diagnostics(st2)
+    assert diag["server_lr"] == pytest.approx(0.0495) and diag["server_step_ratio"] == pytest.approx(ratio, rel=1e-6)
+    # base average, no chaining: the step is exactly −η m on top of the FedAvg result
+    wbar = torch.tensor([1.0, 2.0])
+    assert float((st2.w["x"] - wbar).norm() / (wbar - st1.w["x"]).norm()) == pytest.approx(ratio, rel=1e-5)
+    # clients that return w^{r−1} unchanged: no FedAvg move, no ratio
+    st3 = momentum_cv_step(st2, {0: st2.w}, {0: 1}, {0: 1}, 0.1, 1, 3, s)
+    assert "server_step_ratio" not in step_diagnostics(st3)
+    # the registered aggregator logs both as server diagnostics
+    agg = MomentumCV(s, AggregatorContext(1, 0, trainer=GradientSettings(lr=0.1)))
+    glob = _p(0.0, 0.0)
+    w1, state = agg.aggregate(glob, [Update(0, _p(1.0, 0.0), 1, scalars={"steps": 1})], agg.init(glob), 1)
+    _, state = agg.aggregate(w1, [Update(0, _p(1.0, 2.0), 1, scalars={"steps": 1})], state, 2)
+    assert agg.diagnostics(state) == pytest.approx(diag)
+
+
 # ---------------------------------------------------------------- deep prompts in the frozen backbones
 
 
@@ -223,6 +333,50 @@ def test_deep_prompt_changes_outputs_and_masked_prefix_is_a_no_op(tiny_cfg, mode
         masked = bb.model(**({"inputs_embeds": prep0.embeds} | prep0.extra), output_hidden_states=True).hidden_states[-1]
     assert not torch.allclose(plain, with_p, atol=1e-4)
     assert torch.allclose(plain, masked, atol=1e-5)
+
+
+def test_roberta_prefix_shifts_positions_as_the_official_code_and_unshifted_keeps_its_own():
+    """RoBERTa numbers ``inputs_embeds`` from padding_idx + 1 and ignores both the cache and the padding; the
+    official code runs RobertaModel on input_ids with past_key_values_length = h, i.e. HF's
+    ``create_position_ids_from_input_ids(input_ids, padding_idx, h)``: the adapter must give the same."""
+    from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
+
+    from fedpeft.backbones.loading import load_backbone
+
+    bb = load_backbone("tiny-roberta-mlm")
+    pad = bb.model.config.pad_token_id
+    assert fairseq_padding_idx(bb) == pad and fairseq_padding_idx(load_backbone("tiny-bert")) is None
+    h = 3
+    ids = torch.randint(1000, 2000, (2, 6), generator=torch.Generator().manual_seed(1))
+    ids[1, 4:] = pad
+    mask = ids.ne(pad).long()
+
+    def last(**kw) -> torch.Tensor:
+        with torch.no_grad():
+            return bb.model(**kw, output_hidden_states=True).hidden_states[-1]
+
+    shifted = DeepPrompt(DeepPromptSettings(num_tokens=h, init_std=1.0))
+    params = shifted.init(bb, torch.Generator().manual_seed(0))
+    prep = shifted.prepare(bb, params, ids, mask, 1)
+    want = pad + torch.tensor([[4, 5, 6, 7, 8, 9], [4, 5, 6, 7, 0, 0]])
+    assert torch.equal(prep.extra["position_ids"], want)
+    assert torch.equal(want, RobertaEmbeddings.create_position_ids_from_input_ids(ids, pad, h))
+    fresh = shifted.prepare(bb, params, ids, mask, 1).extra  # a new cache: a forward appends to the one it gets
+    official = last(input_ids=ids, attention_mask=fresh["attention_mask"], past_key_values=fresh["past_key_values"],
+                    use_cache=False)
+    assert torch.allclose(last(inputs_embeds=prep.embeds, **prep.extra), official, atol=1e-5)
+    plain = shifted.prepare(bb, params, ids, mask, 1)
+    del plain.extra["position_ids"]  # what HF does with inputs_embeds alone: no shift, pads numbered too
+    assert not torch.allclose(last(inputs_embeds=plain.embeds, **plain.extra), official, atol=1e-4)
+
+    own = DeepPrompt(DeepPromptSettings(num_tokens=h, init_std=1.0, shift_positions=False))
+    prep = own.prepare(bb, params, ids, mask, 1)
+    assert torch.equal(prep.extra["position_ids"], RobertaEmbeddings.create_position_ids_from_input_ids(ids, pad))
+    prep.extra["attention_mask"][:, :h] = 0  # prefix masked out -> exactly the model run on input_ids
+    assert torch.allclose(last(inputs_embeds=prep.embeds, **prep.extra), last(input_ids=ids, attention_mask=mask),
+                          atol=1e-5)
+    with pytest.raises(ValueError, match="exceed the model's 514 positions"):
+        shifted.prepare(bb, params, torch.ones(1, 511, dtype=torch.long) + 1000, torch.ones(1, 511), 1)
 
 
 # ---------------------------------------------------------------- end to end: partial sharing
@@ -256,7 +410,9 @@ def test_upload_shrinks_to_selected_layers_and_private_layers_never_leave(tiny_c
 
     summary = run_embedded(cfg, tmp_path / "run", reply_hook=hook)
     run = RunDir(tmp_path / "run")
-    recs = run.read_metrics()
+    recs = [r for r in run.read_metrics() if r["round"] > 0]
+    assert recs[0]["server"]["server_lr"] == 0.0  # no server step in round 1 (A16)
+    assert all(r["server"]["server_lr"] == 1e-3 and r["server"]["server_step_ratio"] > 0 for r in recs[1:])
     _, state, clients, _ = run.load_checkpoint()
     h, d, L = 4, 32, 2
     sharing = state.scalars["sharing"]

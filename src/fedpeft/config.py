@@ -198,6 +198,8 @@ class EvaluationConfig(_Strict):
     batch_size: int = Field(64, ge=1)
     local: bool = Field(True, description="also evaluate on each client's local test shard")
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always after the last round)")
+    round_zero: bool = Field(True, description="evaluate the initial global state before any training and record "
+                                               "it as round 0 in metrics.jsonl")
     report: bool = Field(True, description="write report.html (plots, tables) into the run directory at the end")
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 SERVER = -1  # client id used for server-side streams
+SHARED = -2  # client id of streams that every client draws alike (common random numbers)
 
 
 def derive_seed(seed: int, round: int, client: int, purpose: str) -> int:

@@ -7,6 +7,12 @@ exchanged by name while the rest stay on the device. The prefixes enter the froz
 ``transformers.DynamicCache`` filled before the forward pass (accepted by ``BertModel`` and ``LlamaModel``
 in transformers 5); the attention mask gets ``h`` ones in front of every row; queries and sequence length
 are unchanged.
+
+Positions: BERT- and LLaMA-style models offset the positions of ``inputs_embeds`` by the cache length ``h``
+themselves, as the P-tuning v2 code's ``past_key_values_length = h`` does. RoBERTa-style models (fairseq
+positions: RoBERTa, XLM-R, CamemBERT, …) derive positions from ``inputs_embeds`` as ``padding_idx + 1, …``
+with neither the cache offset nor the padding, so for them the adapter passes the positions the official
+code gets from ``input_ids`` (``fairseq_positions``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,21 @@ def layer_of(key: str) -> int | None:
     return int(key[len(PREFIX):]) if key.startswith(PREFIX) else None
 
 
+def fairseq_padding_idx(backbone: Backbone) -> int | None:
+    """``padding_idx`` of a backbone with fairseq-style positions (RoBERTa and its relatives), whose embeddings
+    number ``inputs_embeds`` from ``padding_idx + 1`` regardless of cache and padding; None for the others."""
+    emb = getattr(backbone.model.base_model, "embeddings", None)
+    return int(emb.padding_idx) if hasattr(emb, "create_position_ids_from_inputs_embeds") else None
+
+
+def fairseq_positions(input_ids: torch.Tensor, padding_idx: int, offset: int) -> torch.Tensor:
+    """RoBERTa's positions of ``input_ids`` after ``offset`` cached tokens: ``padding_idx + offset + 1, + 2, …``
+    over the non-pad tokens and ``padding_idx`` at pads (HF ``create_position_ids_from_input_ids`` with
+    ``past_key_values_length = offset``, which the official code reaches with ``offset = h``)."""
+    real = input_ids.ne(padding_idx).long()
+    return (torch.cumsum(real, dim=1) + offset) * real + padding_idx
+
+
 def kv_geometry(backbone: Backbone) -> tuple[int, int, int]:
     """(num layers L, key/value heads, head dim) of the backbone's self-attention."""
     cfg = backbone.model.config
@@ -43,8 +64,9 @@ class DeepPromptSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     num_tokens: int = Field(20, ge=1, description="prefix length h per layer (code: 20 RoBERTa, 5 GPT-2/LLaMA)")
     init_std: float = Field(0.02, gt=0, description="E ~ N(0, init_std^2) (HF initializer_range)")
-    shift_positions: bool = Field(True, description="input positions start at h, as in the P-tuning v2 code "
-                                                    "(past_key_values_length = h); false: they start at 0")
+    shift_positions: bool = Field(True, description="input positions start at h (RoBERTa-style: at padding_idx + "
+                                                    "h + 1), as in the P-tuning v2 code (past_key_values_length = "
+                                                    "h); false: the model's own positions, as without a prefix")
 
 
 @ADAPTERS.register("deep_prompt", "P-tuning v2 deep prompts: a trainable key/value prefix of length h at every "
@@ -94,7 +116,16 @@ class DeepPrompt(AdapterBase):
         ones = torch.ones(n, h, dtype=attention_mask.dtype, device=attention_mask.device)
         full_mask = torch.cat([ones, attention_mask], dim=1)
         extra = {"past_key_values": cache, "attention_mask": full_mask, "use_cache": False}
-        if not self.cfg.shift_positions:
+        offset = h if self.cfg.shift_positions else 0
+        pad = fairseq_padding_idx(backbone)
+        if pad is not None:
+            limit = int(backbone.model.config.max_position_embeddings)
+            if pad + offset + seq >= limit:
+                raise ValueError(f"deep_prompt: {seq} tokens after a {offset}-token position shift exceed the "
+                                 f"model's {limit} positions (padding_idx {pad}); lower task.max_length or set "
+                                 "method.adapter.shift_positions=false")
+            extra["position_ids"] = fairseq_positions(input_ids, pad, offset)
+        elif not self.cfg.shift_positions:
             extra["position_ids"] = torch.arange(seq, device=input_ids.device).unsqueeze(0).expand(n, -1)
         # the readout sees the unprefixed sequence: its mask stays [n, seq]; the backbone gets ``full_mask``
         return Prepared(embeds, attention_mask, lead, 0, extra)

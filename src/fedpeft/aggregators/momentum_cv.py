@@ -11,6 +11,17 @@ Round r on the shared tensors only, with p_i = n_i / Σ_{j∈S} n_j:
    every m_i from the same m^{r−1}, no chaining, A11).
 6. (selection) the aggregator's ``restrict`` slices m, c_g, every c_i and P to the selected layers.
 
+η^r = max(η·γ^(r−1), floor) reproduces the official schedule: ``--server_lr 0.05`` in ``example_roberta.sh``
+(also ``example_gpt2.sh``, ``example_llama.sh``) and, in every round with a server step (r ≥ 2),
+``args.server_lr = max(args.server_lr * 0.99, 0.0001)`` before the step
+(``encoder-only-roberta-large/run_fed_pers_with_optim_v2.py`` line 322; GPT-2 line 330, LLaMA line 314), i.e.
+η·0.99^(r−1) in round r: ``server_lr: 0.05, lr_decay: 0.99`` (``lr_floor: 1e-4``). The paper (§4.6, App. B.2,
+Fig. 2) sweeps η ∈ {1e-2, 5e-3, 1e-3, 5e-4}, best 1e-3 (the default here), and mentions no decay.
+
+Server diagnostics (the state's scalars, logged per round): ``server_lr`` = the η^r of this round's step (0 in
+a round without one, A16) and ``server_step_ratio`` = ‖η^r m^r‖ / ‖w̄^r − w^{r−1}‖, the size of the momentum
+step relative to the FedAvg move (‖P^r‖); with ``base: average`` and no chaining, w^r − w̄^r = −η^r m^r exactly.
+
 Switches give the paper-literal variants (``sign: paper``, ``base: previous``), the code-literal
 chaining, Δc weighted by T_i (code) and the optimiser ablations: ``control_variates: false`` (MomS+AdamD),
 ``momentum_input: pseudo_grad`` with ``base: previous`` (MomS = FedAvgM; + control variates = MomS+Con).
@@ -19,6 +30,7 @@ The control variates live on the server only and never enter the local update.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -36,9 +48,9 @@ class MomentumCVSettings(BaseModel):
     """``method.aggregator`` keys of ``momentum_cv``."""
 
     model_config = ConfigDict(extra="forbid")
-    server_lr: float = Field(1e-3, ge=0, description="η (paper best 1e-3; code example 0.05)")
+    server_lr: float = Field(1e-3, ge=0, description="η (paper best 1e-3; code example scripts 0.05)")
     lr_decay: float = Field(1.0, gt=0, le=1, description="η^r = max(η·γ^(r−1), lr_floor); code γ = 0.99")
-    lr_floor: float = Field(1e-4, ge=0)
+    lr_floor: float = Field(1e-4, ge=0, description="lowest η^r of the decay (code 1e-4)")
     momentum: float = Field(0.9, ge=0, lt=1, description="β")
     control_variates: bool = Field(True, description="the c_g − c_i term (false: MomS+AdamD / MomS)")
     momentum_input: Literal["pseudo_grad_diff", "pseudo_grad"] = Field(
@@ -59,6 +71,7 @@ class MomentumState:
     cg: Params
     c: dict[int, Params] = field(default_factory=dict)
     prev: Params | None = None
+    eta: float = 0.0  # η^r of the step that produced this state (0: no server step)
 
 
 def _zeros(like: Params) -> Params:
@@ -149,7 +162,21 @@ def momentum_cv_step(state: MomentumState, uploads: dict[int, Params], num_examp
     else:                                                                   # step 5
         m_new = _wsum([m_i(m, i) for i in order], p)
         w_new = {k: base[k] - eta * m_new[k] for k in w}
-    return MomentumState(_f32(w_new), _f32(m_new), _f32(cg_new), c, _f32(pseudo))
+    return MomentumState(_f32(w_new), _f32(m_new), _f32(cg_new), c, _f32(pseudo), eta)
+
+
+def _norm(p: Params) -> float:
+    return math.sqrt(sum(float((v.double() ** 2).sum()) for v in p.values()))
+
+
+def step_diagnostics(state: MomentumState) -> dict[str, float]:
+    """``server_lr`` η^r and ``server_step_ratio`` ‖η^r m^r‖ / ‖P^r‖ (P^r = w^{r−1} − w̄^r, the FedAvg move)
+    of the state one round produced; the ratio is left out when the clients returned w^{r−1} unchanged."""
+    move = _norm(state.prev) if state.prev is not None else 0.0
+    out = {"server_lr": state.eta}
+    if move > 0.0:
+        out["server_step_ratio"] = state.eta * _norm(state.m) / move
+    return out
 
 
 # ---------------------------------------------------------------- the registered aggregator
@@ -181,4 +208,4 @@ class MomentumCV(AggregatorBase):
             tensors |= slot_tensors(f"c/{i}", ci)
         if new.prev is not None:
             tensors |= slot_tensors("P", new.prev)
-        return new.w, Message(tensors, dict(state.scalars))
+        return new.w, Message(tensors, step_diagnostics(new))

@@ -2,8 +2,10 @@
 
 The uploaded client means are a population "sampled" by the server: ranked by their uploaded
 losses, the best half are the parents (equal weights, so the new mean is their plain average,
-Eq. 8), and one CMA-ES update runs with the corrected step size sigma' (Eq. 16 by default). The
-local step size sent back is sigma_t * sigma_srv / sigma'_t (ratio transfer, spec A15).
+Eq. 8), and one CMA-ES update runs with the corrected step size sigma' (Eq. 16 by default, Eq. 14
+with the weights actually applied otherwise). The local step size sent back is
+sigma_t * sigma_srv / sigma'_t (ratio transfer, spec A15). C follows the trainer's covariance model
+(full, diagonal or none), the same model the clients sample from.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import AGGREGATORS, DISTRIBUTION, AggregatorBase, Params
 from fedpeft.comm.codec import Message
-from fedpeft.trainers.cmaes import CMAState, cma_constants, parent_weights, tell
+from fedpeft.trainers.cmaes import CMAState, Covariance, cma_constants, parent_weights, tell
 
 SigmaRule = Literal["eq16", "eq17", "code", "raw"]
 Z = "z"  # the projected prompt's tensor: the global mean
@@ -27,36 +29,56 @@ Z = "z"  # the projected prompt's tensor: the global mean
 
 class ServerCMAESSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    sigma_rule: SigmaRule = Field("eq16", description="server step size: eq16 (integer mu, mu_l; spec A14), "
-                                                      "eq17 (paper literal), code (all clients), raw (uncorrected)")
+    sigma_rule: SigmaRule = Field("eq16", description="server step size: eq16 (Eq. 16 with integer mu, mu_l, "
+                                                      "spec A14; Eq. 14 with the weights applied), eq17 (paper "
+                                                      "literal), code (all clients), raw (uncorrected)")
     parents: Literal["half", "all"] = Field("half", description="best floor(|S|/2) clients (paper) or all (code)")
-    weights: Literal["equal", "log"] = Field("equal", description="server recombination weights (paper: equal)")
+    weights: Literal["equal", "log"] = Field("equal", description="server recombination weights: equal (paper) or "
+                                                                  "log (code: pycma CMA_mu = |S|, global_es.py)")
     sigma_transfer: Literal["ratio", "literal"] = Field("ratio", description="sigma sent to clients: "
                                                                              "sigma_t*sigma_srv/sigma' (code, A15) "
                                                                              "or sigma_srv (Alg. 1 literal)")
     sigma_min: float | None = Field(None, gt=0, description="optional floor on the client sigma (off by default)")
 
 
+def effective_size(weights: np.ndarray) -> float:
+    """mu_eff = (sum w)^2 / sum w^2, scale-free (= 1 / sum w^2 for weights summing to 1; exactly mu for mu equal)."""
+    r = np.asarray(weights, dtype=np.float64)
+    r = r / r.max()
+    return float(r.sum() ** 2 / np.sum(r ** 2))
+
+
 def sigma_prime(sigmas: Sequence[np.ndarray], losses: Sequence[float], popsize: int,
-                rule: SigmaRule = "eq16", sigma_t: float | None = None) -> float:
+                rule: SigmaRule = "eq16", sigma_t: float | None = None, weights: np.ndarray | None = None,
+                local_weights: np.ndarray | None = None) -> float:
     """Corrected server step size sigma'_t from the clients' I local step sizes.
 
-    eq16: sqrt(sum_{k in S'} sum_j sigma_{t,j}^k^2 / (mu * mu_l)), mu = floor(|S|/2), mu_l = floor(lambda/2).
+    eq16: App. A Eq. 14 solved for sigma' with the recombination weights actually applied,
+          sigma'^2 = mu_w sum_{k<=mu} w_k^2 S_k / mu_eff,l, S_k = sum_j (sigma_{t,j}^{k:S})^2 of the k-th best
+          client, w the server's parent weights (``weights``, in rank order; default equal over the best
+          floor(|S|/2)), mu_w = 1/sum w_k^2 and mu_eff,l = 1/sum alpha_i^2 of the local weights
+          (``local_weights``; default equal over floor(lambda/2)). Equal weights give Eq. 16,
+          sqrt(sum_{k in S'} S_k / (mu * mu_l)) with mu = floor(|S|/2), mu_l = floor(lambda/2) (spec A14);
+          with unequal weights it is the w^2-weighted mean of S_k over mu_eff,l, so that
+          sqrt(mu_w) C^{-1/2} (z_{t+1} - z_t) / sigma' ~ N(0, I) under neutral selection (Eq. 10).
     eq17: 2 sqrt(sum_{k in S'} sum_j sigma^2 / (|S| lambda)). The sum runs over the best half S' but the
           denominator has |S|: that is mu = |S|/2 rewritten (spec A30) -- do not "fix" it.
-    code: sqrt(sum_{all k} sum_j sigma^2 / (|S| mu_l)) (authors' global_es.py).
+    code: sqrt(sum_{all k} sum_j sigma^2 / (|S| mu_l)) (authors' global_es.py, literal, whatever the weights).
     raw:  sigma_t itself (the uncorrected variant the paper argues diverges).
     """
     s = len(sigmas)
     if s == 0:
         raise ValueError("sigma_prime: no clients")
-    best = np.argsort(np.asarray(losses), kind="stable")[: max(1, s // 2)]
+    order = np.argsort(np.asarray(losses), kind="stable")
     sq = np.array([float(np.sum(np.square(v))) for v in sigmas])
     mu, mu_l = max(1, s // 2), max(1, popsize // 2)
     if rule == "eq16":
-        return math.sqrt(sq[best].sum() / (mu * mu_l))
+        w = np.ones(mu) if weights is None else np.asarray(weights, dtype=np.float64)
+        r2 = (w / w.max()) ** 2  # only the ratios of the weights matter
+        mueff_l = mu_l if local_weights is None else effective_size(local_weights)
+        return math.sqrt(float(np.sum(r2 * sq[order[: len(w)]])) / (float(r2.sum()) * mueff_l))
     if rule == "eq17":
-        return 2 * math.sqrt(sq[best].sum() / (s * popsize))
+        return 2 * math.sqrt(sq[order[:mu]].sum() / (s * popsize))
     if rule == "code":
         return math.sqrt(sq.sum() / (s * mu_l))
     if rule == "raw":
@@ -78,20 +100,23 @@ class ServerStep:
 
 def server_cmaes_step(state: CMAState, client_means: Sequence[np.ndarray], sigmas: Sequence[np.ndarray],
                       losses: Sequence[float], popsize: int, cfg: ServerCMAESSettings,
-                      update_cov: bool = True) -> ServerStep:
+                      covariance: Covariance = "full", local_weights: str = "equal") -> ServerStep:
     """S7-S10: rank by loss, one ``tell`` with sigma'_t over the client means, then transfer sigma back.
 
     ``state.sigma`` is the client-scale sigma_t that was sent this round; the server's evolution paths
-    and covariance persist in ``state`` across rounds.
+    and covariance persist in ``state`` across rounds. sigma' (eq16) uses the parents and weights of this
+    ``tell`` and the clients' ``local_weights`` (their ``weights`` setting); ``covariance`` is the model of C
+    that the clients also use.
     """
     s = len(client_means)
-    sp = sigma_prime(sigmas, losses, popsize, cfg.sigma_rule, state.sigma)
     mu = max(1, s // 2) if cfg.parents == "half" else s
     weights = parent_weights(s, mu, cfg.weights)
+    sp = sigma_prime(sigmas, losses, popsize, cfg.sigma_rule, state.sigma, weights,
+                     parent_weights(popsize, kind=local_weights))
     consts = cma_constants(state.mean.shape[0], weights)
     srv = CMAState(state.mean, sp, state.cov, state.ps, state.pc, state.g)
     x = np.stack([np.asarray(m, dtype=np.float64) for m in client_means])
-    after = tell(srv, consts, x, np.asarray(losses, dtype=np.float64), update_cov=update_cov)
+    after = tell(srv, consts, x, np.asarray(losses, dtype=np.float64), covariance)
     sigma_srv = after.sigma
     sigma_next = state.sigma * sigma_srv / sp if cfg.sigma_transfer == "ratio" else sigma_srv
     if cfg.sigma_min is not None:
@@ -114,9 +139,6 @@ class ServerCMAES(AggregatorBase):
     accepts = frozenset({DISTRIBUTION})
     needs = frozenset({"sigmas", "loss"})
 
-    def _update_cov(self) -> bool:
-        return getattr(self.ctx.trainer, "covariance", "full") != "none"
-
     def init(self, glob: Params) -> Message:
         """S2: sigma_0, C_0 = I, zero paths."""
         d = glob[Z].shape[0]
@@ -134,7 +156,7 @@ class ServerCMAES(AggregatorBase):
         step = server_cmaes_step(st, [_f64(u.tensors[Z]) for u in updates],
                                  [_f64(u.aux_tensors["sigmas"]) for u in updates],
                                  [float(u.aux_tensors["loss"][0]) for u in updates], self.ctx.trainer.popsize,
-                                 self.settings, update_cov=self._update_cov())
+                                 self.settings, self.ctx.trainer.covariance, self.ctx.trainer.weights)
         new = step.state
         tensors = {"cov": torch.from_numpy(new.cov), "ps": torch.from_numpy(new.ps), "pc": torch.from_numpy(new.pc)}
         scalars = {"sigma": float(new.sigma), "g": int(new.g), "sigma_prime": step.sigma_prime,

@@ -4,6 +4,15 @@ FedPepTAO = deep prompts (``adapters.deep_prompt``) × client AdamW (``trainers.
 with control variates (``aggregators.momentum_cv``, Alg. 2) × score-selected shared layers after t warm-up
 rounds (``sharing.layer_selection``, Alg. 1). ``fedavg-prefix`` is P-tuning v2 + FedAvg with every layer
 exchanged; the others are the paper's optimiser ablations (Table 5).
+
+Personalisation baselines that FedPepTAO's private layers should beat (not in the paper), with its adapter and
+client optimiser; ``local-only`` and ``fedavg-ft`` work with any adapter (``method.adapter.name``):
+
+- ``local-only``: each client trains its own tensors and never aggregates (``sharing.private`` ``local``);
+- ``fedavg-ft``: FedAvg on every layer, then each client fine-tunes the final global tensors on its whole
+  training shard before it is scored (``post_tuning.gradient`` with ``shots: null``);
+- ``fedper`` / ``lg-fedavg``: a fixed private split from round 1, the top / bottom k prompt layers kept on each
+  client (``sharing.private`` ``fixed_split``; default k = ⌊L/2⌋, as many shared layers as FedPepTAO at r = 0.5).
 """
 
 from fedpeft.methods.base import preset
@@ -39,3 +48,15 @@ _preset("moms-con", "MomS+Con ablation: client SGD, server momentum + control va
         _SGD, _FEDAVGM | {"control_variates": True}, _ALL_LAYERS)
 _preset("adamd", "AdamD ablation: client AdamW (reset per round), FedAvg server, all layers",
         _ADAMW, {"name": "fedavg"}, _ALL_LAYERS)
+
+preset("local-only", "Local-only: every client trains its own deep prompts and never aggregates; scored on its "
+       "own test shard", adapter=dict(_ADAPTER), trainer=dict(_ADAMW), aggregator={"name": "fedavg"},
+       sharing={"name": "local"})
+preset("fedavg-ft", "FedAvg + FT: FedAvg on every layer, then each client fine-tunes the final global prompts on "
+       "its training shard before it is scored", adapter=dict(_ADAPTER), trainer=dict(_ADAMW),
+       aggregator={"name": "fedavg"},
+       post_tuning={"name": "gradient", "shots": None, "select": "last", "lr": 4e-2, "batch_size": 8, "steps": 20})
+_preset("fedper", "FedPer split: the top k prompt layers stay on each client from round 1, the others are "
+        "federated (FedAvg)", _ADAMW, {"name": "fedavg"}, {"name": "fixed_split", "private": "top"})
+_preset("lg-fedavg", "LG-FedAvg split: the bottom k prompt layers stay on each client from round 1, the others are "
+        "federated (FedAvg)", _ADAMW, {"name": "fedavg"}, {"name": "fixed_split", "private": "bottom"})

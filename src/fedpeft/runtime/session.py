@@ -128,12 +128,8 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
     bar = bar or progress(False)
     rounds_task = bar.add_task("rounds", total=cfg.federation.rounds, completed=start - 1)
 
-    for rnd in range(start, cfg.federation.rounds + 1):
-        t0 = time.perf_counter()
-        plan = driver.plan_round(state, rnd)
-        results = transport.train(rnd, plan.instructions)
-        state, clients = driver.finish_round(state, plan, results)
-        scored = rnd % cfg.evaluation.every == 0 or rnd == cfg.federation.rounds
+    def score(rnd: int, clients: list[dict[str, Any]], t0: float, scored: bool = True) -> dict[str, Any]:
+        """Evaluate ``state`` (globally, and on the clients when asked), append the round's record."""
         global_metrics = method.evaluate_global(state) if scored else {"accuracy": None, "loss": None}
         local_eval: dict[int, dict[str, Any]] = {}
         eval_down = 0
@@ -150,6 +146,18 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
             rec["server_vectors"] = vectors
         records.append(rec)
         run.append_metrics(rec)
+        return rec
+
+    if start == 1 and cfg.evaluation.round_zero and not any(r["round"] == 0 for r in records):
+        rec = score(0, [], time.perf_counter())  # the initial global state, before any training
+        log.info("round 0 (initial state): accuracy %s loss %s", _fmt(rec["accuracy"]), _fmt(rec["loss"]))
+
+    for rnd in range(start, cfg.federation.rounds + 1):
+        t0 = time.perf_counter()
+        plan = driver.plan_round(state, rnd)
+        results = transport.train(rnd, plan.instructions)
+        state, clients = driver.finish_round(state, plan, results)
+        rec = score(rnd, clients, t0, rnd % cfg.evaluation.every == 0 or rnd == cfg.federation.rounds)
         if rnd % cfg.runtime.checkpoint_every == 0 or rnd == cfg.federation.rounds:
             run.save_checkpoint(rnd, state, transport.client_states())
             transport.checkpointed(rnd)

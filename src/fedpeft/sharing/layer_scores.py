@@ -1,10 +1,11 @@
 """Training-free layer scores (FedPepTAO Eq. 2–4, meaning fixed by the official code; spec §2.5, §7 A1–A3).
 
 For one client batch of ``n`` samples and layer ``l``: the rows of ``H_l ∈ R^{n × K_l}`` are the samples'
-hidden states at the output of layer ``l`` (flattened over the padded tokens × hidden size), the kernel is
-their cosine-similarity matrix (Eq. 2), and the score is ``ζ = (1/n) Σ_j log(λ_j+ε) + 1/(λ_j+ε)`` over its
-eigenvalues (Eq. 3). ``f(λ) = log λ + 1/λ`` is minimal (= 1) at λ = 1: near-orthogonal samples give ζ ≈ 1,
-near-identical samples give ζ ≈ (n−1)/(n·ε). Per-client scores are averaged with weights n_i/N (Eq. 4).
+hidden states at the output of layer ``l`` (flattened over the padded tokens × hidden size; optionally with
+the pad positions zeroed), the kernel is their cosine-similarity matrix (Eq. 2), and the score is
+``ζ = (1/n) Σ_j log(λ_j+ε) + 1/(λ_j+ε)`` over its eigenvalues (Eq. 3). ``f(λ) = log λ + 1/λ`` is minimal
+(= 1) at λ = 1: near-orthogonal samples give ζ ≈ 1, near-identical samples give ζ ≈ (n−1)/(n·ε).
+Per-client scores are averaged with weights n_i/N (Eq. 4).
 """
 
 from __future__ import annotations
@@ -32,18 +33,21 @@ def kernel_score(kernel: torch.Tensor, eps: float = 1e-5, reduce: str = "mean") 
 
 
 def layer_scores(hidden_states: Sequence[torch.Tensor], eps: float = 1e-5, reduce: str = "mean",
-                 score_last_layer: bool = True) -> torch.Tensor:
+                 score_last_layer: bool = True, mask: torch.Tensor | None = None) -> torch.Tensor:
     """ζ_{i,l} for every layer from the per-layer outputs ``hidden_states[l]`` ([n, T, d]).
 
     ``hidden_states`` excludes the embedding output (HF ``hidden_states[1:]``). With
-    ``score_last_layer=False`` the last layer keeps score 0, as in the official code (A5).
+    ``score_last_layer=False`` the last layer keeps score 0, as in the official code (A5). ``mask`` ([n, T],
+    1 at real tokens) zeroes the padded positions before flattening, so that each sample's row of ``H_l``
+    holds its own tokens only (the code flattens over every padded position, A1).
     """
     num = len(hidden_states)
     out = torch.zeros(num, dtype=torch.float64)
     for l, h in enumerate(hidden_states):
         if l == num - 1 and not score_last_layer:
             continue
-        out[l] = kernel_score(cosine_kernel(h), eps, reduce)
+        rows = h if mask is None else h * mask.unsqueeze(-1).to(h.dtype)
+        out[l] = kernel_score(cosine_kernel(rows), eps, reduce)
     return out
 
 

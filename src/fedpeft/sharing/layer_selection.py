@@ -5,8 +5,8 @@
   r_i (``hessian_ratio``); the server aggregates both with n_i weights (Eq. 4) and keeps the
   |SL| = max(1, ⌈r·L⌉) top-scored layers (``layer_orders``);
 - afterwards only SL is exchanged; each device trains its own copy of the other layers (NSL) and keeps it
-  as client state; global evaluation uses the server's NSL prompts frozen at selection time, the
-  personalised evaluation each device's own.
+  as client state (``private.PrivateLayers``); global evaluation uses the server's NSL prompts frozen at
+  selection time, the personalised evaluation each device's own.
 
 Initial prompts E^0 come from the shared experiment seed, so every device derives its private copy without
 communication. Works with any adapter whose tensors are per-layer ``prefix.<l>`` (deep prompts).
@@ -25,10 +25,11 @@ from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
-from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, Shapes
+from fedpeft.sharing.base import SHARING, Shapes
 from fedpeft.sharing.hessian_ratio import RATIO_ESTIMATORS, RatioSettings
 from fedpeft.sharing.layer_orders import LAYER_ORDERS, select_layers
 from fedpeft.sharing.layer_scores import aggregate_weighted, layer_scores
+from fedpeft.sharing.private import PrivateLayers
 
 SCORES = "peptao/layer_scores"  # reply tensor of the selection round
 RATIO = "peptao_ratio"          # reply scalar of the selection round
@@ -48,6 +49,8 @@ class LayerSelectionSettings(BaseModel):
     score_batch: int = Field(8, ge=2, description="samples of the one seeded local batch (A6)")
     score_reduce: Literal["mean", "sum"] = Field("mean", description="Eq. 3 with the paper's 1/n or the code's sum")
     score_last_layer: bool = Field(True, description="false: the code leaves the last layer unscored (A5)")
+    score_tokens: Literal["all", "nonpad"] = Field(
+        "all", description="H_l flattened over every padded position (code, A1) or with the pad positions zeroed")
     score_eps: float = Field(1e-5, gt=0)
     max_exact_params: int = Field(2048, ge=1, description="exact Hessian up to this many prompt parameters")
     lanczos_iters: int = Field(50, ge=2)
@@ -67,13 +70,7 @@ class LayerSelectionSettings(BaseModel):
 
 @SHARING.register("layer_selection", "FedPepTAO: all layers during warm-up, then only the score-selected layers; "
                   "the others stay on each client", LayerSelectionSettings)
-class LayerSelection(ShareAll):
-    adapters = frozenset({"deep_prompt"})
-
-    def __init__(self, settings: LayerSelectionSettings, ctx: SharingContext) -> None:
-        super().__init__(settings, ctx)
-        self.num_layers = sum(1 for k in ctx.initial_params() if k.startswith(PREFIX))
-
+class LayerSelection(PrivateLayers):
     # ---------------------------------------------------------------- server
 
     def init(self, glob: Params) -> Message:
@@ -86,12 +83,6 @@ class LayerSelection(ShareAll):
     def _reports(self) -> tuple[bool, bool]:
         """(scores, ratio): what the clients compute and upload in the selection round."""
         return self.settings.order == "score", self.settings.ratio_estimator != "fixed"
-
-    def shared(self, glob: Params, state: Message, round: int) -> list[str]:
-        selected = state.scalars.get("selected")
-        if selected is None:
-            return sorted(glob)
-        return sorted(k for k in glob if layer_of(k) is None or layer_of(k) in selected)
 
     def instruction_scalars(self, state: Message, round: int) -> dict[str, Any]:
         return {"select": self.selecting(state, round)}
@@ -122,24 +113,12 @@ class LayerSelection(ShareAll):
 
     def vectors(self, state: Message) -> dict[str, list[float]]:
         """Once selected: the aggregated layer scores (when the order uses them) and SL as a 0/1 vector."""
-        selected = state.scalars.get("selected")
-        if selected is None:
-            return {}
-        out = {}
-        if state.scalars.get("layer_scores") is not None:
+        out = super().vectors(state)
+        if out and state.scalars.get("layer_scores") is not None:
             out["layer_scores"] = [float(x) for x in state.scalars["layer_scores"]]
-        chosen = {int(x) for x in selected}
-        out["selected_layers"] = [1.0 if layer in chosen else 0.0 for layer in range(self.num_layers)]
         return out
 
     # ---------------------------------------------------------------- client
-
-    def client_params(self, received: Params, private: Params) -> Params:
-        """The device's prompts: its private copy (or E^0 if never trained), shared slices from the server."""
-        return self.ctx.initial_params() | {k: v.float() for k, v in private.items()} | received
-
-    def private_state(self, trained: Params) -> Params:
-        return {k: v.clone() for k, v in trained.items() if k.startswith(PREFIX)}
 
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
                round: int, plan: Any) -> Update:
@@ -172,8 +151,9 @@ class LayerSelection(ShareAll):
     def layer_scores(self, params: Params, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-layer scores of one batch: hidden states of every layer's output with the prompts attached."""
         hidden = self.ctx.classifier.hidden_states(params, batch)
-        return layer_scores(hidden, self.settings.score_eps, self.settings.score_reduce,
-                            self.settings.score_last_layer)
+        s = self.settings
+        mask = batch["attention_mask"] if s.score_tokens == "nonpad" else None
+        return layer_scores(hidden, s.score_eps, s.score_reduce, s.score_last_layer, mask)
 
     def estimate_ratio(self, params: Params, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """r_i from the Hessian of F_i with respect to all layers' prompts (the estimator named in settings)."""

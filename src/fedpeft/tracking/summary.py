@@ -61,7 +61,8 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
 def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, backbone_params: int,
                   extra: dict[str, Any]) -> dict[str, Any]:
     """Totals over the run; ``upload_ratio_vs_full`` compares with sending every backbone weight in fp32."""
-    accs = [r["accuracy"] for r in records if r["accuracy"] is not None]
+    accs = [r["accuracy"] for r in records if r["accuracy"] is not None and r["round"] > 0]
+    initial = next((r for r in records if r["round"] == 0), None)
     up = sum(r["bytes_up"] for r in records)
     down = sum(r["bytes_down"] for r in records)
     client_rounds = sum(r["num_ok"] + r["num_rejected"] for r in records) or 1
@@ -74,7 +75,8 @@ def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, bac
         "model": cfg.model.name,
         "runtime": cfg.runtime.name,
         "seed": cfg.seed,
-        "rounds": len(records),
+        "rounds": sum(r["round"] > 0 for r in records),
+        "initial_accuracy": initial["accuracy"] if initial else None,
         "final_accuracy": records[-1]["accuracy"] if records else None,
         "best_accuracy": max(accs) if accs else None,
         "final_loss": records[-1]["loss"] if records else None,

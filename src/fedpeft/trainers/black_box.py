@@ -22,20 +22,61 @@ from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
 from fedpeft.perturbation import replacement_vocab, text_span
-from fedpeft.rng import numpy_rng
+from fedpeft.rng import SHARED, numpy_rng
 from fedpeft.trainers.base import DISTRIBUTION, TRAINERS, Shapes, TrainerBase, TrainerContext
-from fedpeft.trainers.cmaes import CMAESSettings, CMAState, local_cmaes
+from fedpeft.trainers.cmaes import CMAESSettings, CMAState, Covariance, LocalResult, local_cmaes
 
-Covariance = Literal["full", "diagonal", "none"]
+Noise = Literal["independent", "shared", "shared_round"]
 Z = "z"  # the projected prompt's tensor
 
 
 class CMAESTrainerSettings(CMAESSettings):
-    covariance: Covariance = Field("full", description="C_t on the wire: full d x d, its diagonal, or none "
+    covariance: Covariance = Field("full", description="model of C on clients and server and on the wire: full "
+                                                       "d x d, diagonal (C kept diagonal everywhere), or none "
                                                        "(C = I everywhere, spec A23)")
-    server_fitness: Literal["clean", "ratio"] = Field("clean", description="uploaded loss: clean F^k (paper) "
-                                                                           "or the perturbation ratio (code)")
+    server_fitness: Literal["clean", "ratio"] = Field("clean", description="uploaded loss: clean F^k of the final "
+                                                                           "mean (paper, Alg. 1) or its perturbation "
+                                                                           "ratio (authors' fedbpt_train.py)")
+    noise: Noise = Field("independent", description="CMA-ES sampling noise: own stream per (round, client); shared "
+                                                    "by all clients and rounds (authors' code: pycma reseeded "
+                                                    "every round); or shared by the clients of a round")
     evaluate_start: bool = Field(False, description="also report the clean loss of the incoming mean")
+
+
+def uploaded_loss(res: LocalResult, server_fitness: str) -> float:
+    """The loss the server ranks clients by (spec A12, C9).
+
+    ``clean``: F^k(z_{t+1}^k), the mean CE over the local training set at the final local mean (Alg. 1, C9).
+    ``ratio``: what the authors' client uploads (``research/fed-bpt/src/fedbpt_train.py``, "Generate solutions
+    uploaded to the server", lines 329-348, sent as ``fitnesses``, line 366): ``fitnesses_orig / fitnesses_pert`` at
+    ``local_es.mean``, i.e. the mean CE on the clean local set over the mean CE on its perturbed copy
+    (``LMForwardAPI.eval`` / ``eval_perturb``, ``CrossEntropyLoss(reduction="mean")``), the same copy the round's
+    local iterations used (drawn once per round, line 291), and the clean loss when ``--perturb 0``. Here:
+    ``LocalResult.ratio_loss`` (``ratio_form``, with the last iteration's perturbation; ``perturb_resample:
+    round`` and ``perturb_scope: all`` give the code's quantity, up to the ``eps`` floor and the replacement
+    vocabulary, which excludes special tokens here); the clean loss without perturbation.
+    """
+    if server_fitness == "ratio" and not np.isnan(res.ratio_loss):
+        return res.ratio_loss
+    return res.clean_loss
+
+
+def cmaes_streams(seed: int, round: int, client: int, noise: str) -> tuple[np.random.Generator,
+                                                                          np.random.Generator | None]:
+    """(perturbation stream, sampling-noise stream or None = the same stream) of one client's round.
+
+    ``independent``: one stream from (seed, round, client) for both. ``shared`` reproduces the authors' common
+    random numbers: their client re-creates pycma every round with the fixed ``seed`` option
+    (``fedbpt_train.py`` line 232, ``global_es._copy_light(inopts={"seed": seed, ...})``) and pycma's
+    constructor calls ``np.random.seed(opts['seed'])`` (``cma/evolution_strategy.py``,
+    ``CMAEvolutionStrategy.__init__``), whose global RNG draws all samples: every client draws the same noise in
+    every round. Here the noise stream derives from the seed alone (neither client nor round);
+    ``shared_round`` keeps the common noise across clients only. Perturbations stay per client.
+    """
+    own = numpy_rng(seed, round, client, "cmaes")
+    if noise == "independent":
+        return own, None
+    return own, numpy_rng(seed, round if noise == "shared_round" else 0, SHARED, "cmaes-noise")
 
 
 def _f64(t: torch.Tensor) -> np.ndarray:
@@ -122,9 +163,10 @@ class CMAESTrainer(TrainerBase):
         start = CMAState(_f64(params[Z]), float(instruction.scalars["sigma"]), cov_from(instruction.tensors, self.d))
         vocab, span = self._perturbation_inputs() if s.perturb_rate > 0 else (None, None)
         box = BlackBox(self.clf, batched=s.batched, max_rows=s.max_rows)
-        res = local_cmaes(box, client.train, start, s, numpy_rng(client.seed, round, client.client_id, "cmaes"),
-                          vocab, span, evaluate_start=s.evaluate_start)
-        upload = res.ratio_loss if s.server_fitness == "ratio" and s.perturb_rate > 0 else res.clean_loss
+        rng, noise_rng = cmaes_streams(client.seed, round, client.client_id, s.noise)
+        res = local_cmaes(box, client.train, start, s, rng, vocab, span, evaluate_start=s.evaluate_start,
+                          covariance=s.covariance, noise_rng=noise_rng)
+        upload = uploaded_loss(res, s.server_fitness)
         scalars = {"train_loss": res.clean_loss, **res.usage, "final_sigma": float(res.state.sigma)}
         if s.perturb_rate > 0:
             scalars |= {"ratio_loss": res.ratio_loss, "replaced_share": res.replaced_share}
