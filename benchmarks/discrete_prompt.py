@@ -82,7 +82,8 @@ def run_job(args, setting: str, arm: str, seed: int) -> str:
 def _load(out: Path) -> dict | None:
     if not (out / "summary.json").exists():
         return None
-    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    recs = [r for r in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+            if r["round"] > 0]  # round 0 (the initial state) is not a training round
     last = recs[-1]
     ok = [c for r in recs for c in r["clients"] if c["status"] == "ok"]
     cands = [c["candidates"] for c in ok if "candidates" in c]

@@ -74,7 +74,8 @@ def run_job(args, task: str, part: str, arm: str, seed: int) -> str:
 def _load(out: Path) -> dict | None:
     if not (out / "summary.json").exists():
         return None
-    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    recs = [r for r in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+            if r["round"] > 0]  # round 0 (the initial state) is not a training round
     summary = json.loads((out / "summary.json").read_text())
     mal = [next((c.get("local_asr") for c in r["clients"] if c["client"] == 0), None) for r in recs]
     benign = [statistics.fmean(c["local_asr"] for c in r["clients"] if c["client"] != 0 and "local_asr" in c)

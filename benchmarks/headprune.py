@@ -97,7 +97,8 @@ def step_time(args) -> dict:
 def _load(out: Path) -> dict | None:
     if not (out / "summary.json").exists():
         return None
-    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    recs = [r for r in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+            if r["round"] > 0]  # round 0 (the initial state) is not a training round
     clients = [c for r in recs for c in r["clients"] if c["status"] == "ok"]
     mean = lambda key: statistics.fmean(c[key] for c in clients) if clients and key in clients[0] else None  # noqa
     summary = json.loads((out / "summary.json").read_text())
