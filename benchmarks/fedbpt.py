@@ -1,526 +1,642 @@
-"""FedBPT benchmark at CPU scale; writes benchmarks/results/fedbpt.md.
+"""FedBPT against its gradient-free baselines, with a search budget matched to the dimension
+(benchmarks/results/fedbpt.md; the design of issue 13).
 
-Few-shot (40 examples per class in total, drawn before partitioning), 10 clients, all participating,
-Dirichlet alpha = 1.0 (non-IID) and IID, SST-2 and AG News from ../shared/data, MiniLM (3 seeds) and
-SmolLM2 (fewer rounds, non-IID, ``--smol-seeds``). Methods: manual prompt, ICL, FedAvg-BBT, FedBPT (both
-through the forward-only black box), gradient FedPrompt, and with ``--ablations`` FedBPT with r_p = 0
-and with the ratio uploaded (authors' code). Reports final-round test accuracy (mean +- std over the
-seeds that finished), bytes per client per round up/down, black-box calls, which clients the server
-picks as parents under label skew, and the peak RSS of one FedBPT vs one FedPrompt client round (each
-in a fresh process, peak reset after loading and a warm-up forward).
+SST-2 and AG News few-shot (40 examples per class in total, drawn before partitioning, as the paper), 10 clients,
+all participating, label-skew Dirichlet alpha = 1.0 and alpha = 0.1. Budget matched to d: d = 32, m = 5 prompt
+rows, lambda = 5, I = 5 local iterations, T = 20 rounds, i.e. T*I*lambda = 500 candidate evaluations per client
+(15.6 d; BBT and the paper use 8,000 at d = 500, 16 d). Evaluation on the full SST-2 dev set (872) and 1,000
+stratified AG News test examples, at rounds 0, 5, 10, ... and the last; the table reads the final round (never
+the best). Seeds 0-4, paired: within a seed every arm shares the few-shot set, the partition, the projection A
+(seeded from the run seed alone, ``adapters/projected_prompt.py``) and z_0 = 0.
 
-Budgets are far below the paper's (I = 8, d = 500, 50 prompt tokens, 200 rounds): see the flags. Jobs
-run in priority order (zero-shot, non-IID, SmolLM2, IID, ablations) on ``--workers`` processes under
-a wall-clock deadline; jobs that do not fit are listed as not run. Finished runs in ``--runs-dir`` are
-collected, not re-run, so a cut benchmark can be continued (``--methods`` adds runs of some methods);
-``--render RUNS_DIR`` rewrites the results file from the run directories.
+Arms (``--arms``): manual prompt, raw and contextually calibrated; FedAvg-BBT; FedAvg-BBT query-matched (2I
+iterations: FedBPT spends two forwards per candidate, clean and perturbed); FedBPT with the clean uploaded loss
+(paper) and with the perturbation ratio uploaded (authors' code); FedBPT with r_p = 0 (server CMA-ES only);
+centralised BBT (upper bound: one client holding the whole few-shot set, same T, I, lambda); local-only BBT
+(each client runs BBT alone for T*I iterations of lambda candidates and is scored on its own test shard).
+Models (``--models``): MiniLM with the similarity readout pooled over text positions only
+(``model.pooling=text``), and SmolLM2-135M with the next-token verbalizer and contextual calibration for every
+arm but the raw manual prompt (slow on CPU: a separate choice).
 
-    nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt-bench     # ~90 min, 2 cores
+Every run is a fedpeft run directory under --runs-dir (``runner.run_config``): finished runs are skipped,
+interrupted ones resumed from their checkpoint; jobs run model by model, seeds outermost, so every finished seed
+pairs all arms. After a run, a post-hoc pass (``posthoc.json`` in the run directory) scores the final global
+prompt and z = 0 once more on the test set (class histogram of the predictions, for the dominant-class share)
+and on the union of the clients' training data (loss), and stores the clients' label histograms.
+``--render-only`` writes the results file from the run directories and says which rows are complete. A run
+directory is tied to its config: use a fresh --runs-dir for another budget (a changed config is refused on resume).
+
+Cost on this 2-core CPU (measured with two other benchmarks running, ~0.4-0.5 of a core per job; MiniLM, 1 thread):
+SST-2 ~50 s per round of FedAvg-BBT, ~120 s of FedBPT / query-matched FedAvg-BBT; AG News ~4.9x that (twice the
+examples, longer texts) plus ~60 s per evaluation of 1,000 examples. One seed of all arms: ~7 job-hours SST-2,
+~28 AG News; 5 seeds ~175 job-hours, ~90 h wall on 2 workers (about half on two free cores). SmolLM2 (prefix
+placement) is ~15-20x MiniLM per round: a GPU (or ``--placement suffix``) job. ``--plan`` lists the 150 jobs.
+
+    nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --workers 2           # CPU, resumable
+    nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --models smollm2      # slow on CPU
+    .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --render-only
+    .venv/bin/python benchmarks/fedbpt.py --plan                                                  # list the jobs
+
+Paper scale on a GPU (``--paper-scale``): d = 500, m = 50, I = 8, lambda = 5, T = 200 rounds (the authors'
+default), evaluation every 10 rounds, ``runtime.device=cuda``; its own runs directory and results file
+(runs/fedbpt-paper, benchmarks/results/fedbpt_paper_scale.md) unless given; any of --dim, --tokens,
+--iterations, --popsize, --rounds, --every, --device overrides it, e.g.
+
+    .venv/bin/python benchmarks/fedbpt.py --paper-scale --arms fedavg-bbt fedavg-bbt-2x fedbpt fedbpt-rp0 \\
+        --workers 2 --threads 4
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import multiprocessing
+import math
 import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "fedbpt.md"
-TASK_LEN = {"sst2": 40, "agnews": 32}           # tokens per input before the prompt (texts truncated)
-PERTURB = {"sst2": 0.6, "agnews": 0.4}          # paper's best r_p (Table 4)
-PARTITIONS = {"non-IID a=1.0": ["federation.partition.scheme=dirichlet", "federation.partition.alpha=1.0",
-                                "federation.partition.min_size=2"],
-              "IID": ["federation.partition.scheme=iid"]}
+from runner import mean_std, run_config, run_pool
+
+HERE = Path(__file__).resolve().parent
+SCALES = {  # the defaults of the budget flags
+    "cpu": {"dim": 32, "tokens": 5, "iterations": 5, "popsize": 5, "rounds": 20, "every": 5, "device": "cpu",
+            "runs_dir": "runs/fedbpt", "results": HERE / "results" / "fedbpt.md"},
+    "paper": {"dim": 500, "tokens": 50, "iterations": 8, "popsize": 5, "rounds": 200, "every": 10, "device": "cuda",
+              "runs_dir": "runs/fedbpt-paper", "results": HERE / "results" / "fedbpt_paper_scale.md"},
+}
+TASKS = {  # max_test None: the whole dev/test set
+    "sst2": {"max_test": None, "max_length": 64, "perturb": 0.6},    # 872 dev examples; r_p: paper's best (Table 4)
+    "agnews": {"max_test": 1000, "max_length": 64, "perturb": 0.4},  # 1,000 of 7,600, stratified, seeded
+}
+ALPHAS = {"1.0": 2, "0.1": 1}  # alpha -> partition.min_size (alpha 0.1 cannot give every SST-2 client 2 examples)
+MODELS = ("minilm", "smollm2")
+ARMS = {  # key -> (label, depends on the partition)
+    "manual": ("Manual prompt (raw)", False),
+    "manual-cal": ("Manual prompt (contextual calibration)", False),
+    "fedavg-bbt": ("FedAvg-BBT", True),
+    "fedavg-bbt-2x": ("FedAvg-BBT, query-matched (2I iterations)", True),
+    "fedbpt": ("FedBPT (clean loss uploaded, paper)", True),
+    "fedbpt-ratio": ("FedBPT (ratio uploaded, authors' code)", True),
+    "fedbpt-rp0": ("FedBPT, r_p = 0 (server CMA-ES only)", True),
+    "central": ("Centralised BBT (1 client, pooled data; upper bound)", False),
+    "local": ("Local-only BBT (personalised: own test shard, pooled)", True),
+}
+REFERENCE, MATCHED, HEADLINE = "fedavg-bbt", "fedavg-bbt-2x", "fedbpt"
+BLACK_BOX = ("fedavg-bbt", "fedavg-bbt-2x", "fedbpt", "fedbpt-ratio", "fedbpt-rp0", "central")
+SKEWED = 0.8  # a client is "one-class" when its largest class holds >= 80 % of its few-shot examples
 
 
-def _overrides(args, model: str, task: str, part: str, seed: int, max_test: int) -> list[str]:
-    return [f"seed={seed}", f"task.name={task}", "task.few_shot=40", f"task.max_test={max_test}",
-            f"task.max_length={TASK_LEN[task]}", f"model.name={model}", "federation.num_clients=10",
-            f"federation.rounds={args.rounds}", "evaluation.local=false", f"evaluation.batch_size={args.eval_batch}",
-            "runtime.progress=false", f"runtime.threads={args.threads}", *PARTITIONS[part]]
+# ---------------------------------------------------------------- jobs
 
 
-def method_overrides(args, method: str, task: str, model: str) -> list[str]:
-    """Per-method settings of this benchmark (same prompt length m for every prompt method)."""
-    tokens, dim, iters = (args.tokens, args.dim, args.iterations) if model == "minilm" else \
-        (args.smol_tokens, args.smol_dim, args.smol_iterations)
-    bbt = [f"method.adapter.num_tokens={tokens}", f"method.adapter.intrinsic_dim={dim}",
-           f"method.trainer.iterations={iters}", f"method.trainer.popsize={args.popsize}"]
+def part_key(arm: str, alpha: str) -> str:
+    return f"a{alpha}" if ARMS[arm][1] else "shared"
+
+
+def job_name(model: str, task: str, part: str, arm: str, seed: int) -> str:
+    return f"{model}__{task}__{part}__{arm}__s{seed}"
+
+
+def arm_overrides(args, model: str, task: str, arm: str) -> list[str]:
+    """The arm's method settings on top of the common ones; every trained arm has the same d, m, lambda."""
+    adapter = [f"method.adapter.num_tokens={args.tokens}", f"method.adapter.intrinsic_dim={args.dim}"]
+    cmaes = [*adapter, f"method.trainer.iterations={args.iterations}", f"method.trainer.popsize={args.popsize}",
+             "method.trainer.evaluate_start=true"]  # clean loss of the incoming global z on each client's data
+    calibrated = ["model.calibration=contextual"]
+    trained_readout = calibrated if model == "smollm2" else []
+    rp = TASKS[task]["perturb"]
     return {
-        "manual-prompt": ["method.name=manual-prompt", "federation.rounds=1"],
-        "icl": ["method.name=icl", "federation.rounds=1"],
-        "fedavg-bbt": ["method.name=fedavg-bbt", *bbt],
-        "fedbpt": ["method.name=fedbpt", *bbt, f"method.trainer.perturb_rate={PERTURB[task]}"],
-        "fedbpt-rp0": ["method.name=fedbpt", *bbt, "method.trainer.perturb_rate=0.0"],
-        "fedbpt-ratio-up": ["method.name=fedbpt", *bbt, f"method.trainer.perturb_rate={PERTURB[task]}",
-                            "method.trainer.server_fitness=ratio"],
-        "fedprompt": ["method.name=fedprompt", f"method.adapter.num_tokens={tokens}", "method.trainer.batch_size=8",
-                      f"method.trainer.local_epochs={args.fedprompt_epochs}"],
-    }[method]
+        "manual": ["method.name=manual-prompt", "federation.rounds=1", "evaluation.round_zero=false"],
+        "manual-cal": ["method.name=manual-prompt", "federation.rounds=1", "evaluation.round_zero=false",
+                       *calibrated],
+        "fedavg-bbt": ["method.name=fedavg-bbt", *cmaes, *trained_readout],
+        "fedavg-bbt-2x": ["method.name=fedavg-bbt", *cmaes, f"method.trainer.iterations={2 * args.iterations}",
+                          *trained_readout],
+        "fedbpt": ["method.name=fedbpt", *cmaes, f"method.trainer.perturb_rate={rp}",
+                   "method.trainer.server_fitness=clean", *trained_readout],
+        "fedbpt-ratio": ["method.name=fedbpt", *cmaes, f"method.trainer.perturb_rate={rp}",
+                         "method.trainer.server_fitness=ratio", *trained_readout],
+        "fedbpt-rp0": ["method.name=fedbpt", *cmaes, "method.trainer.perturb_rate=0.0", *trained_readout],
+        # FedAvg over one client: BBT on the pooled few-shot set, T rounds of I iterations (paths reset per round)
+        "central": ["method.name=fedavg-bbt", *cmaes, "federation.num_clients=1", *trained_readout],
+        # BBT on each client alone (post-tuning after one no-training round): T*I iterations of lambda candidates
+        # from z = 0 with sigma = 1 on all its examples (no dev split), scored on its own test shard
+        "local": ["method.name=bbt-local", *adapter, f"method.post_tuning.popsize={args.popsize}",
+                  f"method.post_tuning.iterations={args.rounds * args.iterations}", "method.post_tuning.sigma=1.0",
+                  "method.post_tuning.shots=100000", "method.post_tuning.select=last", "federation.rounds=1",
+                  "evaluation.local=true", "evaluation.round_zero=false", *trained_readout],
+    }[arm]
 
 
-LABELS = {"manual-prompt": "Manual prompt", "icl": "ICL (5 demos)", "fedavg-bbt": "FedAvg-BBT",
-          "fedbpt": "FedBPT", "fedprompt": "FedPrompt (gradient)",
-          "fedbpt-rp0": "FedBPT, r_p = 0 (ablation: server CMA-ES only)",
-          "fedbpt-ratio-up": "FedBPT, ratio uploaded (ablation: authors' code, A12)"}
-ABLATIONS = ("fedbpt-rp0", "fedbpt-ratio-up")
+def overrides(args, model: str, task: str, part: str, arm: str, seed: int) -> list[str]:
+    t = TASKS[task]
+    max_test = args.max_test if args.max_test is not None else t["max_test"]
+    common = [f"seed={seed}", f"task.name={task}", "task.few_shot=40", f"task.max_length={t['max_length']}",
+              *([f"task.max_test={max_test}"] if max_test else []), f"model.name={model}",
+              *([f"model.pooling={args.pooling}"] if model == "minilm" and args.pooling != "none" else []),
+              "federation.num_clients=10", f"federation.rounds={args.rounds}", f"evaluation.every={args.every}",
+              "evaluation.local=false", f"evaluation.batch_size={args.eval_batch}", "evaluation.report=false",
+              "runtime.progress=false", f"runtime.threads={args.threads}", f"runtime.device={args.device}"]
+    if part.startswith("a"):
+        alpha = part[1:]
+        common += ["federation.partition.scheme=dirichlet", f"federation.partition.alpha={alpha}",
+                   f"federation.partition.min_size={ALPHAS[alpha]}"]
+    else:
+        common.append("federation.partition.scheme=iid")
+    placement = [f"method.adapter.placement={args.placement}"] \
+        if model == "smollm2" and args.placement != "prefix" and not arm.startswith("manual") else []
+    return common + arm_overrides(args, model, task, arm) + placement  # later overrides win
 
 
-def black_box(method: str) -> bool:
-    return method.startswith("fedbpt") or method == "fedavg-bbt"
+def plan(args) -> list[tuple[str, str, str, str, int]]:
+    """(model, task, part, arm, seed): model by model, seeds outermost, partition-free arms once per seed."""
+    jobs = []
+    for model in args.models:
+        for seed in args.seeds:
+            for task in args.tasks:
+                for arm in args.arms:
+                    if not ARMS[arm][1]:
+                        jobs.append((model, task, "shared", arm, seed))
+                for alpha in args.alphas:
+                    jobs += [(model, task, f"a{alpha}", arm, seed) for arm in args.arms if ARMS[arm][1]]
+    return jobs
 
 
-def plan(args) -> list[dict]:
-    """Jobs in priority order: zero-shot and MiniLM ICL; the paper's headline setting (non-IID) on MiniLM
-    over all seeds; SmolLM2's first trained setting and ICL; MiniLM IID over all seeds; further SmolLM2 runs;
-    the ablations last. ``--methods`` keeps only the jobs of those methods."""
-    tasks = args.tasks.split(",")
-    trained = ("fedbpt", "fedavg-bbt", "fedprompt")
-    smol = "smollm2" in args.models.split(",")
-    non_iid, iid = PARTITIONS
-
-    def job(model: str, task: str, part: str, seed: int, method: str) -> dict:
-        return {"model": model, "task": task, "part": part, "seed": seed, "method": method}
-
-    zero_shot = [job("minilm", t, "-", 0, "manual-prompt") for t in tasks]
-    zero_shot += [job("smollm2", t, "-", 0, "manual-prompt") for t in tasks] if smol else []
-    minilm = {p: [job("minilm", t, p, s, m) for s in range(args.seeds) for t in tasks for m in trained]
-              for p in (non_iid, iid)}
-    smol_runs = [job("smollm2", t, non_iid, s, m) for s in range(args.smol_seeds) for t in tasks
-                 for m in trained] if smol else []
-    icl = {model: [job(model, t, "-", 0, "icl") for t in tasks] for model in ("minilm", "smollm2")}
-    if not smol:
-        icl["smollm2"] = []
-    ablations = [job("minilm", t, non_iid, s, m) for s in range(args.seeds) for t in tasks for m in ABLATIONS] \
-        if args.ablations else []
-    jobs = (zero_shot + icl["minilm"] + minilm[non_iid] + smol_runs[:3] + icl["smollm2"][:1] + minilm[iid]
-            + icl["smollm2"][1:] + smol_runs[3:] + ablations)
-    return [j for j in jobs if args.methods is None or j["method"] in args.methods.split(",")]
+def run_job(args, model: str, task: str, part: str, arm: str, seed: int) -> str:
+    out = Path(args.runs_dir) / job_name(model, task, part, arm, seed)
+    line = run_config(out, overrides(args, model, task, part, arm, seed))
+    if args.post_hoc and (out / "summary.json").exists():
+        post_hoc(out, arm, args.threads)
+    return line
 
 
-GUESS_SECONDS = {"smollm2": 400.0, "minilm": 60.0}  # before a job of that kind has run
+# ---------------------------------------------------------------- post-hoc scores of a finished run
 
 
-def _worker_init(threads: int) -> None:
+def _scores(clf, params, enc, batch_size: int) -> dict:
+    """Accuracy, mean CE and the class histogram of the predictions of ``params`` on ``enc``."""
+    import torch
+    import torch.nn.functional as F
+
+    hist, correct, loss = [0] * clf.task.num_classes, 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(enc), batch_size):
+            b = clf.batch(enc, list(range(start, min(start + batch_size, len(enc)))))
+            logits = clf.logits(params, b).float()
+            pred = logits.argmax(-1)
+            loss += F.cross_entropy(logits, b["labels"], reduction="sum").item()
+            correct += (pred == b["labels"]).sum().item()
+            for c in pred.tolist():
+                hist[c] += 1
+    return {"accuracy": correct / len(enc), "loss": loss / len(enc), "pred_hist": hist}
+
+
+def post_hoc(out: Path, arm: str, threads: int) -> dict:
+    """``posthoc.json``: the clients' label histograms and, for arms with a global prompt, the final global state
+    and z = 0 (round 0; FedBPT and manual arms only) scored on the test set and on the union of the clients'
+    training data. Costs one test pass (two with round 0) and a pass over the few-shot set."""
+    cache = out / "posthoc.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
     import torch
 
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from fedpeft.build import build
+    from fedpeft.predict import adapter_params, load_run
+
     torch.set_num_threads(threads)
+    cfg, (_, server, client_states, _) = load_run(out)
+    built = build(cfg)
+    exp, clf = built.exp, built.exp.classifier
+    res: dict = {"label_histograms": exp.label_histograms()}
+    if arm != "local":  # local-only's post-tuned prompts are not stored anywhere
+        train = clf.encode(exp.task.train)  # the union of the clients' shards (every few-shot example is dealt)
+        bs = cfg.evaluation.batch_size
+        states = {"final": adapter_params(built.method, server, client_states)}
+        if arm == HEADLINE:
+            states["round0"] = built.method.initial_params()
+        for key, params in states.items():
+            res[key] = {"test": _scores(clf, params, exp.test_encoded, bs), "train": _scores(clf, params, train, bs)}
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res))
+    tmp.replace(cache)
+    return res
 
 
-def run_pool(args, jobs: list[dict], runs: Path, deadline: float, finished, skipped: list[dict]) -> int:
-    """Run ``jobs`` in priority order on ``args.workers`` processes (one backbone each, ``args.threads``
-    torch threads); a job whose expected time no longer fits before ``deadline`` is skipped. Returns how
-    many finished runs were found in ``runs`` and collected instead of re-run."""
-    est: dict[tuple, float] = {}
-    queue, pending, reused = list(jobs), {}, 0
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_worker_init,
-                             initargs=(args.threads,)) as pool:
-        while queue or pending:
-            while queue and len(pending) < args.workers:
-                job = queue.pop(0)
-                key = (job["model"], job["task"], job["method"])
-                guess = est.get(key, GUESS_SECONDS[job["model"]] if black_box(job["method"]) else 0.0)
-                if time.time() + guess > deadline:
-                    skipped.append(job)
-                    continue
-                pending[pool.submit(run_job, args, job, runs)] = job
-            if not pending:
-                break
-            ready, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in ready:
-                job = pending.pop(fut)
-                try:
-                    res = fut.result()
-                except Exception as e:  # noqa: BLE001  (one failing job must not lose the others' results)
-                    print(f"job {job} failed: {e!r}", file=sys.stderr)
-                    continue
-                est[(job["model"], job["task"], job["method"])] = res["seconds"]
-                reused += bool(res.get("reused"))
-                finished(res)
-    return reused
+# ---------------------------------------------------------------- reading runs
 
 
-def run_job(args, job: dict, runs: Path) -> dict:
-    from fedpeft.resolve import load_config
-    from fedpeft.runtime.embedded import run_embedded
-
-    max_test = args.max_test if job["model"] == "minilm" else args.smol_max_test
-    part = job["part"] if job["part"] != "-" else "IID"
-    over = _overrides(args, job["model"], job["task"], part, job["seed"], max_test)
-    if job["model"] == "smollm2":
-        over.append(f"federation.rounds={args.smol_rounds}")
-    over += method_overrides(args, job["method"], job["task"], job["model"])
-    cfg = load_config(None, over)
-    out = runs / f"{job['model']}-{job['task']}-{part.split()[0]}-{job['method']}-s{job['seed']}"
-    if (out / "summary.json").exists():  # finished by an earlier invocation with the same --runs-dir
-        return collect(job, out) | {"reused": True}
-    t0 = time.time()
-    run_embedded(cfg, out)
-    return collect(job, out, time.time() - t0)
-
-
-def collect(job: dict, out: Path, seconds: float | None = None) -> dict:
-    """The table row of a finished run directory (summary.json + metrics.jsonl)."""
-    from fedpeft.tracking.rundir import RunDir
-
-    s = json.loads((out / "summary.json").read_text())
-    recs = RunDir(out).read_metrics()
-    queries = sum(c.get("queries", 0) for r in recs for c in r["clients"])
-    return {**job, "acc": s["final_accuracy"], "best": s["best_accuracy"], "rounds": s["rounds"],
-            "up": s["bytes_up_per_client_round"], "down": s["bytes_down_per_client_round"],
-            "up_tensor": s.get("upload_tensor_bytes"), "trainable": s["trainable_params"],
-            "queries_per_client_round": queries / max(1, sum(r["num_ok"] for r in recs)),
-            "train_loss": [r.get("train_loss") for r in recs], "sigma": recs[-1]["clients"][0].get("final_sigma"),
-            "seconds": seconds if seconds is not None else s["wall_seconds"],
-            "backbone_unchanged": s["backbone_unchanged"], **parent_skew(job, out, recs)}
-
-
-SKEWED = 0.8  # a client is "one-class" when its largest class holds >= 80% of its few-shot examples
-
-
-def parent_skew(job: dict, out: Path, recs: list[dict]) -> dict:
-    """Server CMA-ES runs: share of one-class clients among the best-half parents (ranked by the uploaded
-    loss) vs among all clients. Client label histograms come from the run log."""
-    if not job["method"].startswith("fedbpt"):
-        return {}
+def _label_hist_from_log(out: Path) -> list[list[int]] | None:
     found = re.search(r"label histogram per client \(train\): (\[.*\])", (out / "run.log").read_text())
-    if not found:
-        return {}
-    hist = json.loads(found.group(1))
-    skewed = {k for k, h in enumerate(hist) if sum(h) and max(h) / sum(h) >= SKEWED}
-    key = "ratio_loss" if job["method"] == "fedbpt-ratio-up" else "train_loss"
-    parents = [c["client"] for r in recs
-               for c in sorted((c for c in r["clients"] if c["status"] == "ok"), key=lambda c: c[key])
-               [: r["num_ok"] // 2]]
-    return {"parents_skewed": sum(c in skewed for c in parents) / max(1, len(parents)),
-            "clients_skewed": len(skewed) / len(hist)}
+    return json.loads(found.group(1)) if found else None
 
 
-def jobs_in(runs: Path) -> list[dict]:
-    """Rebuild the rows of every finished run under ``runs`` (for ``--render``), in priority order."""
-    rows = []
-    for out in sorted(runs.iterdir()):
-        if not (out / "summary.json").exists():
-            continue
-        model, task, rest = out.name.split("-", 2)
-        part = next(p for p in PARTITIONS if rest.startswith(p.split()[0] + "-"))
-        method, seed = rest[len(part.split()[0]) + 1:].rsplit("-s", 1)
-        part = "-" if method in ("manual-prompt", "icl") else part
-        rows.append(collect({"model": model, "task": task, "part": part, "seed": int(seed), "method": method}, out))
-    order = {tuple(sorted(j.items())): i for i, j in enumerate(plan(_defaults()))}
-    return sorted(rows, key=lambda r: order.get(tuple(sorted((k, r[k]) for k in
-                                                             ("model", "task", "part", "seed", "method"))), 1e9))
+def _weighted(values: list[tuple[float, float]]) -> float | None:
+    tot = sum(w for _, w in values)
+    return sum(v * w for v, w in values) / tot if tot else None
 
 
-# ---------------------------------------------------------------- memory probe (subprocess)
+def load(out: Path, arm: str) -> dict | None:
+    """The numbers of one finished run (None while it is not finished)."""
+    if not (out / "summary.json").exists():
+        return None
+    summary = json.loads((out / "summary.json").read_text())
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_recs = [r for r in recs if r["round"] > 0]
+    post = json.loads((out / "posthoc.json").read_text()) if (out / "posthoc.json").exists() else {}
+    hist = post.get("label_histograms") or summary.get("label_histograms") or {}
+    train_hist = hist.get("train") or _label_hist_from_log(out)
+    last = recs[-1]
+    row = {"acc": last["accuracy"], "initial": summary.get("initial_accuracy"),
+           "curve": {r["round"]: r["accuracy"] for r in recs if r["accuracy"] is not None},
+           "up": summary["bytes_up_per_client_round"], "down": summary["bytes_down_per_client_round"],
+           "up_tensor": summary.get("upload_tensor_bytes"), "trainable": summary["trainable_params"],
+           "wall": summary["wall_seconds"], "backbone_unchanged": summary.get("backbone_unchanged")}
+    if arm == "local":  # personalised: each client's post-tuned prompt on its own test shard, pooled
+        per = {int(c): a for c, a in last["local_accuracy"].items() if a is not None and a == a}
+        test_hist = hist.get("test")
+        if test_hist and train_hist:
+            row["acc"] = _weighted([(a, sum(test_hist[c])) for c, a in per.items()])
+            row["majority"] = sum(h[max(range(len(tr)), key=tr.__getitem__)] for h, tr in zip(test_hist, train_hist)) \
+                / sum(sum(h) for h in test_hist)  # each client's majority training label on its own test shard
+        else:  # no histograms: unweighted mean over the clients
+            row["acc"] = statistics.fmean(per.values()) if per else None
+        row["queries"] = None
+        return row
+    ok = [c for r in train_recs for c in r["clients"] if c["status"] == "ok"]
+    if ok and "candidates" in ok[0]:
+        start = 1 if "start_loss" in ok[0] else 0  # the diagnostic clean loss of the incoming z: not the method's
+        row["candidates"] = statistics.fmean(c["candidates"] for c in ok) - start
+        row["queries"] = statistics.fmean(c["queries"] for c in ok) - start
+        row["rows"] = statistics.fmean(c["examples"] - start * c.get("num_examples", 0) for c in ok)
+    else:
+        row["queries"] = None
+    # training loss of the global state on the union of the client data: the clients' clean loss of the incoming
+    # z_{r-1} at round r, weighted by their sizes (= the state after round r-1), then the final state post hoc
+    union = {}
+    for r in train_recs:
+        vals = [(c["start_loss"], c.get("num_examples", 1)) for c in r["clients"]
+                if c["status"] == "ok" and "start_loss" in c]
+        if vals:
+            union[r["round"] - 1] = _weighted(vals)
+    if "final" in post:
+        union[train_recs[-1]["round"] if train_recs else 0] = post["final"]["train"]["loss"]
+        row["pred_share"] = max(post["final"]["test"]["pred_hist"]) / sum(post["final"]["test"]["pred_hist"])
+    if "round0" in post:
+        row["pred_share0"] = max(post["round0"]["test"]["pred_hist"]) / sum(post["round0"]["test"]["pred_hist"])
+        union.setdefault(0, post["round0"]["train"]["loss"])
+    row["union_loss"] = union
+    row["client_loss"] = [r.get("train_loss") for r in train_recs]
+    servers = [r.get("server", {}) for r in train_recs]
+    row["sigma"] = servers[-1].get("sigma") if servers else None
+    sp = [s["sigma_prime"] for s in servers if "sigma_prime" in s]
+    row["sigma_prime"] = (sp[0], sp[-1]) if sp else None
+    row["client_sigma"] = statistics.fmean(c["final_sigma"] for c in ok if "final_sigma" in c) \
+        if any("final_sigma" in c for c in ok) else None
+    if arm.startswith("fedbpt") and train_hist:  # server parents: best floor(|S|/2) by the uploaded loss
+        skewed = {k for k, h in enumerate(train_hist) if sum(h) and max(h) / sum(h) >= SKEWED}
+        key = "ratio_loss" if arm == "fedbpt-ratio" else "train_loss"
+        parents = [c["client"] for r in train_recs
+                   for c in sorted((c for c in r["clients"] if c["status"] == "ok"), key=lambda c: c[key])
+                   [: r["num_ok"] // 2]]
+        row["parents_skewed"] = sum(c in skewed for c in parents) / max(1, len(parents))
+        row["clients_skewed"] = len(skewed) / len(train_hist)
+    return row
 
 
-def _vm(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+# ---------------------------------------------------------------- statistics
 
 
-def rss_probe(args, model: str, method: str, batched: bool) -> dict:
-    """One client round of ``method`` on SST-2 (client 0, IID): peak RSS, reset after loading and a warm-up
-    forward, so that "before" holds the model and the increase is the round's own working memory."""
-    import torch
+def t95(n: int) -> float:
+    """Two-sided 95 % Student-t quantile with n - 1 degrees of freedom."""
+    from scipy.stats import t
 
-    torch.set_num_threads(args.threads)
-    from fedpeft.build import build_method
-    from fedpeft.experiment import build_experiment
-    from fedpeft.resolve import load_config
-
-    over = _overrides(args, model, "sst2", "IID", 0, 8) + method_overrides(args, method, "sst2", model)
-    if method == "fedbpt" and not batched:
-        over.append("method.trainer.batched=false")
-    cfg = load_config(None, over)
-    exp = build_experiment(cfg)
-    m = build_method(cfg, exp)
-    state = m.server_init()
-    inst = m.configure_round(state, 1, [0])[0]
-    ctx = exp.client(0)
-    m.evaluate_global(state)  # warm-up: encodes the test set and pages the (mmapped) weights in
-    base = _vm("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM (peak RSS) to the current RSS
-    t0 = time.time()
-    m.client_update(inst, ctx)
-    return {"model": model, "method": method, "batched": batched, "rss_before_mb": base, "peak_mb": _vm("VmHWM"),
-            "delta_mb": _vm("VmHWM") - base, "seconds": time.time() - t0, "examples": len(ctx.train)}
+    return float(t.ppf(0.975, n - 1))
 
 
-PROBES = [(model, method, batched) for model in ("minilm", "smollm2")
-          for method, batched in (("fedbpt", True), ("fedbpt", False), ("fedprompt", True))]
+def diff_ci(d: list[float]) -> tuple[float, float, float] | None:
+    """(mean, low, high) of paired differences with a 95 % t-interval (None below 2 pairs)."""
+    if len(d) < 2:
+        return None
+    m = statistics.fmean(d)
+    half = t95(len(d)) * statistics.stdev(d) / math.sqrt(len(d))
+    return m, m - half, m + half
 
 
-def measure_rss(args) -> list[dict]:
-    """Each probe in a fresh process (same benchmark flags), so that peaks do not mix."""
-    out = []
-    models = args.models.split(",")
-    for model, method, batched in (p for p in PROBES if p[0] in models):
-        cmd = [sys.executable, str(Path(__file__)), *sys.argv[1:], "--rss-probe", f"{model}:{method}"]
-        cmd += [] if batched else ["--sequential"]
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, check=False)
-        line = [x for x in res.stdout.splitlines() if x.startswith("{")]
-        out.append(json.loads(line[-1]) if line else {"model": model, "method": method, "batched": batched,
-                                                      "error": res.stderr[-400:]})
+def paired(xs: dict, ys: dict, scale: float = 100.0) -> tuple[str, list[float]]:
+    """Mean paired difference x - y (seeds present in both) in points with a 95 % t-interval, and the list."""
+    d = [scale * (xs[s] - ys[s]) for s in sorted(xs) if s in ys and xs[s] is not None and ys[s] is not None]
+    ci = diff_ci(d)
+    if ci is None:
+        return ("–" if not d else f"{d[0]:+.1f} (n=1)"), d
+    return f"{ci[0]:+.1f} [{ci[1]:+.1f}, {ci[2]:+.1f}] (n={len(d)})", d
+
+
+def verdict(d: list[float], n_seeds: int, sign: int = 1) -> str:
+    """The criterion 'sign * mean difference > 0' over the paired seeds."""
+    if len(d) < n_seeds:
+        return f"pending ({len(d)}/{n_seeds} seeds)"
+    ci = diff_ci(d)
+    if ci is None:
+        return "undecided (one seed)"
+    lo, hi = (ci[1], ci[2]) if sign > 0 else (-ci[2], -ci[1])
+    return "**holds**" if lo > 0 else ("**reversed**" if hi < 0 else "not shown (the interval includes 0)")
+
+
+# ---------------------------------------------------------------- the results file
+
+
+def _ms(xs, digits: int = 1, scale: float = 100.0) -> str:
+    return mean_std([x for x in xs if x is not None], scale=scale, digits=digits)
+
+
+def _num(x, fmt: str = ".3g") -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def criteria_text(args) -> list[str]:
+    return [
+        "## Criteria (fixed before the runs)",
+        "",
+        "Each is read per model, task and α from the final round (never the best round), over the paired seeds "
+        f"{args.seeds}; 'holds' means the 95 % t-interval of the paired difference lies above 0, 'reversed' below 0, "
+        "'not shown' that it contains 0; a criterion with missing seeds is 'pending'.",
+        "",
+        "1. **FedBPT > FedAvg-BBT**: accuracy of FedBPT (clean loss uploaded, the paper's algorithm) minus FedAvg-BBT "
+        "of the same seed > 0 (the paper: +2.3 points SST-2, +4.6 AG News, RoBERTa-large, α = 1.0). Also shown "
+        "against the query-matched FedAvg-BBT (2I iterations), since FedBPT spends two forwards per candidate.",
+        "2. **FedBPT > its own round 0**: FedBPT's final accuracy minus its round-0 accuracy (z = 0, the prompt "
+        "p₀ before any search) > 0.",
+        "3. **With r_p > 0 the dominant-class share of the predictions falls**: the largest share of one class "
+        "among FedBPT's test predictions minus that of FedBPT with r_p = 0 (same seed) < 0. Predictions are not "
+        "in `metrics.jsonl`; the post-hoc pass scores the final global prompt once more (`posthoc.json`).",
+        "",
+    ]
+
+
+def render(args) -> Path:
+    runs = Path(args.runs_dir)
+    scale = "paper scale" if args.paper_scale else "CPU scale"
+    lines = [f"# FedBPT with a search budget matched to the dimension ({scale})",
+             "", f"Rendered with: `python benchmarks/fedbpt.py {' '.join(args.argv)}`", ""]
+    notes = Path(args.notes) if args.notes else None
+    if notes and notes.exists():
+        lines += [notes.read_text().strip(), ""]
+    evals = args.rounds * args.iterations * args.popsize
+    lines += [
+        f"Setup: few-shot 40 examples per class in total (SST-2 80, AG News 160) drawn before partitioning, 10 clients "
+        f"all participating every round, label-skew Dirichlet α ∈ {{{', '.join(args.alphas)}}} (min size "
+        f"{', '.join(f'{ALPHAS[a]} at α = {a}' for a in args.alphas)}). Budget: d = {args.dim}, m = {args.tokens} "
+        f"prompt rows, λ = {args.popsize}, I = {args.iterations}, T = {args.rounds}, i.e. {evals} candidate "
+        f"evaluations per client ({evals / args.dim:.1f}·d; paper 8,000 at d = 500, 16·d); σ₁ = 1, z₀ = 0, "
+        f"A ~ N(0, (σ_emb/√d)²) from the run seed; r_p = {TASKS['sst2']['perturb']} (SST-2) / "
+        f"{TASKS['agnews']['perturb']} (AG News), the paper's best; server σ′ by Eq. 16 on the best half with equal "
+        "weights, ratio σ transfer, full covariance. Test: the full SST-2 dev set (872) and 1,000 stratified AG News "
+        f"test examples (inputs truncated to {TASKS['sst2']['max_length']} tokens), evaluated at round 0 and every "
+        f"{args.every} rounds; **final round only**. MiniLM: similarity readout pooled over "
+        f"{'text positions only (`model.pooling=text`)' if args.pooling == 'text' else f'pooling `{args.pooling}`'}; "
+        "SmolLM2-135M: next-token verbalizer with contextual calibration on every arm but the raw manual prompt. "
+        f"Seeds {args.seeds}, paired: every arm of a seed shares the few-shot set, the partition, A and z₀. "
+        f"Device {args.device}, {args.threads} torch thread(s) per job, {args.workers} job(s) at once.",
+        "",
+        "Arms: FedAvg-BBT averages the clients' (z, σ, C) weighted by n_k; its query-matched variant runs 2I local "
+        "iterations (as many candidate forwards as FedBPT's clean + perturbed pair). Centralised BBT = FedAvg over a "
+        "single client holding the whole few-shot set (same T, I, λ; evolution paths restart each round). Local-only "
+        f"BBT = each client alone, {args.rounds * args.iterations} CMA-ES iterations of λ = {args.popsize} from z = 0 "
+        "with σ = 1 on all its examples (pycma-style log weights), scored on its own test shard (the test set split "
+        "like its training labels) and pooled: a personalised number, not the global test accuracy of the other rows; "
+        "the per-client majority label (no model) is its reference. Manual prompts and centralised BBT do not "
+        "depend on the partition: the same runs appear under both α.",
+        "",
+    ]
+    verdicts, body = [], []
+    for model in args.models:
+        for task in args.tasks:
+            for alpha in args.alphas:
+                body += section(args, runs, model, task, alpha, verdicts)
+    lines += criteria_text(args)
+    if verdicts:
+        lines += ["Where they stand (paired differences in points, shares in points of the test set):", "",
+                  "| model | task | α | 1. FedBPT − FedAvg-BBT | 1'. FedBPT − FedAvg-BBT (query-matched) | "
+                  "2. FedBPT final − round 0 | 3. dominant-class share, r_p > 0 − r_p = 0 |",
+                  "|---|---|---|---|---|---|---|", *verdicts, ""]
+    lines += body + costs(args, runs)
+    unchanged = [r["backbone_unchanged"] for r in _all_rows(args, runs) if r.get("backbone_unchanged") is not None]
+    lines += [f"All {len(unchanged)} finished runs left the backbone checksum unchanged: "
+              f"{all(unchanged) if unchanged else 'n/a'}.", ""]
+    out = Path(args.results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
     return out
 
 
-def probes(args, runs: Path) -> list[dict]:
-    """Measure the RSS probes and keep them in ``runs/rss.json``; with ``--no-rss``, reuse that file if any."""
-    saved = runs / "rss.json"
-    if args.no_rss:
-        return json.loads(saved.read_text()) if saved.exists() else []
-    rss = measure_rss(args)
-    runs.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(rss, indent=1))
-    return rss
+def _all_rows(args, runs: Path) -> list[dict]:
+    return [r for j in plan(args) if (r := load(runs / job_name(*j), j[3]))]
 
 
-# ---------------------------------------------------------------- report
+def _done(args, runs: Path, model: str, task: str, alpha: str, arm: str) -> dict[int, dict]:
+    part = part_key(arm, alpha)
+    return {s: r for s in args.seeds if (r := load(runs / job_name(model, task, part, arm, s), arm))}
 
 
-def _ms(vals: list[float]) -> str:
-    if not vals:
-        return "not run"
-    m = 100 * statistics.fmean(vals)
-    sd = 100 * statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return f"{m:.1f} ± {sd:.1f} (n={len(vals)})"
-
-
-def _command(args) -> str:
-    """The invocation that produced the runs (``--render``/``--rss-probe`` flags dropped) and how."""
-    argv, skip = [], False
-    for a in sys.argv[1:]:
-        if skip:
-            skip = False
+def section(args, runs: Path, model: str, task: str, alpha: str, verdicts: list[str]) -> list[str]:
+    n = len(args.seeds)
+    done = {arm: _done(args, runs, model, task, alpha, arm) for arm in args.arms}
+    ref = done.get(REFERENCE, {})
+    matched = done.get(MATCHED, {})
+    lines = [f"## {model}, {task}, α = {alpha}", "",
+             "| arm | seeds done | final acc % | round 0 % | Δ vs FedAvg-BBT, points [95 % CI] | "
+             "Δ vs query-matched FedAvg-BBT | Δ final − round 0 |", "|---|---|---|---|---|---|---|"]
+    for arm in args.arms:
+        rows = done[arm]
+        status = f"{len(rows)}/{n} " + ("complete" if len(rows) == n else "**incomplete**")
+        if not rows:
+            lines.append(f"| {ARMS[arm][0]} | {status} | – | – | – | – | – |")
             continue
-        if a in ("--render", "--render-minutes"):
-            skip = True
-            continue
-        if a == "--no-rss" and getattr(args, "render", None):
-            continue
-        argv.append(a)
-    text = f"`nice -n 10 .venv/bin/python benchmarks/fedbpt.py{''.join(' ' + a for a in argv)}`"
-    if getattr(args, "render", None):
-        text += (" (runs made by that command, possibly over several invocations with the same --runs-dir; this "
-                 "file re-rendered from their run directories with `--render`)")
-    elif getattr(args, "reused", 0):
-        text += (f" (continuing an earlier invocation: {args.reused} finished runs found in --runs-dir were "
-                 "collected, not re-run; the wall time below is this invocation's)")
-    return text
+        acc = {s: r["acc"] for s, r in rows.items()}
+        vs_ref = paired(acc, {s: r["acc"] for s, r in ref.items()})[0] if arm != REFERENCE and ref else "–"
+        vs_m = paired(acc, {s: r["acc"] for s, r in matched.items()})[0] \
+            if arm.startswith("fedbpt") and matched else "–"
+        init = {s: r["initial"] for s, r in rows.items() if r.get("initial") is not None}
+        vs_0 = paired({s: acc[s] for s in init}, init)[0] if init else "–"
+        lines.append(f"| {ARMS[arm][0]} | {status} | {_ms(acc.values())} | {_ms(init.values()) if init else '–'} | "
+                     f"{vs_ref} | {vs_m} | {vs_0} |")
+    if done.get("local"):
+        maj = [r.get("majority") for r in done["local"].values()]
+        if any(m is not None for m in maj):
+            lines.append(f"| per-client majority label on its own test shard (no model; reference for local-only) | "
+                         f"{len(maj)} seeds | {_ms(maj)} | – | – | – | – |")
+    # criteria
+    bpt = done.get(HEADLINE, {})
+    c1 = paired({s: r["acc"] for s, r in bpt.items()}, {s: r["acc"] for s, r in ref.items()})
+    c1m = paired({s: r["acc"] for s, r in bpt.items()}, {s: r["acc"] for s, r in matched.items()})
+    c2 = paired({s: r["acc"] for s, r in bpt.items() if r.get("initial") is not None},
+                {s: r["initial"] for s, r in bpt.items() if r.get("initial") is not None})
+    rp0 = done.get("fedbpt-rp0", {})
+    c3 = paired({s: r.get("pred_share") for s, r in bpt.items()}, {s: r.get("pred_share") for s, r in rp0.items()})
+    if HEADLINE in args.arms:
+        verdicts.append(f"| {model} | {task} | {alpha} | {c1[0]}: {verdict(c1[1], n)} | {c1m[0]}: "
+                        f"{verdict(c1m[1], n)} | {c2[0]}: {verdict(c2[1], n)} | {c3[0]}: {verdict(c3[1], n, -1)} |")
+    # curves
+    rounds = sorted({k for rows in done.values() for r in rows.values() for k in r["curve"]
+                     if len(r["curve"]) > 2})
+    if rounds:
+        lines += ["", "Mean test accuracy per evaluated round (%; local-only and manual prompts are single numbers):",
+                  "", "| arm | " + " | ".join(str(k) for k in rounds) + " |", "|---|" + "---|" * len(rounds)]
+        for arm, rows in done.items():
+            if rows and len(next(iter(rows.values()))["curve"]) > 2:
+                cells = [_ms([r["curve"].get(k) for r in rows.values()]) if all(k in r["curve"] for r in rows.values())
+                         else "–" for k in rounds]
+                lines.append(f"| {ARMS[arm][0]} | " + " | ".join(cells) + " |")
+    # diagnostics of the black-box arms
+    diag = [(arm, rows) for arm, rows in done.items() if arm in BLACK_BOX and rows]
+    if diag:
+        lines += ["", "Diagnostics (mean ± std over the seeds done): training loss of the global prompt on the union "
+                  "of the client data at round 0 and after the last round; mean client loss at its own final local "
+                  "z in the last round; dominant-class share of the test predictions at round 0 (z = 0) and after "
+                  "the last round; final server σ (FedBPT: on the client scale) and σ′ (Eq. 16) in the first and "
+                  "last round; mean final local σ; share of one-class clients (≥ 80 % one label) among the server's "
+                  "parents over all rounds vs among all clients.", "",
+                  "| arm | union train loss r0 → final | client loss, last round | "
+                  "dominant pred. share r0 → final | σ final | σ′ first → last | local σ | "
+                  "one-class share: parents / clients |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for arm, rows in diag:
+            rs = list(rows.values())
+            u0 = [r["union_loss"].get(0) for r in rs]
+            uf = [r["union_loss"][max(r["union_loss"])] if r["union_loss"] else None for r in rs]
+            cl = [r["client_loss"][-1] if r["client_loss"] else None for r in rs]
+            sh0 = [r.get("pred_share0") for r in rs]
+            sh = [r.get("pred_share") for r in rs]
+            sp = [r["sigma_prime"] for r in rs if r.get("sigma_prime")]
+            skew = [r.get("parents_skewed") for r in rs]
+            skew_cell = (_ms(skew, 2, 1) + " / " + _ms([r.get("clients_skewed") for r in rs], 2, 1)) \
+                if any(x is not None for x in skew) else "–"
+            lines.append(
+                f"| {ARMS[arm][0]} | {_ms(u0, 3, 1)} → {_ms(uf, 3, 1)} | {_ms(cl, 3, 1)} | "
+                f"{_ms(sh0, 2, 1) if any(x is not None for x in sh0) else '–'} → {_ms(sh, 2, 1)} | "
+                f"{_ms([r.get('sigma') for r in rs], 3, 1)} | "
+                f"{(_ms([a for a, _ in sp], 3, 1) + ' → ' + _ms([b for _, b in sp], 3, 1)) if sp else '–'} | "
+                f"{_ms([r.get('client_sigma') for r in rs], 3, 1)} | "
+                f"{skew_cell} |")
+    return lines + [""]
 
 
-def write_report(args, done: list[dict], skipped: list[dict], rss: list[dict], started: float, final: bool) -> None:
-    lines = ["# FedBPT benchmark (CPU scale)", ""]
-    if not final:
-        lines += ["**PARTIAL: the benchmark is still running or was interrupted.**", ""]
-    lines += [
-        (f"Command: {_command(args)}; wall time {(time.time() - started) / 60:.1f} min on a 2-core CPU machine "
-         f"({args.workers} jobs at once, torch threads = {args.threads} each)."),
-        "",
-        ("Setup (paper → here): few-shot 40 examples per class in total drawn before partitioning (same), 10 clients all "
-        "participating (same), Dirichlet α = 1.0 or IID (same); MiniLM-L6 with the similarity readout stands in "
-        f"for RoBERTa-large. Budgets are cut to fit {args.budget_min:.0f} minutes of 2 CPU cores: "
-        f"rounds T = {args.rounds} (code: 200), local iterations I = {args.iterations} (paper 8), λ = {args.popsize} "
-        f"(same), d = {args.dim} (paper 500), prompt length m = {args.tokens} (code 50), test sets capped at "
-        f"{args.max_test} examples (stratified), inputs truncated to {TASK_LEN['sst2']} (SST-2) / {TASK_LEN['agnews']} "
-        "(AG News) tokens, r_p = 0.6 SST-2 / 0.4 AG News (paper's best), σ₁ = 1, "
-        "server σ′ by Eq. 16, best-half parents with equal weights, ratio σ transfer, full covariance downlink. "
-        f"FedPrompt: same m, Adam lr 0.03, batch 8, {args.fedprompt_epochs} local epochs per round, FedAvg. "
-        "Accuracy = final-round global test accuracy (A z_T), mean ± std over the seeds that finished (n shown)."),
-        "",
-        "## Accuracy (%), MiniLM",
-        "",
-        "| Method | trainable | SST-2 IID | SST-2 non-IID | AG News IID | AG News non-IID |",
-        "|---|---|---|---|---|---|",
-    ]
-    def cell(model, method, task, part):
-        vals = [r["acc"] for r in done if r["model"] == model and r["method"] == method and r["task"] == task
-                and (r["part"] == part or r["part"] == "-")]
-        return _ms(vals)
+def costs(args, runs: Path) -> list[str]:
+    lines = ["## Communication and forward passes per client-round", "",
+             "Bytes are the real encoded messages (float32 wire) per client and round, uplink with its tensor part; "
+             "candidate evaluations = prompts scored on the client's whole local set (FedBPT: clean and perturbed "
+             "count separately, plus the final mean's clean and perturbed losses); forward calls = stacked batches "
+             "(all λ candidates in one forward); both without the diagnostic loss of the incoming z.", "",
+             "| model | task | arm | uplink B (tensors) | downlink B | candidate evaluations | forward calls | "
+             "rows scored | trainable | wall s per run |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for model in args.models:
+        for task in args.tasks:
+            for arm in args.arms:
+                parts = {part_key(arm, alpha): alpha for alpha in args.alphas}  # a shared run once
+                rows = [r for alpha in parts.values() for r in _done(args, runs, model, task, alpha, arm).values()]
+                if not rows:
+                    continue
 
-    def single(model, method, task):  # zero-shot: one deterministic run, the same for both partitions
-        vals = [r["acc"] for r in done if r["model"] == model and r["method"] == method and r["task"] == task]
-        return f"{100 * vals[0]:.1f} (single)" if vals else "not run"
-    shown = ("manual-prompt", "icl", "fedavg-bbt", "fedbpt", "fedprompt")
-    for method in shown + tuple(a for a in ABLATIONS if any(r["method"] == a for r in done)):
-        tr = next((r["trainable"] for r in done if r["method"] == method and r["model"] == "minilm"), "–")
-        row = [LABELS[method], str(tr)]
-        for task in ("sst2", "agnews"):
-            for part in ("IID", "non-IID a=1.0"):
-                row.append(cell("minilm", method, task, part) if method not in ("manual-prompt", "icl")
-                           else single("minilm", method, task))
-        lines.append("| " + " | ".join(row) + " |")
-    smol = [r for r in done if r["model"] == "smollm2"]
-    lines += ["", "## SmolLM2-135M (next-token verbalizer)", "",
-              (f"Cut further: test sets capped at {args.smol_max_test}, T = {args.smol_rounds}, I = "
-               f"{args.smol_iterations}, d = {args.smol_dim}, m = {args.smol_tokens}, trained methods on non-IID "
-               f"α = 1.0 only, {args.smol_seeds} seed(s), as far as the time budget allowed (one SmolLM2 row costs "
-               "~10 MiniLM rows here). Same r_p and FedPrompt settings as MiniLM."), ""]
-    if smol:
-        lines += ["| Method | task | partition | seed | accuracy (%) | train loss per round | seconds |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in smol:
-            tl = ", ".join(f"{x:.3f}" for x in r["train_loss"] if x is not None) or "–"
-            lines.append(f"| {LABELS[r['method']]} | {r['task']} | {r['part']} | {r['seed']} | {100 * r['acc']:.1f} | "
-                         f"{tl} | {r['seconds']:.0f} |")
-    else:
-        lines.append("No SmolLM2 job finished within the budget.")
-    lines += ["", "## Communication per client per round (real encoded bytes, float32 wire)", "",
-              "| Method | task | uplink B (tensor bytes) | downlink B | black-box forward calls per client round |",
-              "|---|---|---|---|---|"]
-    seen = set()
-    for r in done:
-        key = (r["model"], r["method"], r["task"])
-        if key in seen or r["model"] != "minilm":
-            continue
-        seen.add(key)
-        calls = f"{r['queries_per_client_round']:.0f}" if black_box(r["method"]) else "–"
-        lines.append(f"| {LABELS[r['method']]} | {r['task']} | {r['up']:.0f} ({r['up_tensor']}) | {r['down']:.0f} | "
-                     f"{calls} |")
-    lines += ["", (f"FedBPT uplink = (d + I + 1) × 4 B + framing = ({args.dim} + {args.iterations} + 1) × 4 = "
-              f"{(args.dim + args.iterations + 1) * 4} B of tensors; its downlink carries the full d×d covariance "
-              f"({args.dim * args.dim * 4} B at d = {args.dim}; `method.trainer.covariance=diagonal|none` cuts it to "
-              "d or 0 floats). FedAvg-BBT uploads its local covariance too. At the paper's d = 500 the FedBPT uplink "
-              "is 2,036 B of tensors, the full-covariance downlink 1,000,000 B."), ""]
-    skew = sorted((r for r in done if "parents_skewed" in r and r["part"] != "IID"),
-                  key=lambda r: (r["model"], r["task"], r["method"], r["seed"]))
-    if skew:
-        lines += [f"## Who the server picks under label skew (FedBPT, non-IID): share of one-class clients (≥ "
-                  f"{SKEWED:.0%} of their examples in one class) among the best-half parents, all rounds", "",
-                  "| model | task | seed | method | one-class share of parents | of all clients | acc % |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in skew:
-            lines.append(f"| {r['model']} | {r['task']} | {r['seed']} | {LABELS[r['method']]} | "
-                         f"{r['parents_skewed']:.2f} | {r['clients_skewed']:.2f} | {100 * r['acc']:.1f} |")
-        lines.append("")
-    lines += [("## Peak memory of one client round (SST-2, client 0, IID, same settings as the runs; a fresh "
-               "process per probe)"), ""]
-    if rss:
-        lines += ["| model | client | local examples | peak RSS MB | RSS before round MB | round's increase MB | seconds |",
-                  "|---|---|---|---|---|---|---|"]
-        for p in rss:
-            if "error" in p:
-                lines.append(f"| {p['model']} | {p['method']} | error: {p['error'][-120:]!r} | | | | |")
-                continue
-            name = "FedPrompt (backward)" if p["method"] == "fedprompt" else \
-                f"FedBPT ({'batched λ' if p['batched'] else 'one candidate per forward'})"
-            lines.append(f"| {p['model']} | {name} | {p['examples']} | {p['peak_mb']:.0f} | {p['rss_before_mb']:.0f} | "
-                         f"{p['delta_mb']:.1f} | {p['seconds']:.1f} |")
-        ok = {(p["model"], p["method"], p["batched"]): p for p in rss if "error" not in p}
-        lines.append("")
-        for model in ("minilm", "smollm2"):
-            fb, fs, fp = (ok.get((model, "fedbpt", True)), ok.get((model, "fedbpt", False)),
-                          ok.get((model, "fedprompt", True)))
-            if fb and fs and fp:
-                lines.append(f"- {model}: peak RSS ratio FedPrompt / FedBPT = {fp['peak_mb'] / fb['peak_mb']:.2f} "
-                             f"(batched λ) and {fp['peak_mb'] / fs['peak_mb']:.2f} (one candidate per forward); "
-                             f"ratio of the round's own increase = {fp['delta_mb'] / max(fb['delta_mb'], 1e-9):.2f} "
-                             f"and {fp['delta_mb'] / max(fs['delta_mb'], 1e-9):.2f}.")
-        lines.append("- Paper (Table 2, GPU, RoBERTa-large): 5.8 GB / 1.8 GB = 3.2.")
-    lines += ["", "## Runs", "",
-              "| model | task | partition | seed | method | acc % | rounds | train loss per round | seconds |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for r in done:
-        tl = ", ".join(f"{x:.3f}" for x in r["train_loss"] if x is not None) or "–"
-        lines.append(f"| {r['model']} | {r['task']} | {r['part']} | {r['seed']} | {LABELS[r['method']]} | "
-                     f"{100 * r['acc']:.1f} | {r['rounds']} | {tl} | {r['seconds']:.0f} |")
-    if skipped:
-        lines += ["", "Not run (time budget): " + "; ".join(
-            f"{s['model']}/{s['task']}/{s['part']}/seed {s['seed']}/{LABELS[s['method']]}" for s in skipped)]
-    unchanged = all(r["backbone_unchanged"] for r in done) if done else "n/a"
-    lines += ["", f"All runs left the backbone checksum unchanged: {unchanged}.", ""]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text("\n".join(lines))
+                def avg(key: str, fmt: str) -> str:
+                    vals = [r[key] for r in rows if r.get(key) is not None]
+                    return _num(statistics.fmean(vals) if vals else None, fmt)
+                cand = avg("candidates", ".1f")
+                if arm == "local":  # post-tuning's queries are not in metrics.jsonl; its budget by construction
+                    cand = f"{args.rounds * args.iterations * args.popsize} in total (T·I·λ)"
+                lines.append(
+                    f"| {model} | {task} | {ARMS[arm][0]} | {avg('up', ',.0f')} ({_num(rows[0]['up_tensor'], ',')}) | "
+                    f"{avg('down', ',.0f')} | {cand} | {avg('queries', '.1f')} | {avg('rows', '.0f')} | "
+                    f"{rows[0]['trainable']:,} | {avg('wall', ',.0f')} |")
+    return lines + [""]
 
 
-def _parser():
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget-min", type=float, default=90.0, help="wall-clock budget for all jobs")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--iterations", type=int, default=3)
-    ap.add_argument("--popsize", type=int, default=5)
-    ap.add_argument("--dim", type=int, default=100)
-    ap.add_argument("--tokens", type=int, default=5)
-    ap.add_argument("--fedprompt-epochs", type=float, default=2.0)
-    ap.add_argument("--max-test", type=int, default=150)
-    ap.add_argument("--eval-batch", type=int, default=100)
-    ap.add_argument("--tasks", default="sst2,agnews")
-    ap.add_argument("--models", default="minilm,smollm2")
-    ap.add_argument("--smol-max-test", type=int, default=100)
-    ap.add_argument("--smol-rounds", type=int, default=3)
-    ap.add_argument("--smol-iterations", type=int, default=2)
-    ap.add_argument("--smol-dim", type=int, default=50)
-    ap.add_argument("--smol-tokens", type=int, default=5)
-    ap.add_argument("--smol-seeds", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    ap.add_argument("--workers", type=int, default=2, help="jobs run at once, one process each")
-    ap.add_argument("--ablations", action="store_true", help="also FedBPT with r_p = 0 and with the ratio "
-                    "uploaded, non-IID, all seeds (after everything else)")
-    ap.add_argument("--methods", default=None, help="only these methods (comma-separated), e.g. to add the "
-                    "ablations to an earlier --runs-dir")
-    ap.add_argument("--runs-dir", default=None)
-    ap.add_argument("--no-rss", action="store_true", help="skip the RSS probes (reuse RUNS_DIR/rss.json if there)")
-    ap.add_argument("--rss-probe", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--sequential", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--render", default=None, metavar="RUNS_DIR",
-                    help="rewrite the results file from the finished run directories of an earlier (cut) run")
-    ap.add_argument("--render-minutes", type=float, default=None, help="wall time of that run, for the report")
-    return ap
+def completeness(args) -> str:
+    runs = Path(args.runs_dir)
+    jobs = plan(args)
+    done = sum((runs / job_name(*j) / "summary.json").exists() for j in jobs)
+    started = sum((runs / job_name(*j) / "config.yaml").exists() and not (runs / job_name(*j) / "summary.json").exists()
+                  for j in jobs)
+    lines = [f"{done}/{len(jobs)} runs finished, {started} started and unfinished (resumed by the next invocation)"]
+    for model in args.models:
+        for task in args.tasks:
+            for alpha in args.alphas:
+                for arm in args.arms:
+                    k = sum((runs / job_name(model, task, part_key(arm, alpha), arm, s) / "summary.json").exists()
+                            for s in args.seeds)
+                    if k < len(args.seeds):
+                        lines.append(f"  incomplete: {model} {task} α={alpha} {arm}: {k}/{len(args.seeds)} seeds")
+    return "\n".join(lines)
 
 
-def _defaults():
-    return _parser().parse_args([])
+# ---------------------------------------------------------------- command line
+
+
+def parse(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs-dir", default=None, help="run directories (default runs/fedbpt, paper scale "
+                                                    "runs/fedbpt-paper)")
+    p.add_argument("--results", default=None, help="results file (default benchmarks/results/fedbpt.md, paper "
+                                                    "scale fedbpt_paper_scale.md)")
+    p.add_argument("--notes", default=None, help="text put under the header (default results/fedbpt_notes.md, "
+                                                 "paper scale fedbpt_paper_scale_notes.md)")
+    p.add_argument("--models", nargs="+", default=["minilm"], choices=MODELS)
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    p.add_argument("--alphas", nargs="+", default=list(ALPHAS), choices=list(ALPHAS))
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM",
+                   help=f"arms to run and show (default all: {' '.join(ARMS)})")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    p.add_argument("--paper-scale", action="store_true", help="d = 500, m = 50, I = 8, lambda = 5, T = 200, "
+                   "every 10, device cuda (each overridable by its flag)")
+    for name, kind in (("dim", int), ("tokens", int), ("iterations", int), ("popsize", int), ("rounds", int),
+                       ("every", int), ("device", str)):
+        p.add_argument(f"--{name}", type=kind, default=None,
+                       help=f"default {SCALES['cpu'][name]} ({SCALES['paper'][name]} with --paper-scale)")
+    p.add_argument("--max-test", type=int, default=None, help="cap both test sets (smoke tests; default: SST-2 "
+                                                               "all 872, AG News 1000)")
+    p.add_argument("--pooling", default="text", choices=["text", "all", "none"],
+                   help="MiniLM model.pooling (none: leave the library default, for a library without the key)")
+    p.add_argument("--placement", default="prefix", choices=["prefix", "suffix"],
+                   help="SmolLM2 projected prompt: prefix (paper; no override) or suffix (method.adapter.placement="
+                        "suffix: the text's key/value cache shared by the candidates; not the paper's placement)")
+    p.add_argument("--eval-batch", type=int, default=100)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per job")
+    p.add_argument("--workers", type=int, default=2, help="jobs at once, one process each")
+    p.add_argument("--no-post-hoc", dest="post_hoc", action="store_false",
+                   help="skip the post-hoc scoring after each run (dominant-class share, final union loss)")
+    p.add_argument("--post-hoc-missing", action="store_true",
+                   help="with --render-only: compute posthoc.json for finished runs that lack it")
+    p.add_argument("--render-only", action="store_true")
+    p.add_argument("--plan", action="store_true", help="print the jobs and exit")
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    scale = SCALES["paper" if args.paper_scale else "cpu"]
+    for key in ("dim", "tokens", "iterations", "popsize", "rounds", "every", "device", "runs_dir", "results"):
+        if getattr(args, key) is None:
+            setattr(args, key, str(scale[key]) if key == "results" else scale[key])
+    if args.notes is None:
+        args.notes = str(Path(args.results).with_name(Path(args.results).stem + "_notes.md"))
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
-    if args.rss_probe:
-        model, method = args.rss_probe.split(":")
-        print(json.dumps(rss_probe(args, model, method, not args.sequential)))
+    args = parse(argv)
+    jobs = plan(args)
+    if args.plan:
+        for j in jobs:
+            print(job_name(*j), " ".join(overrides(args, *j)))
+        print(f"{len(jobs)} jobs")
         return
-    if args.render:
-        done = jobs_in(Path(args.render))
-        finished = {tuple(sorted((k, r[k]) for k in ("model", "task", "part", "seed", "method"))) for r in done}
-        skipped = [j for j in plan(args) if tuple(sorted(j.items())) not in finished]
-        rss = probes(args, Path(args.render))
-        write_report(args, done, skipped, rss, time.time() - 60 * (args.render_minutes or 0), final=True)
-        print(f"wrote {RESULTS} from {len(done)} runs")
-        return
-    started = time.time()
-    deadline = started + 60 * args.budget_min
-    runs = Path(args.runs_dir or tempfile.mkdtemp(prefix="fedbpt-bench-"))
-    rss = probes(args, runs)
-    done, skipped = [], []
-    write_report(args, done, skipped, rss, started, final=False)
-
-    def finished(res: dict) -> None:
-        done.append(res)
-        print(f"[{(time.time() - started) / 60:5.1f} min] {res['model']}/{res['task']}/{res['part']}/"
-              f"s{res['seed']}/{res['method']} acc={res['acc']:.3f} ({res['seconds']:.0f}s)", flush=True)
-        write_report(args, done, skipped, rss, started, final=False)
-
-    reused = run_pool(args, plan(args), runs, deadline, finished, skipped)
-    args.reused = reused
-    write_report(args, done, skipped, rss, started, final=True)
-    (runs / "results.json").write_text(json.dumps({"done": done, "skipped": skipped, "rss": rss}, indent=1))
-    print(f"wrote {RESULTS} ({len(done)} runs, {len(skipped)} skipped); runs in {runs}")
+    if args.render_only and args.post_hoc_missing:
+        for j in jobs:
+            out = Path(args.runs_dir) / job_name(*j)
+            if (out / "summary.json").exists() and not (out / "posthoc.json").exists():
+                post_hoc(out, j[3], args.threads)
+    if not args.render_only:
+        run_pool(run_job, [(args, *j) for j in jobs], args.workers)
+    print(f"wrote {render(args)}")
+    print(completeness(args))
 
 
 if __name__ == "__main__":
