@@ -531,7 +531,7 @@ def test_fedpeptao_on_minilm_halves_the_upload(tmp_path):
         "model.name=minilm", "task.name=synthetic-sentiment", "task.num_examples=120", "task.max_length=24",
         "method.name=fedpeptao", "method.adapter.num_tokens=2", "method.sharing.warmup_rounds=1",
         "method.trainer.max_steps=2", "federation.num_clients=3", "federation.rounds=2", "runtime.progress=false",
-        "evaluation.local=false"])
+        "evaluation.local=false", "evaluation.round_zero=false"])
     exp = build_experiment(cfg)
     before = exp.backbone.checksum()
     summary = run_embedded(cfg, tmp_path / "run", experiment=exp)
