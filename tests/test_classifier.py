@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from fedpeft.adapters.base import text_mask
 from fedpeft.adapters.soft_prompt import SoftPrompt, SoftPromptSettings
 from fedpeft.backbones.classifier import Classifier, label_token_ids
 from fedpeft.backbones.encoding import encode_examples
+from fedpeft.experiment import build_experiment
 from fedpeft.backbones.loading import load_backbone
 from fedpeft.data.types import Example, TaskData
 from fedpeft.runtime.embedded import run_embedded
@@ -20,9 +23,9 @@ TASK = TaskData(
 EXAMPLES = [Example("the film was a total waste of time and money", 0), Example("lovely", 1)]
 
 
-def _clf(model: str, readout: str = "auto", m: int = 3) -> Classifier:
+def _clf(model: str, readout: str = "auto", m: int = 3, **kw) -> Classifier:
     adapter = SoftPrompt(SoftPromptSettings(num_tokens=m))
-    return Classifier(load_backbone(model), adapter, TASK, readout, max_length=12)
+    return Classifier(load_backbone(model), adapter, TASK, readout, max_length=12, **kw)
 
 
 def test_text_is_truncated_never_the_template_or_mask():
@@ -79,6 +82,45 @@ def test_verbalizer_applies_the_lm_head_to_read_rows_only_with_the_same_logits(m
     want = full[torch.arange(2), pos][:, clf.label_ids]
     assert clf.backbone.body_and_head is not None
     assert torch.allclose(clf.logits(params, batch), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
+def test_text_pooling_averages_the_text_rows_only(model):
+    """pooling=text: the mean over the text rows of the last hidden states, the m prompt rows left out; the
+    prompt still moves the output, only through attention (pooling=all averages the prompt rows in too)."""
+    text, every = _clf(model, "similarity", m=3, pooling="text"), _clf(model, "similarity", m=3)
+    params = text.init_params(torch.Generator().manual_seed(0))
+    batch = text.batch(text.encode(EXAMPLES), [0, 1])  # rows of different lengths: right padding
+    prep = text.adapter.prepare(text.backbone, params, batch["input_ids"], batch["attention_mask"], 1)
+    hidden = text.hidden_states(params, batch)[-1]
+    keep = prep.attention_mask.clone().float()
+    keep[:, 1:4] = 0  # the prompt rows, right after [CLS]/BOS
+    assert keep.sum(1).tolist() == batch["attention_mask"].sum(1).tolist()  # exactly the text rows
+    by_hand = (hidden * keep.unsqueeze(-1)).sum(1) / keep.sum(1, keepdim=True)
+    want = text.scale * F.normalize(by_hand, dim=-1) @ text.anchors.T
+    torch.testing.assert_close(text.logits(params, batch), want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(every.logits(params, batch), want, atol=1e-3)  # all: prompt rows averaged in
+    moved = {"prompt": params["prompt"] + torch.randn_like(params["prompt"])}
+    assert not torch.allclose(text.logits(moved, batch), want, atol=1e-4)  # through attention
+
+
+def test_text_mask_leaves_out_inserted_rows_at_one_or_per_row_positions():
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    assert text_mask(mask, 1, 2).tolist() == [[1, 0, 0, 1, 1, 1], [1, 0, 0, 1, 0, 0]]
+    assert text_mask(mask, torch.tensor([3, 1]), 2).tolist() == [[1, 1, 1, 0, 0, 1], [1, 0, 0, 1, 0, 0]]
+    assert torch.equal(text_mask(mask, 1, 0), mask)
+
+
+def test_text_pooling_is_for_pooled_readouts():
+    with pytest.raises(ValueError, match="model.pooling"):
+        _clf("tiny-llama", "verbalizer", pooling="text")
+    with pytest.raises(ValueError, match="model.pooling"):
+        _clf("tiny-bert", "similarity", pooling="cls")
+
+
+def test_model_pooling_reaches_the_classifier(tiny_cfg):
+    assert build_experiment(tiny_cfg(model__pooling="text")).classifier.pooling == "text"
+    assert build_experiment(tiny_cfg()).classifier.pooling == "all"
 
 
 def test_label_words_must_have_distinct_first_tokens():

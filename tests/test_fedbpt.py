@@ -24,6 +24,7 @@ from fedpeft.build import build_method
 from fedpeft.config import ConfigError
 from fedpeft.resolve import load_config
 from fedpeft.data import load_task
+from fedpeft.data.types import Example
 from fedpeft.experiment import build_experiment
 from fedpeft.methods import PRESETS
 from fedpeft.perturbation import perturb, ratio_fitness, replacement_vocab, text_span
@@ -48,11 +49,11 @@ def _cfg(method: str = "fedbpt", **extra):
     return load_config(None, over)
 
 
-def _classifier(model: str, seed: int = 3) -> Classifier:
+def _classifier(model: str, seed: int = 3, pooling: str = "all", **adapter) -> Classifier:
     cfg = load_config(None, tiny_overrides(**{"model.name": model}))
     task = load_task(cfg.task, 0)
-    adapter = ProjectedPrompt(ProjectedPromptSettings(num_tokens=M, intrinsic_dim=D, seed=seed))
-    clf = Classifier(load_backbone(model), adapter, task, "auto", 20.0, 24)
+    adapter = ProjectedPrompt(ProjectedPromptSettings(num_tokens=M, intrinsic_dim=D, seed=seed, **adapter))
+    clf = Classifier(load_backbone(model), adapter, task, "auto", 20.0, 24, pooling=pooling)
     clf.task_examples = task.train  # type: ignore[attr-defined]
     return clf
 
@@ -83,9 +84,10 @@ def test_projection_is_shared_by_seed_with_spec_std():
     assert float(a1.std()) == pytest.approx(want, rel=0.03)
 
 
-@pytest.mark.parametrize("model", ["tiny-bert", "tiny-bert-mlm", "tiny-llama"])
-def test_batched_population_equals_separate_forwards(model):
-    clf = _classifier(model)
+@pytest.mark.parametrize("model, pooling", [("tiny-bert", "all"), ("tiny-bert", "text"), ("tiny-bert-mlm", "all"),
+                                            ("tiny-llama", "all")])
+def test_batched_population_equals_separate_forwards(model, pooling):
+    clf = _classifier(model, pooling=pooling)
     data = clf.encode(clf.task_examples[:7])  # type: ignore[attr-defined]
     z = torch.randn(5, D, generator=torch.Generator().manual_seed(0))
     one = BlackBox(clf, batched=True)
@@ -112,6 +114,80 @@ def test_prompt_is_placeholder_embedding_plus_Az_after_first_token():
     expected = p0 + (a @ z).view(M, -1)
     torch.testing.assert_close(prep.embeds[0, data.lead:data.lead + M], expected)
     assert prep.inserted == M and prep.embeds.shape[1] == b["input_ids"].shape[1] + M
+
+
+def _suffix_rows(clf: Classifier, n: int = 6):
+    """n rows of n different lengths (right padding in the batch)."""
+    words = "a truly lovely film with a plot that drags on and on".split()
+    data = clf.encode([Example(" ".join(words[:i + 1]), i % 2) for i in range(n)])
+    assert len({len(r) for r in data.input_ids}) == n
+    return data
+
+
+def test_suffix_placement_puts_the_prompt_between_the_text_and_its_final_token():
+    clf = _classifier("tiny-llama", placement="suffix", kv_cache=False)
+    data = _suffix_rows(clf, 3)
+    b = clf.batch(data, [0, 1, 2])
+    z = torch.randn(2, D)
+    prep = clf.adapter.prepare(clf.backbone, {"z": z}, b["input_ids"], b["attention_mask"], data.lead)
+    emb, prompt = clf.backbone.input_embeddings()(b["input_ids"]), clf.adapter.prompt(clf.backbone, z)
+    for c in range(2):  # candidate-major
+        for i, row in enumerate(data.input_ids):
+            r, last = c * 3 + i, len(row) - 1
+            assert torch.equal(prep.embeds[r, :last], emb[i, :last])
+            torch.testing.assert_close(prep.embeds[r, last:last + M], prompt[c])
+            assert torch.equal(prep.embeds[r, last + M], emb[i, last])
+            assert prep.attention_mask[r].tolist() == [1] * (len(row) + M) + [0] * (prep.embeds.shape[1] - len(row) - M)
+    assert prep.insert_at.tolist() == [len(r) - 1 for r in data.input_ids] * 2 and prep.inserted == M
+
+
+def test_suffix_kv_cache_equals_the_uncached_suffix_forward():
+    """The text once to a key/value cache, tiled for lambda = 3 candidates, then only p_1..p_m + the final token
+    per candidate: the same label logits as whole suffix-placed sequences (and as each row alone, unpadded)."""
+    cached = _classifier("tiny-llama", placement="suffix")
+    whole = _classifier("tiny-llama", placement="suffix", kv_cache=False)
+    data = _suffix_rows(cached)
+    z = torch.randn(3, D, generator=torch.Generator().manual_seed(0)) * 3
+    lc, lw = BlackBox(cached).logits(z, data), BlackBox(whole).logits(z, data)
+    torch.testing.assert_close(lc, lw, atol=1e-5, rtol=1e-5)
+    for i in range(len(data)):
+        torch.testing.assert_close(lc[:, i], BlackBox(whole, batched=False).logits(z, data.subset([i]))[:, 0],
+                                   atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(lc[0], lc[1])  # the candidates differ
+    prefix = BlackBox(_classifier("tiny-llama")).logits(z, data)
+    assert not torch.allclose(lc, prefix, atol=1e-4)  # another placement, other numbers
+
+
+def test_suffix_text_cache_is_computed_once_and_kept_for_the_same_rows():
+    def text_runs(clf, calls):
+        body = clf.backbone.body_and_head[1]
+        seen = []
+        hook = body.register_forward_pre_hook(lambda mod, args, kw: seen.append("input_ids" in kw), with_kwargs=True)
+        try:
+            for data in calls:
+                BlackBox(clf).logits(torch.randn(5, D), data)
+        finally:
+            hook.remove()
+        return sum(seen), len(seen)
+
+    clf = _classifier("tiny-llama", placement="suffix", kv_cache_keep=2)
+    clf.backbone.cache.pop("text_kv", None)
+    data = _suffix_rows(clf)
+    other = data.subset([1, 0, 2])
+    assert text_runs(clf, [data, data, data]) == (1, 4)  # text once; 5 candidates in one suffix forward per call
+    assert text_runs(clf, [other, data]) == (1, 3)       # new rows: a new text cache; the first one still kept
+    clf.adapter.cfg.kv_cache_keep = 0
+    assert text_runs(clf, [data, data]) == (2, 4)        # nothing kept or looked up: the text runs in every call
+
+
+def test_suffix_placement_needs_a_causal_verbalizer(tmp_path):
+    with pytest.raises(ValueError, match="method.adapter.placement"):
+        build_experiment(_cfg(**{"method.adapter.placement": "suffix"}))  # tiny-bert, similarity readout
+    runs = {kv: run_embedded(_cfg(**{"model.name": "tiny-llama", "method.adapter.placement": "suffix",
+                                     "method.adapter.kv_cache": kv, "federation.rounds": 1}), tmp_path / str(kv))
+            for kv in (True, False)}
+    assert runs[True]["final_accuracy"] == pytest.approx(runs[False]["final_accuracy"])
+    assert runs[True]["upload_tensor_bytes"] == runs[False]["upload_tensor_bytes"]
 
 
 def test_perturbation_replaces_only_text_tokens_at_rate():

@@ -57,6 +57,9 @@ class ModelConfig(_Strict):
     name: str = "minilm"
     readout: Literal["auto", "similarity", "verbalizer", "linear"] = "auto"
     similarity_scale: float = Field(20.0, gt=0, description="logit scale of cosine similarities")
+    pooling: Literal["all", "text"] = Field(
+        "all", description="mean pooling of the similarity/linear readouts: every attended row, or the text rows "
+                           "only (the adapter's inserted prompt rows left out; not with the verbalizer)")
     calibration: Literal["none", "contextual"] = Field(
         "none", description="contextual calibration (Zhao et al. 2021) of the verbalizer/similarity readout: "
                             "log p(y|x) - log p_cf(y), p_cf the mean class probabilities of content-free "
@@ -201,6 +204,9 @@ class EvaluationConfig(_Strict):
     round_zero: bool = Field(True, description="evaluate the initial global state before any training and record "
                                                "it as round 0 in metrics.jsonl")
     report: bool = Field(True, description="write report.html (plots, tables) into the run directory at the end")
+    reuse_global: bool = Field(True, description="where every client would score exactly the global tensors, take "
+                                                 "its local metrics from the global test predictions (one pass) "
+                                                 "instead of evaluating its shard again")
 
 
 class RuntimeConfig(_Strict):

@@ -162,7 +162,7 @@ def build_experiment(cfg: ExperimentConfig) -> Experiment:
     backbone = load_backbone(cfg.model.name).to(resolve_device(cfg.runtime.device))
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
     clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length,
-                     cfg.runtime.autocast, calibration=cfg.model.calibration)
+                     cfg.runtime.autocast, calibration=cfg.model.calibration, pooling=cfg.model.pooling)
     adapter.bind(AdapterContext(cfg.seed, task, clf.readout, backbone))
     if bad:
         log.info("malicious clients (backdoor, target class %d, trigger %r): %s", a.target, a.trigger, sorted(bad))

@@ -16,15 +16,29 @@ HeadSlices = dict[str, list[tuple[tuple[int, ...], int, int, int]]]
 
 
 @dataclass
+class FrozenText:
+    """Text rows the backbone runs once, without any adapter tensor, to a key/value cache that ``repeats``
+    candidates share (tiled candidate-major, as the population's batch); the rows of ``Prepared.embeds`` then
+    follow it. ``keep``: how many such caches the process keeps for later forwards on the same rows."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    repeats: int
+    keep: int
+
+
+@dataclass
 class Prepared:
-    """Model inputs after the adapter: embeddings, mask, where (and how many) positions were inserted,
-    and extra keyword arguments for the backbone call (e.g. ``past_key_values`` for deep prompts)."""
+    """Model inputs after the adapter: embeddings, mask, where (and how many) positions were inserted (one
+    position for every row, or an [n] tensor of them), extra keyword arguments for the backbone call (e.g.
+    ``past_key_values`` for deep prompts), and a frozen text to run first with a key/value cache, or None."""
 
     embeds: torch.Tensor
     attention_mask: torch.Tensor
-    insert_at: int = 0
+    insert_at: int | torch.Tensor = 0
     inserted: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    text: FrozenText | None = None
 
 
 @dataclass(frozen=True)
@@ -85,11 +99,28 @@ class AdapterBase:
 
 
 def insert_rows(embeds: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
-                at: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Splice ``rows`` ([n, m, d]) into every sequence at position ``at``; the mask gets m ones there."""
-    ones = torch.ones(rows.shape[0], rows.shape[1], dtype=attention_mask.dtype, device=attention_mask.device)
-    embeds = torch.cat([embeds[:, :at], rows.to(embeds.device, embeds.dtype), embeds[:, at:]], dim=1)
-    return embeds, torch.cat([attention_mask[:, :at], ones, attention_mask[:, at:]], dim=1)
+                at: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Splice ``rows`` ([n, m, d]) into every sequence at position ``at`` (one for all, or an [n] tensor with
+    one per sequence); the mask gets m ones there. Pure copies: the values are those of ``cat``."""
+    n, t, d = embeds.shape
+    m = rows.shape[1]
+    at = torch.as_tensor(at, device=embeds.device).expand(n).unsqueeze(1)  # [n, 1]
+    j = torch.arange(t + m, device=embeds.device).unsqueeze(0)            # output positions [1, t + m]
+    inside = (j >= at) & (j < at + m)
+    src = torch.where(j < at, j, j - m).clamp(0, t - 1)                    # the input position of a text slot
+    text = embeds.gather(1, src.unsqueeze(-1).expand(-1, -1, d))
+    rows = rows.to(embeds.device, embeds.dtype)
+    prompt = rows.gather(1, (j - at).clamp(0, m - 1).unsqueeze(-1).expand(-1, -1, d))
+    mask = torch.where(inside, torch.ones_like(src), attention_mask.gather(1, src)).to(attention_mask.dtype)
+    return torch.where(inside.unsqueeze(-1), prompt, text), mask
+
+
+def text_mask(attention_mask: torch.Tensor, insert_at: int | torch.Tensor, inserted: int) -> torch.Tensor:
+    """``attention_mask`` with the ``inserted`` adapter positions from ``insert_at`` (one, or one per row) zeroed:
+    the text positions only."""
+    j = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    at = torch.as_tensor(insert_at, device=attention_mask.device).reshape(-1, 1)
+    return attention_mask * ~((j >= at) & (j < at + inserted))
 
 
 ADAPTERS: Registry[type] = Registry("adapter")  # class taking its settings object (or None)

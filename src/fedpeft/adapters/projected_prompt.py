@@ -8,6 +8,16 @@ recommended form: on ``inputs_embeds``, not after the embedding LayerNorm as the
 
 ``z`` may carry a leading population axis ``[P, d]``: the batch of n rows is then tiled P times
 (candidate-major) so that all CMA-ES candidates of an iteration run in ONE forward pass.
+
+``placement``: ``prefix`` (the paper's, BBT's: the prompt right after [CLS]/<s>/BOS, so every text token attends
+to it) or ``suffix`` (causal LMs with the verbalizer only, not in the paper): the prompt goes between the text
+and its final token, ``text[:-1], p_1..p_m, text[-1]``, and the label word is still read at the final template
+token. In a causal LM nothing before the prompt depends on z, so the text is a frozen prefix: with ``kv_cache``
+it runs once to a key/value cache that all P candidates share (and later forwards on the same rows reuse, e.g.
+the I local CMA-ES iterations scoring one local set), and each candidate runs only its m + 1 rows. The numbers
+equal the uncached forward of the same suffix-placed sequence up to float rounding. Unlike the prefix, the
+suffix prompt reaches the read position only through attention from the final token and the prompt rows' own
+(text-dependent) states; the text's states never see it.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, Params, Prepared, insert_rows
+from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, FrozenText, Params, Prepared, insert_rows
 from fedpeft.backbones.loading import Backbone
 from fedpeft.rng import SERVER, derive_seed
 
@@ -35,6 +45,15 @@ class ProjectedPromptSettings(BaseModel):
                                                                        "(BBT 'add' mode) or zeros")
     seed: int | None = Field(None, ge=0, description="projection seed; default: derived from the experiment "
                                                      "seed by the method (fedpeft.rng)")
+    placement: Literal["prefix", "suffix"] = Field("prefix", description="prompt after the first special token "
+                                                                         "(paper), or between the text and its final "
+                                                                         "token (causal LMs, verbalizer; the text's "
+                                                                         "key/value cache is shared by the candidates)")
+    kv_cache: bool = Field(True, description="suffix placement: run the text once to a key/value cache and only the "
+                                             "prompt rows + final token per candidate (false: whole sequences)")
+    kv_cache_keep: int = Field(8, ge=0, description="suffix placement with kv_cache: text caches the process keeps "
+                                                    "for later forwards on the same rows (least recently used out; "
+                                                    "0: none kept or reused)")
 
 
 def projection_std(sigma_emb: float, d: int, sigma0: float, alpha_a: float = 1.0) -> float:
@@ -75,7 +94,12 @@ class ProjectedPrompt(AdapterBase):
     # ---------------------------------------------------------------- shared projection
 
     def bind(self, ctx: AdapterContext) -> None:
-        """Derive the shared projection seed from the run seed (unless ``method.adapter.seed`` pins one)."""
+        """Derive the shared projection seed from the run seed (unless ``method.adapter.seed`` pins one); the suffix
+        placement needs a causal LM read by the verbalizer."""
+        family = ctx.backbone.family if ctx.backbone is not None else None
+        if self.cfg.placement == "suffix" and (family != "causal" or ctx.readout != "verbalizer"):
+            raise ValueError(f"method.adapter.placement: 'suffix' needs a causal LM with the verbalizer readout "
+                             f"(got a {family} model, readout {ctx.readout}); use prefix")
         self.bind_seed(derive_seed(ctx.seed, 0, SERVER, "projection"))
 
     def bind_seed(self, seed: int) -> None:
@@ -114,11 +138,39 @@ class ProjectedPrompt(AdapterBase):
         return {"z": torch.zeros(self.cfg.intrinsic_dim)}
 
     def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
-        embeds = backbone.input_embeddings()(input_ids)
-        prompt = self.prompt(backbone, params["z"]).to(embeds.dtype)  # [P, m, h]
-        pop, m, n = prompt.shape[0], prompt.shape[1], embeds.shape[0]
-        if pop > 1:  # candidate-major tiling: rows [c*n:(c+1)*n] belong to candidate c
-            embeds = embeds.repeat(pop, 1, 1)
-            attention_mask = attention_mask.repeat(pop, 1)
-        embeds, attention_mask = insert_rows(embeds, attention_mask, prompt.repeat_interleave(n, dim=0), lead)
-        return Prepared(embeds, attention_mask, lead, m)
+        prompt = self.prompt(backbone, params["z"]).to(backbone.input_embeddings().weight.dtype)  # [P, m, h]
+        if self.cfg.placement == "suffix" and self.cfg.kv_cache:
+            return self._cached_suffix(backbone, prompt, input_ids, attention_mask)
+        pop, m, n = prompt.shape[0], prompt.shape[1], input_ids.shape[0]
+        at = (attention_mask.sum(1) - 1).repeat(pop) if self.cfg.placement == "suffix" else lead  # suffix: per row
+        embeds = backbone.input_embeddings()(input_ids).repeat(pop, 1, 1)  # candidate-major: [c*n:(c+1)*n] is c's
+        embeds, attention_mask = insert_rows(embeds, attention_mask.repeat(pop, 1), prompt.repeat_interleave(n, dim=0),
+                                             at)
+        return Prepared(embeds, attention_mask, at, m)
+
+    def _cached_suffix(self, backbone, prompt, input_ids, attention_mask) -> Prepared:
+        """Suffix placement over a frozen text: the text without its final token runs once to a key/value cache
+        (``Prepared.text``); per candidate only ``p_1..p_m, text[-1]`` run.
+
+        Padding stays on the right: the cached text keeps the positions 0..L_i-2 it has in the whole sequence, and
+        its pads (with the slot of the moved final token) are masked by the 2-D mask. The m + 1 rows get explicit
+        position ids L_i-1, ..., L_i-1+m (rotary positions as in the whole sequence), while transformers places
+        their queries after the whole cache (causal offset = cache length, ``DynamicLayer.get_mask_sizes``), so
+        they attend to every real text token and causally to each other. Left padding would instead shift the
+        text's own positions."""
+        pop, m, n = prompt.shape[0], prompt.shape[1], input_ids.shape[0]
+        rows = torch.arange(n, device=input_ids.device)
+        last = attention_mask.sum(1) - 1
+        width = int(last.max())
+        text = attention_mask.clone()
+        text[rows, last] = 0  # the final token moves behind the prompt
+        text = text[:, :width]
+        final = backbone.input_embeddings()(input_ids[rows, last]).unsqueeze(1).repeat(pop, 1, 1)  # [P*n, 1, h]
+        embeds = torch.cat([prompt.repeat_interleave(n, dim=0), final], dim=1)
+        ones = torch.ones(pop * n, m + 1, dtype=attention_mask.dtype, device=attention_mask.device)
+        positions = (last.unsqueeze(1) + torch.arange(m + 1, device=last.device)).repeat(pop, 1)
+        extra = {"attention_mask": torch.cat([text.repeat(pop, 1), ones], dim=1), "position_ids": positions,
+                 "use_cache": False}
+        frozen = FrozenText(input_ids[:, :width], text, pop, self.cfg.kv_cache_keep)
+        # the readout sees the m + 1 rows only: the final token is the last attended one
+        return Prepared(embeds, ones, 0, m, extra, frozen)

@@ -2,12 +2,18 @@
 
 - ``similarity``: cosine between the mean-pooled output and the pooled embeddings of each class's
   label description (encoders without an MLM head, e.g. MiniLM; nothing but the adapter is trained).
+  ``pooling="text"`` (similarity and linear) averages over the text positions only, not over the adapter's
+  inserted rows (``Prepared.insert_at``/``inserted``): the prompt then moves the sentence embedding only through
+  attention, and cannot pull every input toward one label anchor by its own rows (``all``: every attended row).
 - ``verbalizer``: logits of each class's label word at the mask (masked LMs) or as the next token
   (causal LMs); softmax over the label words only (OpenPrompt One2oneVerbalizer). The transformer body runs
   alone and the LM head is applied to the one read row per input, not to every position (the same numbers
   up to float rounding; SmolLM2's full-vocabulary logits at every position were ~21 % of its FLOPs).
 - ``linear``: a trainable ``head.weight``/``head.bias`` on the pooled output; it is trained and
   exchanged with the adapter and counted in the payload.
+- An adapter may hand over a frozen text (``Prepared.text``, the projected prompt's suffix placement): it runs
+  once with a key/value cache, tiled for the candidates that share it, before the adapter's rows; caches are kept
+  per process by token ids (least recently used out) while the adapter changes no backbone weight.
 - ``calibration="contextual"`` (verbalizer/similarity; Zhao et al. 2021, "Calibrate Before Use"): logits are
   ``log softmax(raw) - log p_cf`` with p_cf the mean class softmax of content-free inputs (the template filled
   with "N/A", "" and the mask token), computed with the same params in the same forward (appended rows,
@@ -18,12 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedpeft.adapters.base import Adapter, Params, Prepared
+from fedpeft.adapters.base import Adapter, FrozenText, Params, Prepared, text_mask
 from fedpeft.backbones.encoding import Encoded, collate, encode_examples
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example, TaskData
@@ -55,6 +62,33 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
 
 
 AUTOCAST = {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TEXT_KV = "text_kv"  # Backbone.cache key of the kept frozen-text key/value caches
+
+
+def pooling_mask(prep: Prepared, pooling: str) -> torch.Tensor:
+    """Rows to mean-pool: every attended row (``all``) or the text rows only (``text``: adapter rows out)."""
+    if pooling == "text":
+        return text_mask(prep.attention_mask, prep.insert_at, prep.inserted)
+    return prep.attention_mask
+
+
+def tile_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], repeats: int, config):
+    """A fresh ``DynamicCache`` holding every layer's keys/values tiled ``repeats`` times along the batch
+    (candidate-major: rows [c*n:(c+1)*n] are candidate c's); the kept cache is never written."""
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=[(k.repeat(repeats, 1, 1, 1), v.repeat(repeats, 1, 1, 1)) for k, v in layers],
+                        config=config)
+
+
+def readout_option(field: str, value: str, choices: tuple[str, ...], readout: str, excluded: str, why: str) -> str:
+    """``value`` if it is one of ``choices`` and, unless it is the default (the first), the readout is not
+    ``excluded``; else a ValueError naming ``field``."""
+    if value not in choices:
+        raise ValueError(f"{field}: unknown '{value}' ({', '.join(choices)})")
+    if value != choices[0] and readout == excluded:
+        raise ValueError(f"{field}: '{value}' {why}")
+    return value
 
 
 class Classifier:
@@ -66,15 +100,16 @@ class Classifier:
 
     def __init__(self, backbone: Backbone, adapter: Adapter, task: TaskData, readout: str = "auto",
                  similarity_scale: float = 20.0, max_length: int = 128, autocast: str = "none",
-                 calibration: str = "none", content_free: tuple[str, ...] | None = None) -> None:
+                 calibration: str = "none", content_free: tuple[str, ...] | None = None,
+                 pooling: str = "all") -> None:
         self.backbone, self.adapter, self.task = backbone, adapter, task
         self.readout = resolve_readout(readout, backbone.family)
-        if calibration not in ("none", "contextual"):
-            raise ValueError(f"model.calibration: unknown '{calibration}' (none, contextual)")
-        if calibration == "contextual" and self.readout == "linear":
-            raise ValueError("model.calibration: 'contextual' applies to the verbalizer and similarity readouts; "
-                             "a trained linear head needs no calibration (use none)")
-        self.calibration = calibration
+        self.pooling = readout_option("model.pooling", pooling, ("all", "text"), self.readout, "verbalizer",
+                                      "applies to the pooled readouts (similarity, linear); the verbalizer reads "
+                                      "one position (use all)")
+        self.calibration = readout_option("model.calibration", calibration, ("none", "contextual"), self.readout,
+                                          "linear", "applies to the verbalizer and similarity readouts; a trained "
+                                                    "linear head needs no calibration (use none)")
         mask = backbone.tokenizer.mask_token
         self.content_free = tuple(content_free) if content_free is not None else (
             ("N/A", "", mask) if mask else ("N/A", ""))
@@ -133,8 +168,32 @@ class Classifier:
             model = split[1]
             over = {k[len(prefix):]: v for k, v in over.items() if k.startswith(prefix)}
         with self._autocast():
+            if prep.text is not None:
+                kwargs["past_key_values"] = self._text_cache(prep.text, model, over)
             out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
         return out, prep, params
+
+    def _text_cache(self, text: FrozenText, model, over: Params):
+        """Key/value cache of the frozen text, tiled for ``text.repeats`` candidates: computed once, and kept (up to
+        ``text.keep``, keyed by token ids, mask and autocast dtype) for later calls while no weight is overridden;
+        ``keep = 0``: neither kept nor looked up."""
+        kept = self.backbone.cache.setdefault(TEXT_KV, OrderedDict())
+        key = (str(self.autocast), tuple(text.input_ids.shape), text.input_ids.cpu().numpy().tobytes(),
+               text.attention_mask.cpu().numpy().tobytes())
+        reuse = text.keep > 0 and not over
+        layers = kept.pop(key, None) if reuse else None
+        if layers is None:
+            kwargs = {"input_ids": text.input_ids, "attention_mask": text.attention_mask, "use_cache": True}
+            out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
+            if any(out.past_key_values.is_sliding):
+                raise ValueError(f"method.adapter.kv_cache: {self.backbone.name} has sliding-window attention layers; "
+                                 "a shared text cache needs full attention (set kv_cache=false)")
+            layers = [(k, v) for k, v, *_ in out.past_key_values]
+        if reuse:
+            kept[key] = layers  # now the most recently used
+            while len(kept) > text.keep:
+                kept.popitem(last=False)
+        return tile_cache(layers, text.repeats, self.backbone.model.config)
 
     def _head_rows(self, hidden: torch.Tensor, params: Params) -> torch.Tensor:
         """Vocabulary logits of the LM head on the read rows [n, d] only (the head's own weights, or the
@@ -232,7 +291,7 @@ class Classifier:
                 rows = self._head_rows(rows, params)
             return rows[:, self.label_ids]
         hidden = out.last_hidden_state if self.backbone.family == "encoder" else out.hidden_states[-1]
-        pooled = mean_pool(hidden, prep.attention_mask)
+        pooled = mean_pool(hidden, pooling_mask(prep, self.pooling))
         if self.readout == "similarity":
             return self.scale * F.normalize(pooled, dim=-1) @ self.anchors.T
         return pooled @ params["head.weight"].T + params["head.bias"]

@@ -27,7 +27,7 @@ import torch
 from fedpeft.adapters import ADAPTERS
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS, AggregatorContext
 from fedpeft.clients import ClientContext, sub_state, with_sub_state
-from fedpeft.comm.codec import WIRE_DTYPES, Message, WireSpec
+from fedpeft.comm.codec import WIRE_DTYPES, Message, WireSpec, decode, encode
 from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpack
 from fedpeft.config import ExperimentConfig
 from fedpeft.downlink import DOWNLINKS, DownlinkContext, sync
@@ -37,6 +37,7 @@ from fedpeft.rng import SERVER, numpy_rng, torch_rng
 from fedpeft.selection import SELECTORS, SelectorContext
 from fedpeft.sharing import SHARING, SharingContext
 from fedpeft.trainers import TRAINERS, TrainerContext
+from fedpeft.trainers.base import floats
 from fedpeft.transforms import TRANSFORMS
 from fedpeft.transforms.scale_delta import ScaleDelta, ScaleDeltaSettings
 
@@ -198,11 +199,46 @@ class ComposedMethod:
     def evaluate_global(self, state: Message) -> dict[str, float]:
         """Test accuracy and loss of the global tensors (and the attack success rate when it is measured)."""
         glob = ServerState.from_message(state).glob
-        out = self.trainer.evaluate(glob, self.exp.test_encoded)
+        return self.trainer.evaluate(glob, self.exp.test_encoded) | self._asr(glob)
+
+    def _asr(self, glob: Params) -> dict[str, float]:
         asr_test = getattr(self.exp, "asr_test", None)
-        if asr_test is not None and len(asr_test):
-            out["asr"] = self.trainer.evaluate(glob, asr_test)["accuracy"]
-        return out
+        if asr_test is None or not len(asr_test):
+            return {}
+        return {"asr": self.trainer.evaluate(glob, asr_test)["accuracy"]}
+
+    def evaluate_once(self, state: Message, round: int,
+                      clients: list[int]) -> tuple[dict[str, float], dict[int, dict[str, float]]] | None:
+        """``evaluate_global`` and the metrics of each client's ``client_evaluate`` from ONE pass over the test set
+        (each client's test shard is a subset of it), or None where a client would score other tensors than the
+        global ones or the trainer cannot slice its predictions (``LocalTrainer.evaluate_parts``: the global metrics
+        are bit-identical, a client's equal up to the batch-dependence of float rounding it describes)."""
+        st = ServerState.from_message(state)
+        if not self._scores_global(st, round):
+            return None
+        parts = self.trainer.evaluate_parts(st.glob, self.exp.test_encoded, [self.exp.test_parts[c] for c in clients])
+        if parts is None:
+            return None
+        whole, local = parts
+        return whole | self._asr(st.glob), dict(zip(clients, local))
+
+    def _scores_global(self, st: ServerState, round: int) -> bool:
+        """Whether every client's evaluation after ``round`` scores exactly the global tensors: no post-tuning now,
+        no download codec rebuilding them from its own messages, no tensor the sharing policy keeps on the clients
+        that the evaluation does not overwrite (FedPepTAO's layers after the selection; not during warm-up), and
+        nothing the wire changes (a float16 wire rounds them)."""
+        if self._post_tunes(round) or self.downlink.keys:
+            return False
+        received = self.trainer.params_of(decode(encode(self.trainer.eval_downlink(self._shared(st, round + 1)),
+                                                        self.wire)))
+        if set(self.sharing.private_state(st.glob)) - set(received):
+            return False
+        view, glob = floats(self.sharing.client_params(received, {})), floats(st.glob)
+        return view.keys() == glob.keys() and all(torch.equal(view[k], glob[k]) for k in glob)
+
+    def _post_tunes(self, round: int) -> bool:
+        """Clients adapt the global tensors before they are scored (after the last round, with post-tuning)."""
+        return round == self.cfg.federation.rounds and self.post_tuning.active
 
     def trainable_params(self, state: Message) -> int:
         """Floating tensors the adapter trains (token ids of demonstrations are not parameters)."""
@@ -255,8 +291,7 @@ class ComposedMethod:
         """After the last round, clients post-tune (when the method has post-tuning) before they are scored."""
         st = ServerState.from_message(state)
         msg = self.trainer.eval_downlink(self._shared(st, round + 1))
-        final = round == self.cfg.federation.rounds and self.post_tuning.active
-        msg.scalars = {"round": round, **msg.scalars, **({POST_TUNE: True} if final else {})}
+        msg.scalars = {"round": round, **msg.scalars, **({POST_TUNE: True} if self._post_tunes(round) else {})}
         return {c: self._encode_down(msg, st, c, round) for c in clients}
 
     def client_evaluate(self, instruction: Message, client: ClientContext) -> Message:

@@ -81,6 +81,18 @@ class RoundDriver:
         msgs = self.method.configure_evaluate(state, round, ids)
         return {cid: encode(m, self.method.wire) for cid, m in msgs.items()}
 
+    def evaluate_once(self, state: Message, round: int,
+                      clients: list[int]) -> tuple[dict[str, float], dict[int, dict[str, Any]]] | None:
+        """The global metrics and each client's local metrics from the method's one pass over the test set (None
+        where the clients must evaluate themselves), with ``bytes_up`` the length of the reply each client would
+        have sent: its metrics encoded as ``client_evaluate``'s reply is."""
+        once = self.method.evaluate_once(state, round, clients)
+        if once is None:
+            return None
+        glob, local = once
+        return glob, {c: m | {"bytes_up": len(encode(Message(scalars=m), self.method.wire))}
+                      for c, m in sorted(local.items())}
+
     @staticmethod
     def finish_evaluate(round: int, results: dict[int, bytes | BaseException]) -> dict[int, dict[str, Any]]:
         out = {}

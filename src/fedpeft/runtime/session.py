@@ -128,15 +128,27 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
     bar = bar or progress(False)
     rounds_task = bar.add_task("rounds", total=cfg.federation.rounds, completed=start - 1)
 
+    def evaluate(rnd: int) -> tuple[dict[str, Any], dict[int, dict[str, Any]], int]:
+        """Global metrics, each client's local metrics (when asked) and the evaluation bytes sent down.
+
+        Evaluation done once (``evaluation.reuse_global``): where every client would score exactly the global
+        tensors, its local metrics come from the global test predictions (``RoundDriver.evaluate_once``) and no
+        evaluate message is sent, in every runtime (the server holds the test set and every client's shard of it,
+        both derived from the config). The evaluation bytes are still those of the federated evaluation it stands
+        for: each client's encoded evaluate instruction down, and up the encoded reply with the metrics it is
+        credited with; so the embedded and Flower runtimes count the same."""
+        if not cfg.evaluation.local:
+            return method.evaluate_global(state), {}, 0
+        eval_msgs = driver.plan_evaluate(state, rnd)
+        eval_down = sum(len(b) for b in eval_msgs.values())
+        once = driver.evaluate_once(state, rnd, sorted(eval_msgs)) if cfg.evaluation.reuse_global else None
+        if once is not None:
+            return once[0], once[1], eval_down
+        return method.evaluate_global(state), driver.finish_evaluate(rnd, transport.evaluate(rnd, eval_msgs)), eval_down
+
     def score(rnd: int, clients: list[dict[str, Any]], t0: float, scored: bool = True) -> dict[str, Any]:
         """Evaluate ``state`` (globally, and on the clients when asked), append the round's record."""
-        global_metrics = method.evaluate_global(state) if scored else {"accuracy": None, "loss": None}
-        local_eval: dict[int, dict[str, Any]] = {}
-        eval_down = 0
-        if cfg.evaluation.local and scored:
-            eval_msgs = driver.plan_evaluate(state, rnd)
-            eval_down = sum(len(b) for b in eval_msgs.values())
-            local_eval = driver.finish_evaluate(rnd, transport.evaluate(rnd, eval_msgs))
+        global_metrics, local_eval, eval_down = evaluate(rnd) if scored else ({"accuracy": None, "loss": None}, {}, 0)
         rec = round_record(rnd, global_metrics, clients, local_eval, eval_down, time.perf_counter() - t0,
                            exp.non_participants)
         rec.update(transport.round_extra())
@@ -172,6 +184,7 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         log.error("backbone weights changed during the run")
     summary = build_summary(cfg, records, trainable, exp.backbone.num_parameters, {
         "backbone_unchanged": unchanged,
+        "label_histograms": exp.label_histograms(),  # per client, train and test (majority baselines)
         **payload_split(method, state, driver),
         **transport.summary_extra(),
     })

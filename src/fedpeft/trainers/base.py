@@ -5,7 +5,8 @@ shared global tensors (and what the aggregator broadcasts), ``params_of`` reads 
 out of it, ``fit`` trains and returns an ``Update``, ``update_shapes`` (with ``wire_dtypes`` and ``check``) tells
 the server what a valid reply holds, ``decode`` turns a received update into tensors named like the global
 state (token indices into prompt rows), and ``evaluate`` scores tensors on data the way this trainer may touch the model (gradient
-trainers through the classifier, black-box trainers through the forward-only ``BlackBox``).
+trainers through the classifier, black-box trainers through the forward-only ``BlackBox``); ``evaluate_parts``
+scores a set and subsets of it from one pass (the global test set and the clients' shards).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from fedpeft.backbones.classifier import Classifier, evaluate
 from fedpeft.backbones.encoding import Encoded
@@ -74,12 +77,40 @@ class LocalTrainer(Protocol):
 
     def evaluate(self, params: Params, data: Encoded) -> dict[str, float]: ...
 
+    def evaluate_parts(self, params: Params, data: Encoded,
+                       parts: list[np.ndarray]) -> tuple[dict[str, float], list[dict[str, float]]] | None:
+        """``evaluate`` on ``data`` and on each subset ``data.subset(part)`` from one pass over ``data``, or None
+        where the trainer cannot score a subset from the predictions on the whole."""
+        ...
+
     def diagnostics(self, glob: Params) -> dict[str, float]: ...
 
 
 def floats(p: Params) -> Params:
     """Floating tensors as float32 (wire float16 upcast); integer tensors (token ids) unchanged."""
     return {k: v.float() if v.is_floating_point() else v for k, v in p.items()}
+
+
+@torch.no_grad()
+def predict(clf: Classifier, params: Params, data: Encoded, batch_size: int) -> torch.Tensor:
+    """Class logits [n, C] of ``params`` on ``data``, computed in the batches ``classifier.evaluate`` uses."""
+    return torch.cat([clf.logits(params, clf.batch(data, list(range(s, min(s + batch_size, len(data))))))
+                      for s in range(0, len(data), batch_size)])
+
+
+def score(logits: torch.Tensor, labels: torch.Tensor, batch_size: int) -> dict[str, float]:
+    """``TrainerBase.evaluate``'s metrics from the logits of the examples it scores, with its arithmetic: per batch
+    of ``batch_size`` a float32 cross-entropy sum and a count of correct argmaxes, summed over batches as Python
+    numbers (``classifier.evaluate``), so equal logits give bit-identical metrics."""
+    n = len(labels)
+    if n == 0:
+        return {"num_examples": 0}
+    correct, loss_sum = 0, 0.0
+    for start in range(0, n, batch_size):
+        lg, y = logits[start:start + batch_size], labels[start:start + batch_size]
+        loss_sum += F.cross_entropy(lg, y, reduction="sum").item()
+        correct += (lg.argmax(-1) == y).sum().item()
+    return {"accuracy": correct / n, "loss": loss_sum / n, "num_examples": n}
 
 
 class TrainerBase:
@@ -119,6 +150,23 @@ class TrainerBase:
         if len(data) == 0:
             return {"num_examples": 0}
         return evaluate(self.clf, floats(params), data, self.ctx.eval_batch)
+
+    def evaluate_parts(self, params: Params, data: Encoded,
+                       parts: list[np.ndarray]) -> tuple[dict[str, float], list[dict[str, float]]] | None:
+        """The metrics on ``data`` from its logits in ``evaluate``'s batches (bit-identical to ``evaluate``), and
+        each part's rows of those logits scored as ``evaluate`` scores the part alone. A part's metrics equal
+        ``evaluate(params, data.subset(part))`` bit for bit where an example's logits do not depend on the batch
+        it runs in (BBC on MiniLM: every input fills the padded width). Where inputs differ in length they may, at
+        float rounding (the padded width and the row count change the kernels' summation order): the part's loss
+        then differs by ~1e-7, and its accuracy only if that flips an argmax. None for a trainer with its own
+        ``evaluate`` (the black-box trainers score through their ``BlackBox``)."""
+        if type(self).evaluate is not TrainerBase.evaluate:
+            return None
+        bs = self.ctx.eval_batch
+        logits = predict(self.clf, floats(params), data, bs) if len(data) else torch.empty(0)
+        labels = torch.as_tensor(data.labels).to(logits.device)
+        rows = [torch.as_tensor(np.asarray(p, dtype=np.int64), device=logits.device) for p in parts]
+        return score(logits, labels, bs), [score(logits[r], labels[r], bs) for r in rows]
 
     def diagnostics(self, glob: Params) -> dict[str, float]:
         return {}
