@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from fedpeft.aggregators import weighted_mean
 from fedpeft.comm.codec import decode, encode
@@ -124,6 +125,21 @@ def test_resume_keeps_persistent_optimizer_state(tiny_cfg, tmp_path):
     assert set(clients) == {0, 1, 2} and any("::exp_avg" in k for k in clients[0].tensors)
     run_embedded(cfg, tmp_path / "cut", resume=True)
     assert _strip_timing(RunDir(tmp_path / "cut").read_metrics()) == _strip_timing(RunDir(tmp_path / "full").read_metrics())
+
+
+def test_resume_accepts_a_config_saved_before_keys_were_added(tiny_cfg, tmp_path):
+    """A run started by an older fedpeft (its config.yaml lacks keys added since, component settings included)
+    resumes when the missing keys have their defaults; a changed value is still refused."""
+    cfg = tiny_cfg(federation__rounds=2)
+    with pytest.raises(StopAfterRound):
+        run_embedded(cfg, tmp_path / "cut", stop_after_round=1)
+    saved = yaml.safe_load((tmp_path / "cut" / "config.yaml").read_text())
+    del saved["model"]["pooling"], saved["evaluation"]["reuse_global"], saved["method"]["trainer"]["lr"]
+    (tmp_path / "cut" / "config.yaml").write_text(yaml.safe_dump(saved))
+    run_embedded(cfg, tmp_path / "cut", resume=True)
+    assert [r["round"] for r in RunDir(tmp_path / "cut").read_metrics()] == [1, 2]
+    with pytest.raises(ValueError, match="differs from the config given to --resume"):
+        run_embedded(tiny_cfg(federation__rounds=2, seed=1), tmp_path / "cut", resume=True)
 
 
 def test_existing_run_needs_resume(tiny_cfg, tmp_path):

@@ -24,6 +24,7 @@ from fedpeft.comm.codec import Message
 from fedpeft.config import ExperimentConfig, dump_config
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
+from fedpeft.resolve import resolve
 from fedpeft.runtime.server import RoundDriver
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import build_summary, round_record
@@ -76,10 +77,11 @@ def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> RunDir
 
 
 def _same_config(saved: str, cfg: ExperimentConfig) -> bool:
-    """A config.yaml written before keys were added (with their defaults) still matches; so does one that differs
-    only in ``evaluation.report``, which changes no number."""
+    """A config.yaml written before keys were added (with their defaults; component settings too, so it is resolved
+    as a new config is) still matches; so does one that differs only in ``evaluation.report``, which changes no
+    number."""
     try:
-        old = ExperimentConfig.model_validate(yaml.safe_load(saved))
+        old = resolve(yaml.safe_load(saved))
     except Exception:  # noqa: BLE001 - unreadable or no longer valid: it differs
         return False
     old = old.model_copy(update={"evaluation": old.evaluation.model_copy(update={"report": cfg.evaluation.report})})
