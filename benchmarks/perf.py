@@ -274,7 +274,7 @@ def round_figure(args, b, state, bare: BareClient) -> Figure:
     """A whole round of ``--round-clients`` clients against the sum of their bare epochs (both arms warm from
     figure 1a)."""
     driver = RoundDriver(b.cfg, b.method)
-    transport = InProcessTransport(b.method, b.exp, progress(False), None)
+    transport = InProcessTransport(b.cfg, b.method, b.exp, progress(False), None)
     selected = sorted(driver.plan_round(state, 1).instructions)
     batches = {c: client_batches(b, c, 1) for c in selected}
 
@@ -297,7 +297,7 @@ def round_figure(args, b, state, bare: BareClient) -> Figure:
 def figure_3(args) -> list[Figure]:
     b = local_work(args, "soft prompt")
     driver = RoundDriver(b.cfg, b.method)
-    transport = InProcessTransport(b.method, b.exp, progress(False), None)
+    transport = InProcessTransport(b.cfg, b.method, b.exp, progress(False), None)
     state, rnd = b.method.server_init(), 1
 
     def twice():

@@ -64,9 +64,11 @@ def test_preset_contract(preset, model, tmp_path):
     exp = build_experiment(cfg)
     before = exp.backbone.checksum()
     sent: dict[tuple[int, int], int] = {}
+    replies: dict[tuple[int, int], bytes] = {}
 
     def record(rnd, cid, data):
         sent[(rnd, cid)] = len(data)
+        replies[(rnd, cid)] = data
         return data
 
     summary = run_embedded(cfg, tmp_path / "full", experiment=exp, reply_hook=record)
@@ -81,11 +83,34 @@ def test_preset_contract(preset, model, tmp_path):
     assert [c["bytes_down"] for c in recs[0]["clients"]] == [len(encode(first[c], method.wire)) for c in sorted(first)]
     # the frozen backbone never changes
     assert exp.backbone.checksum() == before and summary["backbone_unchanged"]
+    audit_payloads(preset, exp, replies)
     # stop after round 1 + resume == uninterrupted
     with pytest.raises(StopAfterRound):
         run_embedded(cfg, tmp_path / "cut", experiment=exp, stop_after_round=1)
     run_embedded(cfg, tmp_path / "cut", experiment=exp, resume=True)
     assert _strip(RunDir(tmp_path / "cut").read_metrics()) == _strip(recs)
+
+
+FULL_MODEL = {"fedavg-full"}  # presets that train and exchange the backbone's own weights (the paper baseline)
+
+
+def audit_payloads(preset: str, exp, replies: dict[tuple[int, int], bytes]) -> None:
+    """Every reply of a whole run (all valid: the server accepted each, so its tensors are exactly its schema's)
+    carries only numbers as scalars, far fewer values than the backbone has weights, no frozen backbone weight
+    and no text of the client's data."""
+    weights = dict(exp.backbone.model.named_parameters())
+    for (rnd, cid), data in replies.items():
+        msg = decode(data)
+        assert all(v is None or isinstance(v, (int, float, bool)) for v in msg.scalars.values()), msg.scalars
+        texts = {t for i in exp.train_parts[cid] for t in (exp.task.train[int(i)].text_a, exp.task.train[int(i)].text_b)
+                 if t and len(t) >= 8}
+        assert not any(t.encode() in data for t in texts), f"round {rnd}: client {cid}'s text in its reply"
+        if preset in FULL_MODEL:
+            continue
+        assert sum(t.numel() for t in msg.tensors.values()) < 0.1 * exp.backbone.num_parameters
+        for name, t in msg.tensors.items():
+            same = [w for w, p in weights.items() if p.shape == t.shape and torch.equal(p.to(t.dtype), t)]
+            assert not same, f"reply tensor '{name}' equals the frozen weight {same}"
 
 
 @pytest.mark.parametrize("preset", PRESETS.names())

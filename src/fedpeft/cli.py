@@ -39,6 +39,8 @@ def run(
     from fedpeft.registry import UnknownNameError
     from fedpeft.resolve import load_config
     from fedpeft.runtime.registry import runtime as runtime_fn
+    from fedpeft.runtime.server import RoundFailed
+    from fedpeft.tracking.rundir import RunDirLocked
 
     overrides = list(set_) + ([f"runtime.name={runtime}"] if runtime else []) + (["runtime.progress=false"] if quiet else [])
     try:
@@ -53,7 +55,9 @@ def run(
         return
     try:
         summary = runtime_fn(cfg.runtime.name)(cfg, out_dir, resume=resume)
-    except (FileExistsError, UnknownNameError, FileNotFoundError, ValueError) as e:
+    except RoundFailed as e:
+        _fail(f"{e}; the run stopped after its last checkpoint (continue with --resume)")
+    except (FileExistsError, UnknownNameError, FileNotFoundError, ValueError, RunDirLocked) as e:
         _fail(str(e))
     _print_table(out_dir, summary)
 
@@ -276,7 +280,8 @@ def flower_run(
     set_: Annotated[list[str], typer.Option("--set", help="override a key, e.g. federation.rounds=2")] = [],
     out: Annotated[Optional[Path], typer.Option(help="run directory on the SuperLink machine")] = None,
     resume: Annotated[bool, typer.Option(help="continue from the last checkpoint in --out")] = False,
-    round_timeout: Annotated[float, typer.Option(help="seconds to wait for a round's replies (0: no limit)")] = 0.0,
+    round_timeout: Annotated[float, typer.Option(help="seconds to wait for a round's replies (0: federation.round_timeout, "
+                                                           "unset there: no limit)")] = 0.0,
     rejoin_wait: Annotated[float, typer.Option(help="seconds a round waits for missing clients' nodes")] = 0.0,
 ) -> None:
     """Submit an experiment to a SuperLink with `flwr run` and wait for it (runtime.name=flower)."""

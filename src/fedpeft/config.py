@@ -55,6 +55,8 @@ class TaskConfig(_Strict):
 
 class ModelConfig(_Strict):
     name: str = "minilm"
+    trust_remote_code: bool = Field(False, description="hub ids and local paths: run Python code shipped with the "
+                                                       "model (only for a model you trust)")
     readout: Literal["auto", "similarity", "verbalizer", "linear"] = "auto"
     similarity_scale: float = Field(20.0, gt=0, description="logit scale of cosine similarities")
     pooling: Literal["all", "text"] = Field(
@@ -109,6 +111,15 @@ class FederationConfig(_Strict):
     clients_per_round: int | None = Field(None, ge=1, description="default: all clients")
     rounds: int = Field(5, ge=1)
     min_clients: int = Field(1, ge=1, description="fewest valid replies that still complete a round")
+    on_round_failure: Literal["stop", "skip"] = Field(
+        "stop", description="fewer than min_clients valid replies: stop the run (a resume retries the round), or "
+                            "record the round as failed and go on with the server state unchanged (Flower's FedAvg)")
+    round_timeout: float | None = Field(
+        None, gt=0, description="seconds a client's reply may take; a later reply is ignored and logged (embedded "
+                                "runtime: each client's own time, as if the clients ran side by side; Flower: the "
+                                "round's wall clock)")
+    max_message_bytes: int = Field(536_870_912, ge=1024, description="largest reply accepted, checked before it is "
+                                                                     "decoded (default: Flower's gRPC limit)")
     partition: PartitionConfig = PartitionConfig()
     non_participants: NonParticipantConfig = NonParticipantConfig()
 
@@ -227,6 +238,21 @@ class RuntimeConfig(_Strict):
         raise ValueError(f"unknown device '{value}'; allowed: auto, cpu, cuda, cuda:N")
 
 
+class FaultConfig(_Strict):
+    """Fault injection at the client handler, in every runtime: for the reliability tests and benchmark only."""
+
+    fail_clients: list[int] = Field([], description="clients whose training raises in every faulty round")
+    fail_rate: float = Field(0.0, ge=0, le=1, description="chance that a client's training raises in a faulty round "
+                                                          "(drawn from the seed, round and client)")
+    hang_clients: list[int] = Field([], description="clients that sleep hang_s before they reply")
+    hang_s: float = Field(0.0, ge=0)
+    rounds: list[int] | None = Field(None, description="the faulty rounds (default: every round)")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.fail_clients or self.fail_rate or (self.hang_clients and self.hang_s))
+
+
 class ExperimentConfig(_Strict):
     seed: int = 0
     name: str | None = None
@@ -237,6 +263,7 @@ class ExperimentConfig(_Strict):
     attack: AttackConfig = AttackConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    faults: FaultConfig = FaultConfig()
 
     @field_validator("seed")
     @classmethod

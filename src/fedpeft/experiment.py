@@ -159,7 +159,7 @@ def build_experiment(cfg: ExperimentConfig) -> Experiment:
     participants = [c for c in range(len(train_parts)) if c not in idle]
     bad = malicious_ids(a.malicious_clients, a.malicious_fraction, len(train_parts), participants,
                         numpy_rng(cfg.seed, 0, SERVER, "malicious")) if a.active else frozenset()
-    backbone = load_backbone(cfg.model.name).to(resolve_device(cfg.runtime.device))
+    backbone = load_backbone(cfg.model.name, cfg.model.trust_remote_code).to(resolve_device(cfg.runtime.device))
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
     clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length,
                      cfg.runtime.autocast, calibration=cfg.model.calibration, pooling=cfg.model.pooling)

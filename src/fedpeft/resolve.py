@@ -37,13 +37,18 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             raise ConfigError(f"--set expects key=value, got '{item}'")
         key, value = item.split("=", 1)
         parts = key.strip().split(".")
+        if not all(p.strip() for p in parts):
+            raise ConfigError(f"--set expects key=value with a dotted key like federation.rounds, got '{item}'")
         node = out
         for p in parts[:-1]:
             nxt = node.setdefault(p, {})
             if not isinstance(nxt, dict):
                 raise ConfigError(f"--set {key}: '{p}' is not a section")
             node = nxt
-        new = _parse_scalar(value)
+        try:
+            new = _parse_scalar(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {key}: the value is not valid YAML ({getattr(e, 'problem', e)})") from None
         if len(parts) == 3 and parts[0] == "method" and parts[1] in AXES and parts[2] == "name" \
                 and node.get("name", new) != new:
             node.clear()

@@ -227,15 +227,17 @@ def _load_failure(name: str, err: BaseException) -> str:
             f"not an existing local path, and not a loadable Hugging Face model id ({reason})")
 
 
-def _from_hub_or_path(name: str) -> Backbone:
-    """Any Hugging Face model id or local directory (needs the hub reachable for ids)."""
+def _from_hub_or_path(name: str, trust_remote_code: bool = False) -> Backbone:
+    """Any Hugging Face model id or local directory (needs the hub reachable for ids). Code shipped with the
+    model runs only with ``trust_remote_code`` (``model.trust_remote_code``, off by default)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    trust = {"trust_remote_code": trust_remote_code}
     try:
-        config = AutoConfig.from_pretrained(name)
+        config = AutoConfig.from_pretrained(name, **trust)
         family = _family_of(config)
-        model = _auto_class(family).from_pretrained(name, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(name)
+        model = _auto_class(family).from_pretrained(name, dtype=torch.float32, **trust)
+        tok = AutoTokenizer.from_pretrained(name, **trust)
     except (OSError, ValueError) as e:  # bad repo id, no such repo or directory, no network, unknown architecture
         raise ModelLoadError(_load_failure(name, e)) from e
     if tok.pad_token is None:
@@ -251,10 +253,11 @@ class BackboneCache:
         self._lock = threading.Lock()
         self.loads: dict[str, int] = {}
 
-    def get(self, name: str) -> Backbone:
+    def get(self, name: str, trust_remote_code: bool = False) -> Backbone:
         with self._lock:
             if name not in self._models:
-                builder = BACKBONES.get(name) if name in BACKBONES else (lambda: _from_hub_or_path(name))
+                builder = BACKBONES.get(name) if name in BACKBONES else (
+                    lambda: _from_hub_or_path(name, trust_remote_code))
                 bb = builder()
                 if bb.tokenizer.pad_token is None:
                     bb.tokenizer.pad_token = bb.tokenizer.eos_token
@@ -268,6 +271,6 @@ class BackboneCache:
 PROCESS_CACHE = BackboneCache()
 
 
-def load_backbone(name: str) -> Backbone:
-    """The process's shared frozen backbone for ``name``."""
-    return PROCESS_CACHE.get(name)
+def load_backbone(name: str, trust_remote_code: bool = False) -> Backbone:
+    """The process's shared frozen backbone for ``name`` (``trust_remote_code``: see ``_from_hub_or_path``)."""
+    return PROCESS_CACHE.get(name, trust_remote_code)

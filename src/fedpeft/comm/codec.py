@@ -65,13 +65,70 @@ def encode(msg: Message, spec: WireSpec = WireSpec()) -> bytes:
     return st_save(tensors, metadata=meta)
 
 
-def decode(data: bytes) -> Message:
-    """bytes -> Message; tensors keep their wire dtype (the receiver decides how to upcast)."""
-    tensors = st_load(data)
-    header_len = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + header_len])
-    scalars = json.loads(header.get("__metadata__", {}).get(_META_KEY, "{}"))
+class UndecodableMessage(ValueError):
+    """Bytes that are not a fedpeft message (truncated, random, a malformed or oversized header, too large)."""
+
+
+# safetensors dtype names of the wire dtypes: anything else in a header is refused before loading
+_ST_DTYPES = {"F32", "F16", "BF16", "F64", "I16", "I32", "I64", "U8", "U16"}
+
+
+def decode(data: bytes, max_bytes: int | None = None) -> Message:
+    """bytes -> Message; tensors keep their wire dtype (the receiver decides how to upcast).
+
+    Untrusted bytes are checked before anything is allocated from them: the total length against ``max_bytes``,
+    the 8-byte header length against the data, the JSON header (a mapping of tensors with a wire dtype, a shape of
+    non-negative ints and in-range offsets, and string metadata), and the scalars (a JSON object). Any failure is an
+    ``UndecodableMessage`` naming what is wrong."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise UndecodableMessage(f"a message is bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise UndecodableMessage(f"message of {len(data):,} bytes exceeds federation.max_message_bytes "
+                                 f"({max_bytes:,})")
+    header = _header(data)
+    try:
+        tensors = st_load(data)
+    except Exception as e:  # noqa: BLE001 - safetensors' own checks (offsets, sizes, alignment)
+        raise UndecodableMessage(f"not a safetensors message: {e}") from None
+    try:
+        scalars = json.loads(header.get("__metadata__", {}).get(_META_KEY, "{}"))
+    except ValueError as e:
+        raise UndecodableMessage(f"scalars are not JSON: {e}") from None
+    if not isinstance(scalars, dict):
+        raise UndecodableMessage(f"scalars must be a JSON object, got {type(scalars).__name__}")
     return Message(tensors=dict(tensors), scalars=scalars)
+
+
+def _header(data: bytes) -> dict[str, Any]:
+    """The safetensors JSON header of ``data``, checked (see ``decode``)."""
+    if len(data) < 8:
+        raise UndecodableMessage(f"truncated message: {len(data)} bytes, no header length")
+    n = int.from_bytes(data[:8], "little")
+    if n > len(data) - 8:
+        raise UndecodableMessage(f"header length {n:,} exceeds the {len(data) - 8:,} bytes after it")
+    try:
+        header = json.loads(data[8:8 + n])
+    except ValueError as e:
+        raise UndecodableMessage(f"header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise UndecodableMessage("header must be a JSON object")
+    body = len(data) - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise UndecodableMessage("header metadata must map names to strings")
+            continue
+        if not isinstance(info, dict) or info.get("dtype") not in _ST_DTYPES:
+            raise UndecodableMessage(f"tensor '{name}': dtype {info.get('dtype') if isinstance(info, dict) else info!r}"
+                                     f" is not a wire dtype")
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise UndecodableMessage(f"tensor '{name}': shape {shape!r} is not a list of non-negative ints")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                and 0 <= offsets[0] <= offsets[1] <= body):
+            raise UndecodableMessage(f"tensor '{name}': data offsets {offsets!r} outside the {body:,}-byte body")
+    return header
 
 
 def payload_bytes(msg: Message, spec: WireSpec = WireSpec()) -> int:

@@ -10,6 +10,7 @@ purpose), finishes with the same metrics as an uninterrupted run. The round loop
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from fedpeft.config import ExperimentConfig
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.runtime.client import handle_evaluate, handle_train
+from fedpeft.runtime.faults import inject
 from fedpeft.runtime.session import StopAfterRound, log_to, open_run, progress, run_rounds
 
 __all__ = ["ReplyHook", "StopAfterRound", "run_embedded"]
@@ -32,27 +34,51 @@ log = logging.getLogger("fedpeft")
 ReplyHook = Callable[[int, int, bytes], bytes]
 
 
-class InProcessTransport:
-    """Delivers each instruction by calling the client handlers directly; keeps client states in memory."""
+class LateReply(TimeoutError):
+    """A reply that came after ``federation.round_timeout``: ignored, and the client's new state not kept."""
 
-    def __init__(self, method: Method, exp: Experiment, bar: Progress, reply_hook: ReplyHook | None) -> None:
-        self.method, self.exp, self.bar, self.reply_hook = method, exp, bar, reply_hook
+
+def _copy(state: Message) -> Message:
+    """A client's state as a new message, so that a failed or late client leaves its kept state untouched."""
+    return Message({k: v.clone() for k, v in state.tensors.items()}, dict(state.scalars))
+
+
+class InProcessTransport:
+    """Delivers each instruction by calling the client handlers directly; keeps client states in memory.
+
+    Clients run one after another; with ``federation.round_timeout`` each is held to the deadline by its own
+    elapsed time, as if they ran side by side: a later reply is ignored and logged, its state not kept."""
+
+    def __init__(self, cfg: ExperimentConfig, method: Method, exp: Experiment, bar: Progress,
+                 reply_hook: ReplyHook | None) -> None:
+        self.cfg, self.method, self.exp, self.bar, self.reply_hook = cfg, method, exp, bar, reply_hook
         self.states: dict[int, Message] = {}
         self.clients_task = bar.add_task("clients", total=0)
 
     def train(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
         self.bar.reset(self.clients_task, total=len(instructions), description=f"round {round} clients")
         results: dict[int, bytes | BaseException] = {}
+        timeout = self.cfg.federation.round_timeout
         for cid, payload in instructions.items():
             ctx = self.exp.client(cid)
-            ctx.state = self.states.get(cid, Message())
+            ctx.state = _copy(self.states.get(cid, Message()))
+            t0 = time.monotonic()
             try:
+                inject(self.cfg.faults, self.cfg.seed, round, cid)
                 reply = handle_train(self.method, payload, ctx)
-                results[cid] = self.reply_hook(round, cid, reply) if self.reply_hook else reply
-                self.states[cid] = ctx.state
+                reply = self.reply_hook(round, cid, reply) if self.reply_hook else reply
             except Exception as e:  # one failing client must not kill the round
                 log.exception("round %d: client %d raised", round, cid)
                 results[cid] = e
+            else:
+                took = time.monotonic() - t0
+                if timeout is not None and took > timeout:
+                    log.warning("round %d: client %d replied after %.1f s, past federation.round_timeout (%.1f s); "
+                                "reply ignored", round, cid, took, timeout)
+                    results[cid] = LateReply(f"reply after {took:.1f} s, past the {timeout:g} s deadline; ignored")
+                else:
+                    results[cid] = reply
+                    self.states[cid] = ctx.state
             self.bar.advance(self.clients_task)
         return results
 
@@ -60,7 +86,7 @@ class InProcessTransport:
         results: dict[int, bytes | BaseException] = {}
         for cid, payload in instructions.items():
             ctx = self.exp.client(cid)
-            ctx.state = self.states.get(cid, Message())
+            ctx.state = _copy(self.states.get(cid, Message()))
             try:
                 results[cid] = handle_evaluate(self.method, payload, ctx)
             except Exception as e:
@@ -87,8 +113,7 @@ def run_embedded(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fals
                  stop_after_round: int | None = None, reply_hook: ReplyHook | None = None,
                  experiment: Experiment | None = None) -> dict[str, Any]:
     """Run (or resume) the experiment in this process; returns the summary written to summary.json."""
-    run = open_run(cfg, out_dir, resume)
-    with log_to(run.root / "run.log"), progress(cfg.runtime.progress) as bar:
+    with open_run(cfg, out_dir, resume) as run, log_to(run.root / "run.log"), progress(cfg.runtime.progress) as bar:
         b = build(cfg, experiment)
-        transport = InProcessTransport(b.method, b.exp, bar, reply_hook)
+        transport = InProcessTransport(cfg, b.method, b.exp, bar, reply_hook)
         return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar)

@@ -15,13 +15,17 @@ from typing import Any
 from fedpeft.comm.codec import Message, decode, encode
 from fedpeft.config import ExperimentConfig
 from fedpeft.methods.base import Method
-from fedpeft.runtime.validation import InvalidReply, validate_reply
+from fedpeft.runtime.validation import validate_metrics, validate_reply
 
 log = logging.getLogger(__name__)
 
 
 class RoundFailed(RuntimeError):
-    """Fewer than ``federation.min_clients`` valid replies: the round is not applied."""
+    """Fewer than ``federation.min_clients`` valid replies: the round is not applied (``records``: its clients)."""
+
+    def __init__(self, message: str, records: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.records = records
 
 
 @dataclass
@@ -54,14 +58,14 @@ class RoundDriver:
                 rec["error"] = f"{type(res).__name__}: {res}"
                 log.warning("round %d: client %d failed: %s", plan.round, cid, rec["error"])
             else:
-                rec["bytes_up"] = len(res)
+                rec["bytes_up"] = len(res) if isinstance(res, (bytes, bytearray)) else 0
                 try:
-                    reply = decode(res)
+                    reply = decode(res, self.cfg.federation.max_message_bytes)
                     validate_reply(reply, schema)
-                except (InvalidReply, ValueError) as e:
+                except Exception as e:  # noqa: BLE001 - untrusted bytes: whatever fails, the reply is not used
                     rec["status"] = "rejected"
-                    rec["error"] = str(e)
-                    log.warning("round %d: rejected reply of client %d: %s", plan.round, cid, e)
+                    rec["error"] = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+                    log.warning("round %d: rejected reply of client %d: %s", plan.round, cid, rec["error"])
                 else:
                     rec["status"] = "ok"
                     rec.update({k: v for k, v in reply.scalars.items() if isinstance(v, (int, float))})
@@ -73,7 +77,7 @@ class RoundDriver:
         need = self.cfg.federation.min_clients
         if len(accepted) < need:
             raise RoundFailed(f"round {plan.round}: {len(accepted)} valid replies, "
-                              f"federation.min_clients is {need}")
+                              f"federation.min_clients is {need}", records)
         return self.method.aggregate(state, plan.round, accepted), records
 
     def plan_evaluate(self, state: Message, round: int) -> dict[int, bytes]:
@@ -93,12 +97,14 @@ class RoundDriver:
         return glob, {c: m | {"bytes_up": len(encode(Message(scalars=m), self.method.wire))}
                       for c, m in sorted(local.items())}
 
-    @staticmethod
-    def finish_evaluate(round: int, results: dict[int, bytes | BaseException]) -> dict[int, dict[str, Any]]:
+    def finish_evaluate(self, round: int, results: dict[int, bytes | BaseException]) -> dict[int, dict[str, Any]]:
+        """Each client's local metrics; a failed client or an undecodable reply is logged and left out."""
         out = {}
         for cid, res in sorted(results.items()):
-            if isinstance(res, BaseException):
-                log.warning("round %d: evaluation on client %d failed: %s", round, cid, res)
-                continue
-            out[cid] = decode(res).scalars | {"bytes_up": len(res)}
+            try:
+                if isinstance(res, BaseException):
+                    raise res
+                out[cid] = validate_metrics(decode(res, self.cfg.federation.max_message_bytes)) | {"bytes_up": len(res)}
+            except Exception as e:  # noqa: BLE001 - a client's evaluation never stops the run
+                log.warning("round %d: evaluation on client %d failed: %s", round, cid, e)
         return out

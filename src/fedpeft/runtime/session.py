@@ -25,7 +25,7 @@ from fedpeft.config import ExperimentConfig, dump_config
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.resolve import resolve
-from fedpeft.runtime.server import RoundDriver
+from fedpeft.runtime.server import RoundDriver, RoundFailed
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import build_summary, round_record
 
@@ -66,14 +66,19 @@ class Transport(Protocol):
         ...
 
 
-def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> RunDir:
-    """Create (or check, on resume) the run directory and write config.yaml."""
+@contextlib.contextmanager
+def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterator[RunDir]:
+    """Lock the run directory for this process, create it (or check it, on resume) and write config.yaml."""
     run = RunDir(out_dir)
-    config_yaml = dump_config(cfg)
-    if resume and run.saved_config() not in (None, config_yaml) and not _same_config(run.saved_config(), cfg):
-        raise ValueError(f"{out_dir}/config.yaml differs from the config given to --resume")
-    run.prepare(config_yaml, resume)
-    return run
+    run.lock()
+    try:
+        config_yaml = dump_config(cfg)
+        if resume and run.saved_config() not in (None, config_yaml) and not _same_config(run.saved_config(), cfg):
+            raise ValueError(f"{out_dir}/config.yaml differs from the config given to --resume")
+        run.prepare(config_yaml, resume)
+        yield run
+    finally:
+        run.unlock()
 
 
 def _same_config(saved: str, cfg: ExperimentConfig) -> bool:
@@ -148,11 +153,15 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
             return once[0], once[1], eval_down
         return method.evaluate_global(state), driver.finish_evaluate(rnd, transport.evaluate(rnd, eval_msgs)), eval_down
 
-    def score(rnd: int, clients: list[dict[str, Any]], t0: float, scored: bool = True) -> dict[str, Any]:
-        """Evaluate ``state`` (globally, and on the clients when asked), append the round's record."""
+    def score(rnd: int, clients: list[dict[str, Any]], t0: float, scored: bool = True,
+              failed: str | None = None) -> dict[str, Any]:
+        """Evaluate ``state`` (globally, and on the clients when asked), append the round's record (with
+        ``round_failed``, the reason, for a round that was skipped)."""
         global_metrics, local_eval, eval_down = evaluate(rnd) if scored else ({"accuracy": None, "loss": None}, {}, 0)
         rec = round_record(rnd, global_metrics, clients, local_eval, eval_down, time.perf_counter() - t0,
                            exp.non_participants)
+        if failed is not None:
+            rec["round_failed"] = failed
         rec.update(transport.round_extra())
         rec["server"] = method.diagnostics(state)
         vectors = method.vectors(state) if hasattr(method, "vectors") else {}
@@ -170,8 +179,15 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         t0 = time.perf_counter()
         plan = driver.plan_round(state, rnd)
         results = transport.train(rnd, plan.instructions)
-        state, clients = driver.finish_round(state, plan, results)
-        rec = score(rnd, clients, t0, rnd % cfg.evaluation.every == 0 or rnd == cfg.federation.rounds)
+        try:
+            state, clients = driver.finish_round(state, plan, results)
+            failed = None
+        except RoundFailed as e:  # nothing was applied: the server state is that of the round before
+            if cfg.federation.on_round_failure == "stop":
+                raise
+            log.warning("%s: round skipped, server state unchanged (federation.on_round_failure=skip)", e)
+            clients, failed = e.records, str(e)
+        rec = score(rnd, clients, t0, rnd % cfg.evaluation.every == 0 or rnd == cfg.federation.rounds, failed)
         if rnd % cfg.runtime.checkpoint_every == 0 or rnd == cfg.federation.rounds:
             run.save_checkpoint(rnd, state, transport.client_states())
             transport.checkpointed(rnd)
@@ -186,6 +202,7 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         log.error("backbone weights changed during the run")
     summary = build_summary(cfg, records, trainable, exp.backbone.num_parameters, {
         "backbone_unchanged": unchanged,
+        "failed_rounds": [r["round"] for r in records if "round_failed" in r],
         "label_histograms": exp.label_histograms(),  # per client, train and test (majority baselines)
         **payload_split(method, state, driver),
         **transport.summary_extra(),

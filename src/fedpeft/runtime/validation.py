@@ -32,13 +32,30 @@ def validate_reply(reply: Message, schema: ReplySchema) -> None:
         if key not in reply.scalars:
             raise InvalidReply(f"scalar '{key}' is missing")
         v = reply.scalars[key]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        if not (_number(v) and math.isfinite(v)):
             raise InvalidReply(f"scalar '{key}' is not a finite number: {v!r}")
     n = reply.scalars.get("num_examples")
-    if n is not None and (int(n) != n or n <= 0):
+    if n is not None and not (_number(n) and int(n) == n and n > 0):
         raise InvalidReply(f"num_examples must be a positive integer, got {n!r}")
     if schema.check is not None:
         try:
             schema.check(reply)
         except ValueError as e:
             raise InvalidReply(str(e)) from None
+
+
+def validate_metrics(reply: Message) -> dict[str, float]:
+    """An evaluation reply's metrics: no tensors, every value a number or None (``num_examples`` >= 0)."""
+    if reply.tensors:
+        raise InvalidReply(f"an evaluation reply carries no tensors, got {sorted(reply.tensors)}")
+    bad = sorted(k for k, v in reply.scalars.items() if v is not None and not _number(v))
+    if bad:
+        raise InvalidReply(f"metrics {bad} are not numbers")
+    n = reply.scalars.get("num_examples", 0)
+    if not (n is not None and int(n) == n and n >= 0):
+        raise InvalidReply(f"num_examples must be a non-negative integer, got {n!r}")
+    return dict(reply.scalars)
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -3,16 +3,26 @@
 Checkpoints hold the server state, every client's persistent state and the last finished round,
 as safetensors (tensors) + JSON (scalars); they are written to a temporary folder and renamed, so
 a crash never leaves a half-written checkpoint. Resuming truncates ``metrics.jsonl`` to the
-checkpointed round, so the finished file equals that of an uninterrupted run.
+checkpointed round (a line cut short by a crash included), so the finished file equals that of an uninterrupted
+run. ``summary.json`` is written whole or not at all. While a run writes its directory it holds an exclusive lock
+on ``.lock`` (``fcntl.flock``, released by the OS when the process dies), so a second process cannot write it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+
+class RunDirLocked(RuntimeError):
+    """Another process is writing this run directory."""
 
 from fedpeft.comm.codec import Message, WireSpec, decode, encode
 
@@ -30,6 +40,31 @@ class RunDir:
         self.root = Path(root)
         self.metrics_path = self.root / "metrics.jsonl"
         self.ckpt = self.root / "checkpoint"
+        self._lock: IO[str] | None = None
+
+    def lock(self) -> None:
+        """Take the directory's write lock (created with the directory); RunDirLocked if another process holds it."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        f = (self.root / ".lock").open("a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise RunDirLocked(f"{self.root} is being written by another process (pid {holder}); wait for it or "
+                               "use another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._lock = f
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
 
     def prepare(self, config_yaml: str, resume: bool) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -50,9 +85,15 @@ class RunDir:
             os.fsync(f.fileno())
 
     def read_metrics(self) -> list[dict[str, Any]]:
+        """The round records; a last line cut short by a crash (no newline yet) is left out, with a warning."""
         if not self.metrics_path.exists():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        text = self.metrics_path.read_text()
+        lines = text.splitlines()
+        if lines and not text.endswith("\n"):
+            log.warning("%s: the last line was cut short (a crash while it was written); ignored", self.metrics_path)
+            lines = lines[:-1]
+        return [json.loads(line) for line in lines if line.strip()]
 
     def truncate_metrics(self, last_round: int) -> list[dict[str, Any]]:
         kept = [r for r in self.read_metrics() if r["round"] <= last_round]
@@ -92,4 +133,7 @@ class RunDir:
         return int(meta.pop("round")), server, clients, meta
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        (self.root / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        """summary.json marks a finished run, so it is written to a temporary file and renamed: whole or absent."""
+        tmp = self.root / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        tmp.replace(self.root / "summary.json")

@@ -30,6 +30,7 @@ from fedpeft.build import Built, build
 from fedpeft.data.paths import ENV_VAR as DATA_ENV_VAR
 from fedpeft.resolve import resolve
 from fedpeft.runtime.client import handle_evaluate, handle_train
+from fedpeft.runtime.faults import inject
 from fedpeft.runtime.flower.client_state import ClientStateStore
 from fedpeft.runtime.flower.records import CLIENTS, NODE, Instruction, Reply
 
@@ -96,6 +97,7 @@ def _serve(msg: Message, context: Context, train: bool) -> Message:
         ctx.state = store.load(cid, rnd - 1 if train else rnd)
         try:
             if train:
+                inject(b.cfg.faults, b.cfg.seed, rnd, cid)
                 reply.payloads[cid] = handle_train(b.method, ins.payloads[cid], ctx)
                 store.save(cid, rnd, ctx.state)
                 store.prune(cid, int(ins.settings.get("checkpointed_round", 0)))

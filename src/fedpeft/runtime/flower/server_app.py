@@ -34,14 +34,16 @@ def run_key(config_yaml: str, out_dir: Path) -> str:
 def serve(grid: Grid, cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
           stop_after_round: int | None = None, round_timeout: float | None = None, join_timeout: float = 300.0,
           rejoin_wait: float = 0.0) -> dict[str, Any]:
-    """Run (or resume) the experiment with clients reached through ``grid``; returns the summary."""
-    run = open_run(cfg, out_dir, resume)
+    """Run (or resume) the experiment with clients reached through ``grid``; returns the summary.
+    ``round_timeout`` (seconds) overrides ``federation.round_timeout``."""
     config_yaml = dump_config(cfg)
-    settings = {"config_yaml": config_yaml, "run_key": run_key(config_yaml, run.root),
-                "state_dir": str((run.root / "client_state").resolve()), "checkpointed_round": 0}
-    with log_to(run.root / "run.log"), progress(cfg.runtime.progress) as bar:
+    with open_run(cfg, out_dir, resume) as run, log_to(run.root / "run.log"), \
+            progress(cfg.runtime.progress) as bar:
+        settings = {"config_yaml": config_yaml, "run_key": run_key(config_yaml, run.root),
+                    "state_dir": str((run.root / "client_state").resolve()), "checkpointed_round": 0}
         b = build(cfg)
-        transport = FlowerTransport(grid, settings, cfg.federation.num_clients, round_timeout=round_timeout,
+        transport = FlowerTransport(grid, settings, cfg.federation.num_clients,
+                                    round_timeout=round_timeout or cfg.federation.round_timeout,
                                     join_timeout=join_timeout, rejoin_wait=rejoin_wait)
         return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar)
 

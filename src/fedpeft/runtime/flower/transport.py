@@ -68,7 +68,11 @@ class FlowerTransport:
             if isinstance(reply, BaseException) or reply.has_error():
                 continue
             nid = reply.metadata.src_node_id
-            ids = [int(i) for i in reply.content.config_records[CLIENTS]["client_ids"]]
+            try:
+                ids = [int(i) for i in reply.content.config_records[CLIENTS]["client_ids"]]
+            except Exception as e:  # noqa: BLE001 - a malformed discovery reply: the node stays unknown
+                log.warning("node %d: malformed discovery reply (%s: %s); ignored", nid, type(e).__name__, e)
+                continue
             self.known.add(nid)
             for cid in ids:
                 if cid >= self.num_clients:
@@ -104,7 +108,9 @@ class FlowerTransport:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 for mid, nid in list(pending.items()):
-                    out[nid] = NodeFailure(f"node {nid}: no reply within {timeout:.0f} s")
+                    out[nid] = NodeFailure(f"node {nid}: no reply within {timeout:g} s")
+                    log.warning("node %d: no reply within %g s; a later reply to message %s is ignored", nid,
+                                timeout, mid)
                 break
             if now - last_alive_check > 2.0:
                 alive = set(self.grid.get_node_ids())
@@ -147,10 +153,22 @@ class FlowerTransport:
                     results[cid] = why
                 continue
             self._round_bytes[f"{kind}_up"] += count_bytes(reply.content)
-            rep = Reply.from_content(reply.content)
+            try:
+                rep = _checked_reply(reply, nid, round)
+            except ValueError as e:
+                log.warning("round %d: rejected the %s reply of node %d (clients %s): %s", round, kind, nid, clients, e)
+                self._failures.append({"round": round, "node": nid, "kind": kind, "clients": clients,
+                                       "error": str(e)})
+                for cid in clients:
+                    results[cid] = e
+                continue
+            unasked = sorted(set(rep.payloads) - set(clients))
+            if unasked:
+                log.warning("round %d: node %d sent replies for clients %s it was not asked for; ignored", round,
+                            nid, unasked)
             pid = str(int(rep.node.get("pid", 0)))
             self.processes[pid] = {k: int(v) for k, v in rep.node.items()}
-            self._round_procs[pid] = self.processes[pid]["backbone_loads"]
+            self._round_procs[pid] = self.processes[pid].get("backbone_loads", 0)
             for cid in clients:
                 if cid in rep.payloads:
                     results[cid] = rep.payloads[cid]
@@ -183,8 +201,21 @@ class FlowerTransport:
                 "model_loads": dict(sorted(self._round_procs.items()))}
 
     def summary_extra(self) -> dict[str, Any]:
-        loads = [v["backbone_loads"] for v in self.processes.values()]
+        loads = [v.get("backbone_loads", 0) for v in self.processes.values()]
         return {"flower": {"client_processes": len(self.processes),
                            "max_backbone_loads_per_process": max(loads, default=0),
                            "processes": dict(sorted(self.processes.items())),
                            "node_failures": self._failures}}
+
+
+def _checked_reply(reply: Message, nid: int, round: int) -> Reply:
+    """The fedpeft reply inside a node's Flower reply, if it answers this round's message from that node (Flower
+    copies the instruction's ``group_id``, the round, into its reply); ValueError naming what does not fit."""
+    if reply.metadata.src_node_id != nid:
+        raise ValueError(f"reply from node {reply.metadata.src_node_id}, expected node {nid}")
+    if reply.metadata.group_id != str(round):
+        raise ValueError(f"reply for round {reply.metadata.group_id!r}, expected round {round}")
+    try:
+        return Reply.from_content(reply.content)
+    except Exception as e:  # noqa: BLE001 - a malformed record is a rejected reply, never a crash
+        raise ValueError(f"malformed reply records: {type(e).__name__}: {e}") from None
