@@ -60,7 +60,7 @@ def main() -> None:
                 for k in range(args.nodes):
                     fed.start_node(f"node{k}", list(range(k, n, args.nodes)))
                 t0 = time.perf_counter()  # from submission, SuperLink/SuperNodes already up
-                s = run_flower(cfg, out, superlink=fed.address)
+                s = run_flower(cfg, out, superlink=fed.address, insecure=True)
         rows.append(_row(name, time.perf_counter() - t0, s, out))
         print(json.dumps(rows[-1]), flush=True)
     cmd = " ".join(["python benchmarks/flower_runtime.py", args.config, *[f"--set {x}" for x in args.set],

@@ -83,3 +83,38 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     assert not (cut / "summary.json").exists()
     subprocess.run(cmd + ["--out", str(cut), "--resume"], check=True, env=env, capture_output=True)
     assert _strip(RunDir(cut).read_metrics()) == _strip(RunDir(tmp_path / "full").read_metrics())
+
+
+def test_flower_commands_need_tls_or_an_explicit_insecure(tmp_path):
+    runner = CliRunner()
+    for args in (["flower", "superlink"], ["flower", "supernode", "--superlink", "a:1", "--partitions", "0",
+                                           "--state-dir", str(tmp_path)],
+                 ["flower", "run", "--out", str(tmp_path / "r")], ["flower", "register", str(tmp_path / "k.pub")]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2 and "--insecure" in res.output, (args, res.output)
+    res = runner.invoke(app, ["flower", "superlink", "--ssl-certfile", str(tmp_path / "x.pem")])
+    assert res.exit_code == 2 and "needs all of" in res.output
+    res = runner.invoke(app, ["flower", "supernode", "--superlink", "a:1", "--partitions", "0", "--state-dir",
+                              str(tmp_path), "--root-certificates", str(tmp_path / "missing.crt")])
+    assert res.exit_code == 2 and "no such file" in res.output
+
+
+def test_flower_certs_and_node_keys_load_as_flower_loads_them(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+
+    assert CliRunner().invoke(app, ["flower", "certs", "--out", str(tmp_path), "--host", "10.0.0.5",
+                                    "--host", "link.example"]).exit_code == 0
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(v) for v in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"]
+    assert sans.get_values_for_type(x509.DNSName) == ["link.example"]
+    assert (tmp_path / "server.key").stat().st_mode & 0o077 == 0
+    assert CliRunner().invoke(app, ["flower", "node-key", "--out", str(tmp_path), "--name", "n0"]).exit_code == 0
+    private = load_ssh_private_key((tmp_path / "n0").read_bytes(), None)
+    public = load_ssh_public_key((tmp_path / "n0.pub").read_bytes())
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
+    assert private.public_key().public_numbers() == public.public_numbers()

@@ -223,7 +223,7 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
         fed.start_superlink()
         fed.start_node("node0", [0])
         fed.start_node("node1", [1])
-        summary = run_flower(cfg, tmp_path / "run", superlink=fed.address, timeout=420)
+        summary = run_flower(cfg, tmp_path / "run", superlink=fed.address, timeout=420, insecure=True)
         assert all(p.alive() for p in fed.nodes.values())
     records = RunDir(tmp_path / "run").read_metrics()
     assert [r["round"] for r in records] == [1, 2]
@@ -256,7 +256,7 @@ def test_killed_supernode_round_completes_and_node_rejoins(tmp_path):
             fed.start_node(f"node{i}", [i])
         result: dict = {}
         t = threading.Thread(target=lambda: result.update(
-            s=run_flower(cfg, run_dir, superlink=fed.address, rejoin_wait=120.0, timeout=540)), daemon=True)
+            s=run_flower(cfg, run_dir, superlink=fed.address, rejoin_wait=120.0, timeout=540, insecure=True)), daemon=True)
         t.start()
         try:
             _wait_for(run_dir / "run.log", "round 1: accuracy", 300)
@@ -278,3 +278,30 @@ def test_killed_supernode_round_completes_and_node_rejoins(tmp_path):
     log = (run_dir / "run.log").read_text()
     assert "SuperNode" in log and "client 2 failed" in log
     assert result["s"]["flower"]["node_failures"][0]["clients"] == [2]
+
+
+@pytest.mark.slow
+def test_deployment_over_tls_admits_only_registered_supernodes(tmp_path):
+    """TLS with certificates made here and SuperNode authentication: the two registered nodes run the federation;
+    a third node with an unregistered key (claiming client 1) is refused by the SuperLink and never serves."""
+    from fedpeft.runtime.flower.deployment import run_flower
+    from fedpeft.runtime.flower.local import LocalFederation
+    from fedpeft.runtime.flower.security import make_certificates, make_node_key
+
+    certs = make_certificates(tmp_path / "certs")
+    keys = {n: make_node_key(tmp_path / "keys", n) for n in ("node0", "node1", "intruder")}
+    cfg = _cfg(federation__num_clients=2, federation__rounds=1, evaluation__local=False)
+    with LocalFederation(tmp_path / "fed", certs=certs, node_auth=True) as fed:
+        fed.start_superlink()
+        for n in ("node0", "node1"):
+            fed.register(keys[n].public)
+        fed.start_node("intruder", [1], auth_key=keys["intruder"].private)
+        fed.start_node("node0", [0], auth_key=keys["node0"].private)
+        fed.start_node("node1", [1], auth_key=keys["node1"].private)
+        summary = run_flower(cfg, tmp_path / "run", superlink=fed.address, timeout=420, root_cert=certs.ca_cert)
+        intruder_log = (tmp_path / "fed" / "intruder.log").read_text()
+        intruder_alive = fed.nodes["intruder"].alive()
+    records = RunDir(tmp_path / "run").read_metrics()
+    assert records[0]["num_ok"] == 2 and summary["flower"]["client_processes"] == 2
+    assert "Failed to activate SuperNode" in intruder_log and not intruder_alive  # Flower exit code 305
+    assert "served train" not in intruder_log

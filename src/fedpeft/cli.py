@@ -1,4 +1,4 @@
-"""Command line: ``fedpeft run | export | predict | report | compare | methods | components | tasks | models | flower (superlink | supernode | run)``."""
+"""Command line: ``fedpeft run | export | predict | report | compare | methods | components | tasks | models | flower (superlink | supernode | certs | node-key | register | run)``."""
 
 from __future__ import annotations
 
@@ -239,19 +239,49 @@ flower_app = typer.Typer(no_args_is_help=True, help="Run on Flower: a SuperLink,
 app.add_typer(flower_app, name="flower")
 
 
+_INSECURE = typer.Option("--insecure", help="no TLS: traffic in plain text (trusted networks only; explicit on purpose)")
+_ROOT_CERT = typer.Option(help="CA certificate that signed the SuperLink's (from `fedpeft flower certs`): TLS")
+
+
+def _exec(cmd: list[str]) -> None:
+    import os
+
+    from fedpeft.runtime.flower.local import flower_env
+
+    console.print(" ".join(cmd))
+    os.execve(cmd[0], cmd, flower_env())
+
+
+def _need_tls_or_insecure(tls: bool, insecure: bool, what: str) -> None:
+    """Exactly one of TLS and --insecure: plain text is never a default."""
+    if tls == insecure:
+        files = "--ssl-certfile, --ssl-keyfile, --ssl-ca-certfile" if what == "superlink" else "--root-certificates"
+        _fail(f"{what}: give the TLS files ({files}) or --insecure, not both and not neither")
+
+
 @flower_app.command("superlink")
 def flower_superlink(
     host: Annotated[str, typer.Option(help="address to bind (0.0.0.0 to accept other machines)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="one port for Flower's Fleet, Control and Runtime APIs")] = 9093,
+    ssl_certfile: Annotated[Optional[Path], typer.Option(help="the SuperLink's TLS certificate (server.pem)")] = None,
+    ssl_keyfile: Annotated[Optional[Path], typer.Option(help="its private key (server.key)")] = None,
+    ssl_ca_certfile: Annotated[Optional[Path], typer.Option(help="the CA certificate that signed it (ca.crt)")] = None,
+    enable_supernode_auth: Annotated[bool, typer.Option(
+        "--enable-supernode-auth", help="admit only SuperNodes registered with `fedpeft flower register`")] = False,
+    insecure: Annotated[bool, _INSECURE] = False,
 ) -> None:
-    """Start a Flower SuperLink (insecure, no TLS) in the foreground."""
-    import os
+    """Start a Flower SuperLink in the foreground: TLS with the three files, or --insecure."""
+    from fedpeft.runtime.flower.local import superlink_cmd
+    from fedpeft.runtime.flower.security import Certificates
 
-    from fedpeft.runtime.flower.local import flower_env, superlink_cmd
-
-    cmd = superlink_cmd(host, port)
-    console.print(" ".join(cmd))
-    os.execve(cmd[0], cmd, flower_env())
+    files = (ssl_ca_certfile, ssl_certfile, ssl_keyfile)
+    if any(files) and not all(files):
+        _fail("superlink: TLS needs all of --ssl-certfile, --ssl-keyfile and --ssl-ca-certfile")
+    _need_tls_or_insecure(all(files), insecure, "superlink")
+    missing = [str(f) for f in files if f is not None and not f.is_file()]
+    if missing:
+        _fail(f"superlink: no such file {', '.join(missing)}")
+    _exec(superlink_cmd(host, port, Certificates(*files) if all(files) else None, enable_supernode_auth))
 
 
 @flower_app.command("supernode")
@@ -261,16 +291,66 @@ def flower_supernode(
     state_dir: Annotated[Path, typer.Option(help="where this node keeps its clients' persistent state")],
     data_dir: Annotated[Optional[Path], typer.Option(help="folder holding the task data (FEDPEFT_DATA_DIR)")] = None,
     port: Annotated[int, typer.Option(help="this node's local ClientApp runtime API port")] = 9094,
+    root_certificates: Annotated[Optional[Path], _ROOT_CERT] = None,
+    auth_key: Annotated[Optional[Path], typer.Option(help="this node's private key (`fedpeft flower node-key`), "
+                                                          "for a SuperLink with --enable-supernode-auth")] = None,
+    insecure: Annotated[bool, _INSECURE] = False,
 ) -> None:
-    """Start a Flower SuperNode owning some fedpeft clients, in the foreground."""
-    import os
+    """Start a Flower SuperNode owning some fedpeft clients, in the foreground: TLS with --root-certificates, or
+    --insecure."""
+    from fedpeft.runtime.flower.local import supernode_cmd
 
-    from fedpeft.runtime.flower.local import flower_env, supernode_cmd
-
+    _need_tls_or_insecure(root_certificates is not None, insecure, "supernode")
+    missing = [str(f) for f in (root_certificates, auth_key) if f is not None and not f.is_file()]
+    if missing:
+        _fail(f"supernode: no such file {', '.join(missing)}")
     ids = [int(x) for x in partitions.split(",") if x.strip()]
-    cmd = supernode_cmd(superlink, ids, port, "127.0.0.1", state_dir, data_dir)
-    console.print(" ".join(cmd))
-    os.execve(cmd[0], cmd, flower_env())
+    _exec(supernode_cmd(superlink, ids, port, "127.0.0.1", state_dir, data_dir, root_certificates, auth_key))
+
+
+@flower_app.command("certs")
+def flower_certs(
+    out: Annotated[Path, typer.Option(help="folder for ca.crt, server.pem, server.key")],
+    host: Annotated[list[str], typer.Option(help="the SuperLink's address as the nodes reach it (repeatable)")] = [
+        "127.0.0.1", "localhost"],
+) -> None:
+    """Make a CA and a SuperLink TLS certificate signed by it (give ca.crt to every SuperNode)."""
+    from fedpeft.runtime.flower.security import make_certificates
+
+    c = make_certificates(out, tuple(host))
+    console.print(f"CA {c.ca_cert}\nSuperLink certificate {c.server_cert} (for {', '.join(host)})\nkey {c.server_key}")
+
+
+@flower_app.command("node-key")
+def flower_node_key(
+    out: Annotated[Path, typer.Option(help="folder for the key pair")],
+    name: Annotated[str, typer.Option(help="file name of the private key (the public one gets .pub)")],
+) -> None:
+    """Make a SuperNode's authentication key pair (EC P-384, OpenSSH format)."""
+    from fedpeft.runtime.flower.security import make_node_key
+
+    k = make_node_key(out, name)
+    console.print(f"private {k.private} (keep on the node)\npublic {k.public} (register it)")
+
+
+@flower_app.command("register")
+def flower_register(
+    public_key: Annotated[Path, typer.Argument(help="a SuperNode's public key (.pub)")],
+    superlink: Annotated[str, typer.Option(help="SuperLink address host:port")] = "127.0.0.1:9093",
+    root_certificates: Annotated[Optional[Path], _ROOT_CERT] = None,
+    insecure: Annotated[bool, _INSECURE] = False,
+) -> None:
+    """Register a SuperNode's public key with a SuperLink started with --enable-supernode-auth."""
+    import tempfile
+
+    from fedpeft.runtime.flower.local import register_node
+
+    _need_tls_or_insecure(root_certificates is not None, insecure, "register")
+    with tempfile.TemporaryDirectory() as home:
+        try:
+            console.print(register_node(public_key, superlink, Path(home), root_certificates))
+        except RuntimeError as e:
+            _fail(str(e))
 
 
 @flower_app.command("run")
@@ -280,11 +360,14 @@ def flower_run(
     set_: Annotated[list[str], typer.Option("--set", help="override a key, e.g. federation.rounds=2")] = [],
     out: Annotated[Optional[Path], typer.Option(help="run directory on the SuperLink machine")] = None,
     resume: Annotated[bool, typer.Option(help="continue from the last checkpoint in --out")] = False,
-    round_timeout: Annotated[float, typer.Option(help="seconds to wait for a round's replies (0: federation.round_timeout, "
-                                                           "unset there: no limit)")] = 0.0,
+    round_timeout: Annotated[float, typer.Option(help="seconds to wait for a round's replies (0: "
+                                                      "federation.round_timeout, unset there: no limit)")] = 0.0,
     rejoin_wait: Annotated[float, typer.Option(help="seconds a round waits for missing clients' nodes")] = 0.0,
+    root_certificates: Annotated[Optional[Path], _ROOT_CERT] = None,
+    insecure: Annotated[bool, _INSECURE] = False,
 ) -> None:
-    """Submit an experiment to a SuperLink with `flwr run` and wait for it (runtime.name=flower)."""
+    """Submit an experiment to a SuperLink with `flwr run` and wait for it (runtime.name=flower): TLS with
+    --root-certificates, or --insecure."""
     from fedpeft.config import ConfigError
     from fedpeft.resolve import load_config
     from fedpeft.runtime.flower.deployment import run_flower
@@ -296,8 +379,8 @@ def flower_run(
     out_dir = out or Path("runs") / (cfg.name or f"{cfg.method.name}-{cfg.task.name}-{cfg.model.name}-s{cfg.seed}")
     try:
         summary = run_flower(cfg, out_dir, resume=resume, superlink=superlink, round_timeout=round_timeout or None,
-                             rejoin_wait=rejoin_wait)
-    except (FileExistsError, RuntimeError, ValueError) as e:
+                             rejoin_wait=rejoin_wait, root_cert=root_certificates, insecure=insecure)
+    except (FileExistsError, FileNotFoundError, RuntimeError, ValueError) as e:
         _fail(str(e))
     _print_table(out_dir, summary)
 

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from fedpeft.config import ExperimentConfig, dump_config
-from fedpeft.runtime.flower.local import BIN, flower_env
+from fedpeft.runtime.flower.local import BIN, flower_env, flwr_home
 
 SUPERLINK_ENV = "FEDPEFT_SUPERLINK"
+ROOT_CERT_ENV = "FEDPEFT_ROOT_CERTIFICATES"
+INSECURE_ENV = "FEDPEFT_INSECURE"
 DEFAULT_SUPERLINK = "127.0.0.1:9093"
 
 _PYPROJECT = """\
@@ -59,26 +61,34 @@ __all__ = ["client_app", "server_app"]
 '''
 
 
-def write_app(app_dir: Path, superlink: str) -> Path:
-    """Write the Flower app directory and the ``flwr`` CLI connection config; returns FLWR_HOME."""
+def write_app(app_dir: Path, superlink: str, root_cert: str | Path | None = None) -> Path:
+    """Write the Flower app directory and the ``flwr`` CLI connection config (TLS with ``root_cert``, else
+    insecure); returns FLWR_HOME."""
     app_dir.mkdir(parents=True, exist_ok=True)
     (app_dir / "pyproject.toml").write_text(_PYPROJECT)
     (app_dir / "fedpeft_flower_app.py").write_text(_MODULE)
-    home = app_dir / ".flwr"
-    home.mkdir(exist_ok=True)
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "fedpeft"\n\n[superlink.fedpeft]\naddress = "{superlink}"\ninsecure = true\n')
-    return home
+    return flwr_home(app_dir / ".flwr", superlink, root_cert)
 
 
 def run_flower(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False, superlink: str | None = None,
                round_timeout: float | None = None, join_timeout: float = 300.0, rejoin_wait: float = 0.0,
-               timeout: float | None = None) -> dict[str, Any]:
-    """Submit the run to the SuperLink at ``superlink`` (default ``$FEDPEFT_SUPERLINK``) and wait for it."""
+               timeout: float | None = None, root_cert: str | Path | None = None,
+               insecure: bool = False) -> dict[str, Any]:
+    """Submit the run to the SuperLink at ``superlink`` (default ``$FEDPEFT_SUPERLINK``) and wait for it: over TLS
+    verified against ``root_cert`` (default ``$FEDPEFT_ROOT_CERTIFICATES``), or in plain text only when asked
+    (``insecure``, or ``$FEDPEFT_INSECURE=1``)."""
     import json
 
     cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"name": "flower"})})
     superlink = superlink or os.environ.get(SUPERLINK_ENV, DEFAULT_SUPERLINK)
+    root_cert = root_cert or os.environ.get(ROOT_CERT_ENV) or None
+    insecure = insecure or os.environ.get(INSECURE_ENV) == "1"
+    if root_cert is None and not insecure:
+        raise ValueError(f"the connection to the SuperLink {superlink} needs TLS: give its CA certificate "
+                         f"(--root-certificates or ${ROOT_CERT_ENV}), or --insecure (${INSECURE_ENV}=1) to send the "
+                         "run in plain text")
+    if root_cert is not None and not Path(root_cert).is_file():
+        raise FileNotFoundError(f"--root-certificates: no such file {root_cert}")
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if not resume and (out / "metrics.jsonl").exists():
@@ -86,7 +96,7 @@ def run_flower(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
     summary = out / "summary.json"
     summary.unlink(missing_ok=True)  # success is judged by the ServerApp writing it anew
     app = out / "flower_app"
-    home = write_app(app, superlink)
+    home = write_app(app, superlink, root_cert)
     submitted = app / "experiment.yaml"
     submitted.write_text(dump_config(cfg))
     run_config = (f"config='{submitted}' out='{out}' resume={'true' if resume else 'false'} "

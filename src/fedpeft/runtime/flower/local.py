@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedpeft.runtime.flower.security import Certificates
+
 BIN = Path(sys.executable).parent
 
 
@@ -82,8 +84,13 @@ def start(name: str, cmd: list[str], log: Path, cwd: Path | None = None) -> Proc
     return Proc(name, popen, log)
 
 
-def superlink_cmd(host: str, port: int) -> list[str]:
-    return [str(BIN / "flower-superlink"), "--insecure", "--host", host, "--port", str(port)]
+def superlink_cmd(host: str, port: int, certs: Certificates | None = None, node_auth: bool = False) -> list[str]:
+    """``flower-superlink`` on ``host:port``: TLS with ``certs`` (else ``--insecure``), and admitting only
+    registered SuperNodes with ``node_auth``."""
+    tls = (["--ssl-ca-certfile", str(certs.ca_cert), "--ssl-certfile", str(certs.server_cert),
+            "--ssl-keyfile", str(certs.server_key)] if certs is not None else ["--insecure"])
+    return [str(BIN / "flower-superlink"), *tls, *(["--enable-supernode-auth"] if node_auth else []),
+            "--host", host, "--port", str(port)]
 
 
 def node_config(partition_ids: list[int], state_dir: str | Path | None = None,
@@ -98,10 +105,35 @@ def node_config(partition_ids: list[int], state_dir: str | Path | None = None,
 
 
 def supernode_cmd(superlink: str, partition_ids: list[int], runtime_port: int, host: str = "127.0.0.1",
-                  state_dir: str | Path | None = None, data_dir: str | Path | None = None) -> list[str]:
-    return [str(BIN / "flower-supernode"), "--insecure", "--superlink", superlink,
+                  state_dir: str | Path | None = None, data_dir: str | Path | None = None,
+                  root_cert: str | Path | None = None, auth_key: str | Path | None = None) -> list[str]:
+    """``flower-supernode`` owning ``partition_ids``: verifying the SuperLink's certificate against ``root_cert``
+    (else ``--insecure``), authenticating with the private key ``auth_key`` when the SuperLink asks for it."""
+    tls = ["--root-certificates", str(root_cert)] if root_cert is not None else ["--insecure"]
+    auth = ["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []
+    return [str(BIN / "flower-supernode"), *tls, *auth, "--superlink", superlink,
             "--node-config", node_config(partition_ids, state_dir, data_dir),
             "--host", host, "--port", str(runtime_port)]
+
+
+def flwr_home(home: Path, superlink: str, root_cert: str | Path | None = None) -> Path:
+    """A ``FLWR_HOME`` whose ``config.toml`` points the ``flwr`` CLI at ``superlink`` (TLS with ``root_cert``)."""
+    home.mkdir(parents=True, exist_ok=True)
+    tls = f'root-certificates = "{Path(root_cert).resolve()}"' if root_cert is not None else "insecure = true"
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "fedpeft"\n\n[superlink.fedpeft]\naddress = "{superlink}"\n{tls}\n')
+    return home
+
+
+def register_node(public_key: str | Path, superlink: str, home: Path, root_cert: str | Path | None = None) -> str:
+    """Register a SuperNode's public key with the SuperLink (``flwr supernode register``); returns its output."""
+    flwr_home(home, superlink, root_cert)
+    res = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(public_key), "fedpeft"],
+                         capture_output=True, text=True, env=flower_env() | {"FLWR_HOME": str(home)}, timeout=120)
+    if res.returncode != 0:
+        raise RuntimeError(f"flwr supernode register {public_key} failed ({res.returncode}): "
+                           f"{(res.stdout + res.stderr).strip()[-500:]}")
+    return res.stdout
 
 
 @dataclass
@@ -111,6 +143,8 @@ class LocalFederation:
     root: Path
     host: str = "127.0.0.1"
     port: int = 0
+    certs: Certificates | None = None  # TLS (else insecure)
+    node_auth: bool = False  # admit only registered SuperNodes
     nodes: dict[str, Proc] = field(default_factory=dict)
     superlink: Proc | None = None
 
@@ -120,15 +154,24 @@ class LocalFederation:
 
     def start_superlink(self) -> None:
         self.port = self.port or free_port(self.host)
-        self.superlink = start("superlink", superlink_cmd(self.host, self.port), self.root / "superlink.log")
+        self.superlink = start("superlink", superlink_cmd(self.host, self.port, self.certs, self.node_auth),
+                               self.root / "superlink.log")
         wait_port(self.host, self.port)
 
+    @property
+    def root_cert(self) -> Path | None:
+        return self.certs.ca_cert if self.certs is not None else None
+
     def start_node(self, name: str, partition_ids: list[int], state_dir: Path | None = None,
-                   data_dir: Path | None = None) -> Proc:
+                   data_dir: Path | None = None, auth_key: Path | None = None) -> Proc:
         state_dir = state_dir or self.root / "state" / name
-        cmd = supernode_cmd(self.address, partition_ids, free_port(self.host), self.host, state_dir, data_dir)
+        cmd = supernode_cmd(self.address, partition_ids, free_port(self.host), self.host, state_dir, data_dir,
+                            self.root_cert, auth_key)
         self.nodes[name] = start(name, cmd, self.root / f"{name}.log")
         return self.nodes[name]
+
+    def register(self, public_key: Path) -> str:
+        return register_node(public_key, self.address, self.root / "flwr_home", self.root_cert)
 
     def stop(self) -> None:
         for p in list(self.nodes.values()):
