@@ -11,11 +11,12 @@ import torch
 from conftest import tiny_overrides
 
 from fedpeft.build import build_method
-from fedpeft.comm.codec import decode, encode
+from fedpeft.comm.codec import Message, decode, encode
 from fedpeft.comm.update import Update
 from fedpeft.experiment import build_experiment
 from fedpeft.methods import PRESETS
 from fedpeft.resolve import load_config
+from fedpeft.runtime.audit import FULL_MODEL_PRESETS, audit_reply
 from fedpeft.runtime.embedded import StopAfterRound, run_embedded
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import TIMING_FIELDS
@@ -91,26 +92,24 @@ def test_preset_contract(preset, model, tmp_path):
     assert _strip(RunDir(tmp_path / "cut").read_metrics()) == _strip(recs)
 
 
-FULL_MODEL = {"fedavg-full"}  # presets that train and exchange the backbone's own weights (the paper baseline)
-
-
 def audit_payloads(preset: str, exp, replies: dict[tuple[int, int], bytes]) -> None:
     """Every reply of a whole run (all valid: the server accepted each, so its tensors are exactly its schema's)
-    carries only numbers as scalars, far fewer values than the backbone has weights, no frozen backbone weight
-    and no text of the client's data."""
-    weights = dict(exp.backbone.model.named_parameters())
+    passes the payload audit: numbers as scalars, far fewer values than the backbone, no frozen weight, no text of
+    the client's data."""
     for (rnd, cid), data in replies.items():
-        msg = decode(data)
-        assert all(v is None or isinstance(v, (int, float, bool)) for v in msg.scalars.values()), msg.scalars
-        texts = {t for i in exp.train_parts[cid] for t in (exp.task.train[int(i)].text_a, exp.task.train[int(i)].text_b)
-                 if t and len(t) >= 8}
-        assert not any(t.encode() in data for t in texts), f"round {rnd}: client {cid}'s text in its reply"
-        if preset in FULL_MODEL:
-            continue
-        assert sum(t.numel() for t in msg.tensors.values()) < 0.1 * exp.backbone.num_parameters
-        for name, t in msg.tensors.items():
-            same = [w for w, p in weights.items() if p.shape == t.shape and torch.equal(p.to(t.dtype), t)]
-            assert not same, f"reply tensor '{name}' equals the frozen weight {same}"
+        assert audit_reply(data, exp, cid, preset in FULL_MODEL_PRESETS) == [], (rnd, cid)
+
+
+def test_the_payload_audit_finds_weights_text_and_non_numbers(tmp_path):
+    cfg = _cfg("fedprompt", "tiny-bert")
+    exp = build_experiment(cfg)
+    name, weight = next((n, p) for n, p in exp.backbone.model.named_parameters() if p.dim() == 2)
+    text = exp.task.train[int(exp.train_parts[1][0])].text_a
+    leaky = encode(Message({"w": weight.detach().clone()}, {"note": text, "num_examples": 3}))
+    found = audit_reply(leaky, exp, 1)
+    assert any(f"equals the frozen weight {name}" in p for p in found)
+    assert any("is a str" in p for p in found) and any("client's text" in p for p in found)
+    assert any("of the backbone" in p for p in audit_reply(encode(Message({"w": torch.zeros(10**6)})), exp, 1))
 
 
 @pytest.mark.parametrize("preset", PRESETS.names())

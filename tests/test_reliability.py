@@ -97,14 +97,18 @@ def test_a_reply_past_the_round_deadline_is_ignored_and_its_state_not_kept(tiny_
 # ---------------------------------------------------------------- fuzzed replies
 
 
-@pytest.fixture(scope="module")
-def round_one():
-    """A tiny FedPrompt round: the plan, every client's valid reply, and the state aggregated without client 0."""
+MESSAGE_KINDS = ("drop", "extra", "shape", "dtype", "nonfinite", "scalar", "no_scalar", "num_examples")
+BYTE_KINDS = ("truncate", "random", "length", "header", "oversize")
+
+
+def make_round_one(**extra):
+    """A tiny round (FedPrompt unless ``extra`` overrides say otherwise): the driver, state, plan, every client's
+    valid reply, the state aggregated without client 0, and the reply schema. Replies over 64 KiB are refused."""
     from conftest import tiny_overrides
 
     from fedpeft.resolve import load_config
 
-    cfg = load_config(None, tiny_overrides(federation__max_message_bytes=1 << 16))
+    cfg = load_config(None, tiny_overrides(federation__max_message_bytes=1 << 16, **extra))
     b = build(cfg)
     driver = RoundDriver(cfg, b.method)
     state = b.method.server_init()
@@ -118,18 +122,24 @@ def round_one():
     return driver, state, plan, valid, without0, b.method.reply_schema(state)
 
 
+@pytest.fixture(scope="module")
+def round_one():
+    return make_round_one()
+
+
 def _keep(msg: Message) -> WireSpec:
     return WireSpec("float32", tuple((k, str(v.dtype).removeprefix("torch.")) for k, v in msg.tensors.items()))
 
 
 @st.composite
-def bad_messages(draw, valid: Message, schema) -> Message:
-    """A decoded valid reply with one thing wrong in it."""
+def bad_messages(draw, valid: Message, schema, kind: str | None = None) -> Message:
+    """A decoded valid reply with one thing (of ``kind``, else any) wrong in it."""
     msg = Message({k: v.clone() for k, v in valid.tensors.items()}, dict(valid.scalars))
     name = draw(st.sampled_from(sorted(schema.tensors)))
     t = msg.tensors[name]
-    kind = draw(st.sampled_from(["drop", "extra", "shape", "dtype", "nonfinite", "scalar", "no_scalar",
-                                 "num_examples"]))
+    kind = kind or draw(st.sampled_from(MESSAGE_KINDS))
+    if kind == "nonfinite" and not t.is_floating_point():  # integer tensors (token indices) hold no NaN
+        kind = "dtype"
     if kind == "drop":
         del msg.tensors[name]
     elif kind == "extra":
@@ -161,10 +171,11 @@ def bad_messages(draw, valid: Message, schema) -> Message:
 
 
 @st.composite
-def bad_bytes(draw, data: bytes) -> bytes:
-    """Valid reply bytes broken at the byte level: truncated, random, a forged header length or header, oversized."""
+def bad_bytes(draw, data: bytes, kind: str | None = None) -> bytes:
+    """Valid reply bytes broken at the byte level (``kind``, else any): truncated, random, a forged header length
+    or header, oversized."""
     n = int.from_bytes(data[:8], "little")
-    kind = draw(st.sampled_from(["truncate", "random", "length", "header", "oversize"]))
+    kind = kind or draw(st.sampled_from(BYTE_KINDS))
     if kind == "truncate":
         return data[:draw(st.integers(0, len(data) - 1))]
     if kind == "random":
@@ -181,15 +192,22 @@ def bad_bytes(draw, data: bytes) -> bytes:
     return data + bytes(1 << 16)  # over federation.max_message_bytes = 64 KiB
 
 
-def _check_rejected(fixture, bad, caplog) -> None:
+def rejected(fixture, bad) -> tuple[bool, bool, str]:
+    """(rejected, left out of the aggregate, the logged reason) for client 0's reply ``bad`` next to the others'
+    valid replies; an exception out of ``finish_round`` (a server crash) propagates."""
     driver, state, plan, valid, without0, _ = fixture
+    new, records = driver.finish_round(state, plan, {**valid, 0: bad})
+    rec = next(r for r in records if r["client"] == 0)
+    left_out = all(torch.equal(new.tensors[k], without0.tensors[k]) for k in without0.tensors)
+    return rec["status"] == "rejected", left_out, rec.get("error", "")
+
+
+def _check_rejected(fixture, bad, caplog) -> None:
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fedpeft"):
-        new, records = driver.finish_round(state, plan, {**valid, 0: bad})
-    rec = next(r for r in records if r["client"] == 0)
-    assert rec["status"] == "rejected" and rec["error"]
-    assert f"rejected reply of client 0: {rec['error']}" in caplog.text
-    assert all(torch.equal(new.tensors[k], without0.tensors[k]) for k in without0.tensors)  # not averaged in
+        is_rejected, left_out, reason = rejected(fixture, bad)
+    assert is_rejected and reason and left_out
+    assert f"rejected reply of client 0: {reason}" in caplog.text
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
