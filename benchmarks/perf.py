@@ -19,11 +19,16 @@ range. Figures:
    from the transformer body's read row times the LM head (fedpeft) against the whole ``*ForCausalLM`` with
    full-vocabulary logits at every position, gathered afterwards (the old path, emulated here).
 
-Figures 2 (vectorised clients), 4 (scale in one process), 6 (distributed runs) and 7 (GPU) are rows marked "not
-measured yet".
+6. Distributed runs: whole FedPrompt runs on a many-client BBC federation (100 clients by default): Flower's
+   simulation (one Ray actor per core) against the embedded runtime with one client worker per core
+   (``runtime.client_workers``: forked processes sharing the backbone), and the single-process embedded run against
+   the same workers. Accuracies per round must agree across the three.
+
+Figures 2 (vectorised clients), 4 (scale in one process), 6c (one load per node per run in a Flower deployment)
+and 7 (GPU) are rows marked "not measured yet".
 
 Usage (the default size: ~20 minutes on 2 cores shared with two other niced jobs):
-    nice .venv/bin/python benchmarks/perf.py                       # figures 1, 3, 5 -> benchmarks/results/perf.md
+    nice .venv/bin/python benchmarks/perf.py                       # figures 1, 3, 5, 6 -> benchmarks/results/perf.md
     nice .venv/bin/python benchmarks/perf.py --figures 3 5 --reps 5
 """
 
@@ -35,6 +40,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +60,7 @@ from fedpeft.runtime.client import handle_train
 from fedpeft.runtime.embedded import InProcessTransport
 from fedpeft.runtime.server import RoundDriver
 from fedpeft.runtime.session import progress
+from fedpeft.tracking.rundir import RunDir
 from fedpeft.trainers.gradient import num_steps
 
 OUT = Path(__file__).parent / "results" / "perf.md"
@@ -67,8 +74,8 @@ NOT_YET = [
           "(`runtime.client_batch`)", "speedup, equal results"),
     ("4", "scale in one process: 10 -> 100 -> 1,000 clients with persistent state (RSS beyond the states, "
           "time per client-round)", "RSS growth < 10 %, flat time"),
-    ("6", "distributed: embedded vs Flower simulation on a 100-client workload (same cores); one backbone load "
-          "per node per run in deployment", ">= 1.0x Flower's speed"),
+    ("6c", "distributed: one backbone load per node per run in Flower deployment (a long-lived per-node worker)",
+     "1 load per node per run"),
     ("7", "GPU: figures 1-2 on the GPU, demo samples/s CPU vs GPU", "–"),
 ]
 
@@ -372,18 +379,59 @@ def verbalizer_figure(args) -> Figure:
 # ---------------------------------------------------------------- report
 
 
-def table(figures: list[Figure]) -> list[str]:
-    lines = ["| # | figure | ratio (median, range) | arms, median s | goal | status |", "|---|---|---|---|---|---|"]
-    for f in sorted(figures, key=lambda f: f.key):
+def figure_6(args) -> list[Figure]:
+    """Embedded with one client worker per core against Flower's simulation (one Ray actor per core) and against
+    the single-process embedded run, on the same many-client BBC workload; whole runs, records must agree."""
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.runtime.flower.simulation import run_flower_sim
+
+    cores = os.cpu_count() or 1
+    base = ["task.name=bbc", f"task.max_train={args.dist_train}", f"federation.num_clients={args.dist_clients}",
+            f"federation.rounds={args.dist_rounds}", "method.name=fedprompt", "runtime.threads=1",
+            "runtime.progress=false", "evaluation.report=false"]
+    arms = {"flower-sim": lambda out: run_flower_sim(load_config(None, base), out),
+            f"embedded x{cores}": lambda out: run_embedded(load_config(None, base + [
+                f"runtime.client_workers={cores}"]), out),
+            "embedded x1": lambda out: run_embedded(load_config(None, base), out)}
+    with tempfile.TemporaryDirectory() as tmp:
+        seconds = {name: [] for name in arms}
+        for r in range(args.dist_reps):
+            for name in (list(arms) if r % 2 == 0 else list(reversed(arms))):
+                seconds[name].append(clock(lambda: arms[name](Path(tmp) / f"{name}-{r}"))[0])
+        accs = {name: [x["accuracy"] for x in RunDir(Path(tmp) / f"{name}-0").read_metrics()] for name in arms}
+    same = len({tuple(a) for a in accs.values()}) == 1
+    note = (f"{args.dist_clients} clients, {args.dist_rounds} rounds, {args.dist_train} BBC examples; "
+            f"accuracies per round identical across the three: {'yes' if same else 'NO'}")
+    emb = f"embedded x{cores}"
+    return [figure("6a", f"distributed: Flower simulation ({cores} Ray actors) / embedded with {cores} client "
+                         "workers", ("flower-sim", emb), seconds["flower-sim"], seconds[emb], ">= 1.0x",
+                   lambda x: x >= 1.0, note),
+            figure("6b", f"embedded: one process / {cores} client workers (`runtime.client_workers`)",
+                   ("embedded x1", emb), seconds["embedded x1"], seconds[emb], "> 1x", lambda x: x > 1.0, note)]
+
+
+def table(figures: list[Figure], kept: list[str]) -> list[str]:
+    """The rows measured now, the rows of figures not run this time as the last run wrote them (``kept``), and
+    the figures not measured yet."""
+    rows = {}
+    for f in figures:
         status = "met" if f.met else "NOT met"
         note = f" ({f.note})" if f.note else ""
-        lines.append(f"| {f.key} | {f.what}{note} | **{f.ratio:.2f}×** ({min(f.ratios):.2f}–{max(f.ratios):.2f}) | "
-                     f"{f.arms[0]} {f.seconds[0]:.2f} / {f.arms[1]} {f.seconds[1]:.2f} | {f.goal} | {status} |")
-    lines += [f"| {k} | {what} | not measured yet | – | {goal} | – |" for k, what, goal in NOT_YET]
-    return lines
+        rows[f.key] = (f"| {f.key} | {f.what}{note} | **{f.ratio:.2f}×** ({min(f.ratios):.2f}–{max(f.ratios):.2f}) | "
+                       f"{f.arms[0]} {f.seconds[0]:.2f} / {f.arms[1]} {f.seconds[1]:.2f} | {f.goal} | {status} |")
+    for line in kept:
+        key = line.split("|")[1].strip()
+        if key not in rows and not any(key[0] == f.key[0] for f in figures):
+            rows[key] = line
+    for key, what, goal in NOT_YET:
+        rows.setdefault(key, f"| {key} | {what} | not measured yet | – | {goal} | – |")
+    return ["| # | figure | ratio (median, range) | arms, median s | goal | status |", "|---|---|---|---|---|---|",
+            *(rows[k] for k in sorted(rows))]
 
 
 def write(figures: list[Figure], args, seconds: float) -> None:
+    kept = [line for line in args.out.read_text().splitlines() if line.startswith("| ") and "measured yet" not in
+            line and not line.startswith("| #")] if args.out.exists() else []
     cmd = "nice .venv/bin/python benchmarks/perf.py " + " ".join(sys.argv[1:])
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else \
@@ -394,7 +442,8 @@ def write(figures: list[Figure], args, seconds: float) -> None:
             "thread, "
             f"{args.reps} alternating repetitions (A B, B A, ...); the table gives the median of the per-repetition "
             "ratios and their range. Absolute seconds move with the shared machine's other load; the ratios are "
-            "what to compare.", "", *table(figures), "",
+            "what to compare; rows of figures not run by this command are those of their last run.", "",
+            *table(figures, kept), "",
             "What each figure runs: see the docstring of `benchmarks/perf.py`.", ""]
     args.out.write_text("\n".join(text))
     print(f"wrote {args.out}")
@@ -402,18 +451,22 @@ def write(figures: list[Figure], args, seconds: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--figures", nargs="+", type=int, default=[1, 3, 5], choices=[1, 3, 5])
+    ap.add_argument("--figures", nargs="+", type=int, default=[1, 3, 5, 6], choices=[1, 3, 5, 6])
     ap.add_argument("--reps", type=int, default=3, help="alternating repetitions of each figure's two arms")
     ap.add_argument("--clients", type=int, default=20, help="clients of the BBC federation (data per client)")
     ap.add_argument("--round-clients", type=int, default=2, help="clients in figure 1's whole round")
     ap.add_argument("--bb-examples", type=int, default=32, help="figure 5a: examples the candidates are scored on")
     ap.add_argument("--lm-batch", type=int, default=8, help="figure 5b: inputs in the SmolLM2 batch")
+    ap.add_argument("--dist-clients", type=int, default=100, help="figure 6: clients of the BBC federation")
+    ap.add_argument("--dist-rounds", type=int, default=2, help="figure 6: rounds")
+    ap.add_argument("--dist-train", type=int, default=600, help="figure 6: BBC training examples")
+    ap.add_argument("--dist-reps", type=int, default=1, help="figure 6: repetitions of the whole runs")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     figures = []
-    for key, run in ((1, figure_1), (3, figure_3), (5, figure_5)):
+    for key, run in ((1, figure_1), (3, figure_3), (5, figure_5), (6, figure_6)):
         if key in args.figures:
             figures += run(args)
     write(figures, args, time.perf_counter() - t0)

@@ -228,6 +228,15 @@ class RuntimeConfig(_Strict):
         "none", description="mixed-precision forward passes on CUDA (the wire format is unchanged)")
     progress: bool = True
     checkpoint_every: int = Field(1, ge=1)
+    client_workers: int = Field(1, ge=1, description="embedded runtime, CPU: processes that train a round's clients "
+                                                     "side by side, forked after the backbone is loaded so they share "
+                                                     "its weights; each uses runtime.threads threads (default 1)")
+
+    @model_validator(mode="after")
+    def _workers_on_cpu(self) -> RuntimeConfig:
+        if self.client_workers > 1 and self.device != "cpu":
+            raise ValueError("client_workers > 1 forks processes for CPU training; on a GPU keep 1")
+        return self
 
     @field_validator("device")
     @classmethod

@@ -9,6 +9,7 @@ purpose), finishes with the same metrics as an uninterrupted run. The round loop
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -18,12 +19,13 @@ from typing import Any
 from rich.progress import Progress
 
 from fedpeft.build import build
-from fedpeft.comm.codec import Message
+from fedpeft.comm.codec import Message, decode
 from fedpeft.config import ExperimentConfig
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.runtime.client import handle_evaluate, handle_train
 from fedpeft.runtime.faults import inject
+from fedpeft.runtime.workers import ClientWorkers, encode_state
 from fedpeft.runtime.session import StopAfterRound, log_to, open_run, progress, run_rounds
 
 __all__ = ["ReplyHook", "StopAfterRound", "run_embedded"]
@@ -46,41 +48,61 @@ def _copy(state: Message) -> Message:
 class InProcessTransport:
     """Delivers each instruction by calling the client handlers directly; keeps client states in memory.
 
-    Clients run one after another; with ``federation.round_timeout`` each is held to the deadline by its own
-    elapsed time, as if they ran side by side: a later reply is ignored and logged, its state not kept."""
+    Clients run one after another, or side by side on forked workers sharing the backbone
+    (``runtime.client_workers``); with ``federation.round_timeout`` each is held to the deadline
+    by its own elapsed time, as if they ran side by side: a later reply is ignored and logged, its state not kept."""
 
     def __init__(self, cfg: ExperimentConfig, method: Method, exp: Experiment, bar: Progress,
-                 reply_hook: ReplyHook | None) -> None:
+                 reply_hook: ReplyHook | None, workers: ClientWorkers | None = None) -> None:
         self.cfg, self.method, self.exp, self.bar, self.reply_hook = cfg, method, exp, bar, reply_hook
+        self.workers = workers
         self.states: dict[int, Message] = {}
         self.clients_task = bar.add_task("clients", total=0)
 
     def train(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
         self.bar.reset(self.clients_task, total=len(instructions), description=f"round {round} clients")
+        done = self._on_workers(round, instructions) if self.workers is not None else (
+            self._here(round, cid, payload) for cid, payload in instructions.items())
         results: dict[int, bytes | BaseException] = {}
         timeout = self.cfg.federation.round_timeout
-        for cid, payload in instructions.items():
-            ctx = self.exp.client(cid)
-            ctx.state = _copy(self.states.get(cid, Message()))
-            t0 = time.monotonic()
-            try:
-                inject(self.cfg.faults, self.cfg.seed, round, cid)
-                reply = handle_train(self.method, payload, ctx)
-                reply = self.reply_hook(round, cid, reply) if self.reply_hook else reply
-            except Exception as e:  # one failing client must not kill the round
-                log.exception("round %d: client %d raised", round, cid)
-                results[cid] = e
-            else:
-                took = time.monotonic() - t0
-                if timeout is not None and took > timeout:
-                    log.warning("round %d: client %d replied after %.1f s, past federation.round_timeout (%.1f s); "
-                                "reply ignored", round, cid, took, timeout)
-                    results[cid] = LateReply(f"reply after {took:.1f} s, past the {timeout:g} s deadline; ignored")
-                else:
-                    results[cid] = reply
-                    self.states[cid] = ctx.state
+        for cid, outcome, state, took in done:
+            if not isinstance(outcome, BaseException) and self.reply_hook is not None:
+                try:
+                    outcome = self.reply_hook(round, cid, outcome)
+                except Exception as e:  # the hook stands for the wire and the client: its failure is theirs
+                    log.exception("round %d: client %d raised", round, cid)
+                    outcome = e
+            if not isinstance(outcome, BaseException) and timeout is not None and took > timeout:
+                log.warning("round %d: client %d replied after %.1f s, past federation.round_timeout (%.1f s); "
+                            "reply ignored", round, cid, took, timeout)
+                outcome = LateReply(f"reply after {took:.1f} s, past the {timeout:g} s deadline; ignored")
+            results[cid] = outcome
+            if not isinstance(outcome, BaseException):
+                self.states[cid] = state
             self.bar.advance(self.clients_task)
         return results
+
+    def _here(self, round: int, cid: int, payload: bytes) -> tuple[int, bytes | BaseException, Message, float]:
+        """One client in this process: (client, reply or error, its new state, seconds)."""
+        ctx = self.exp.client(cid)
+        ctx.state = _copy(self.states.get(cid, Message()))
+        t0 = time.monotonic()
+        try:
+            inject(self.cfg.faults, self.cfg.seed, round, cid)
+            reply: bytes | BaseException = handle_train(self.method, payload, ctx)
+        except Exception as e:  # one failing client must not kill the round
+            log.exception("round %d: client %d raised", round, cid)
+            reply = e
+        return cid, reply, ctx.state, time.monotonic() - t0
+
+    def _on_workers(self, round: int, instructions: dict[int, bytes]):
+        """The round's clients on the forked workers, in the same order and with the same results."""
+        jobs = [(cid, payload, encode_state(self.states.get(cid, Message()))) for cid, payload in instructions.items()]
+        for d in self.workers.train(round, jobs):
+            if d.error is not None:
+                yield d.client, RuntimeError(d.error), Message(), d.seconds
+            else:
+                yield d.client, d.reply, decode(d.state), d.seconds
 
     def evaluate(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
         results: dict[int, bytes | BaseException] = {}
@@ -115,5 +137,10 @@ def run_embedded(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fals
     """Run (or resume) the experiment in this process; returns the summary written to summary.json."""
     with open_run(cfg, out_dir, resume) as run, log_to(run.root / "run.log"), progress(cfg.runtime.progress) as bar:
         b = build(cfg, experiment)
-        transport = InProcessTransport(cfg, b.method, b.exp, bar, reply_hook)
-        return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar)
+        with contextlib.ExitStack() as stack:
+            workers = None
+            if cfg.runtime.client_workers > 1:
+                b.exp.client(0)  # encode the data once, before the fork, so the workers share it too
+                workers = stack.enter_context(ClientWorkers(cfg.runtime.client_workers, cfg, b.method, b.exp))
+            transport = InProcessTransport(cfg, b.method, b.exp, bar, reply_hook, workers)
+            return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar)
