@@ -19,16 +19,19 @@ range. Figures:
    from the transformer body's read row times the LM head (fedpeft) against the whole ``*ForCausalLM`` with
    full-vocabulary logits at every position, gathered afterwards (the old path, emulated here).
 
+4. Scale in one process: FedPrompt on BBC with 10, 100 and 1,000 clients (each in a fresh process, one round,
+   one step per client, Adam moments kept as every client's persistent state): peak RSS beyond the states and
+   seconds per client-round against the 10-client run.
 6. Distributed runs: whole FedPrompt runs on a many-client BBC federation (100 clients by default): Flower's
    simulation (one Ray actor per core) against the embedded runtime with one client worker per core
    (``runtime.client_workers``: forked processes sharing the backbone), and the single-process embedded run against
    the same workers. Accuracies per round must agree across the three.
 
-Figures 2 (vectorised clients), 4 (scale in one process), 6c (one load per node per run in a Flower deployment)
+Figures 2 (vectorised clients), 6c (one load per node per run in a Flower deployment)
 and 7 (GPU) are rows marked "not measured yet".
 
 Usage (the default size: ~20 minutes on 2 cores shared with two other niced jobs):
-    nice .venv/bin/python benchmarks/perf.py                       # figures 1, 3, 5, 6 -> benchmarks/results/perf.md
+    nice .venv/bin/python benchmarks/perf.py                       # figures 1, 3, 4, 5, 6 -> benchmarks/results/perf.md
     nice .venv/bin/python benchmarks/perf.py --figures 3 5 --reps 5
 """
 
@@ -72,8 +75,6 @@ ADAPTERS = {
 NOT_YET = [
     ("2", "vectorised clients: several clients' candidates / adapters in one forward vs sequential "
           "(`runtime.client_batch`)", "speedup, equal results"),
-    ("4", "scale in one process: 10 -> 100 -> 1,000 clients with persistent state (RSS beyond the states, "
-          "time per client-round)", "RSS growth < 10 %, flat time"),
     ("6c", "distributed: one backbone load per node per run in Flower deployment (a long-lived per-node worker)",
      "1 load per node per run"),
     ("7", "GPU: figures 1-2 on the GPU, demo samples/s CPU vs GPU", "–"),
@@ -379,6 +380,54 @@ def verbalizer_figure(args) -> Figure:
 # ---------------------------------------------------------------- report
 
 
+SCALE_CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+from fedpeft.resolve import load_config
+from fedpeft.runtime.embedded import run_embedded
+out = Path(sys.argv[1])
+t0 = time.perf_counter()
+run_embedded(load_config(None, sys.argv[2:]), out)
+rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][-1]
+states = sum(p.stat().st_size for p in (out / "checkpoint" / "clients").glob("*.safetensors"))
+print(json.dumps({"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "states": states,
+                  "round_s": rec["wall_seconds"], "clients": rec["num_ok"]}))
+"""
+
+
+def figure_4(args) -> list[Figure]:
+    """One process simulating 10, 100 and 1,000 FedPrompt clients on BBC (one round, every client trains one
+    step and keeps its Adam moments as persistent state): peak RSS beyond the clients' states, and seconds per
+    client-round, each against the 10-client run (each size in a fresh process)."""
+    import json as _json
+    import subprocess
+
+    sizes, got = (10, 100, args.scale_clients), {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            over = ["task.name=bbc", f"federation.num_clients={n}", "federation.rounds=1", "method.name=fedprompt",
+                    "method.trainer.reset_optimizer=false", "method.trainer.max_steps=1", "evaluation.local=false",
+                    "evaluation.round_zero=false", "evaluation.report=false", "task.max_test=64",
+                    "runtime.threads=1", "runtime.progress=false"]
+            res = subprocess.run([sys.executable, "-c", SCALE_CHILD, str(Path(tmp) / str(n)), *over],
+                                 capture_output=True, text=True, check=True)
+            got[n] = _json.loads(res.stdout.strip().splitlines()[-1])
+            print(f"[4] {n} clients: {got[n]}", flush=True)
+    small, big = got[sizes[0]], got[sizes[-1]]
+    beyond = {n: g["rss"] - g["states"] for n, g in got.items()}
+    per_client = {n: g["round_s"] / g["clients"] for n, g in got.items()}
+    rss = ", ".join(f"{n}: {g['rss'] / 2**20:.0f} MiB" for n, g in got.items())
+    states = ", ".join(f"{n}: {g['states'] / 2**20:.1f} MiB" for n, g in got.items())
+    note = f"peak RSS {rss}; client states {states}, kept in memory (not spilled to disk)"
+    return [figure("4a", f"scale: peak RSS beyond the client states, {sizes[-1]:,} / {sizes[0]} clients in one process",
+                   (f"{sizes[-1]} clients MiB", f"{sizes[0]} clients MiB"), [beyond[sizes[-1]] / 2**20],
+                   [beyond[sizes[0]] / 2**20], "< 1.10x", lambda x: x < 1.10, note),
+            figure("4b", f"scale: seconds per client-round, {sizes[-1]:,} / {sizes[0]} clients (one step each)",
+                   (f"{sizes[-1]} clients", f"{sizes[0]} clients"), [per_client[sizes[-1]]], [per_client[sizes[0]]],
+                   "~1x (flat)", lambda x: x <= 1.10,
+                   f"100 clients: {per_client[100] / per_client[sizes[0]]:.2f}x")]
+
+
 def figure_6(args) -> list[Figure]:
     """Embedded with one client worker per core against Flower's simulation (one Ray actor per core) and against
     the single-process embedded run, on the same many-client BBC workload; whole runs, records must agree."""
@@ -451,12 +500,13 @@ def write(figures: list[Figure], args, seconds: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--figures", nargs="+", type=int, default=[1, 3, 5, 6], choices=[1, 3, 5, 6])
+    ap.add_argument("--figures", nargs="+", type=int, default=[1, 3, 4, 5, 6], choices=[1, 3, 4, 5, 6])
     ap.add_argument("--reps", type=int, default=3, help="alternating repetitions of each figure's two arms")
     ap.add_argument("--clients", type=int, default=20, help="clients of the BBC federation (data per client)")
     ap.add_argument("--round-clients", type=int, default=2, help="clients in figure 1's whole round")
     ap.add_argument("--bb-examples", type=int, default=32, help="figure 5a: examples the candidates are scored on")
     ap.add_argument("--lm-batch", type=int, default=8, help="figure 5b: inputs in the SmolLM2 batch")
+    ap.add_argument("--scale-clients", type=int, default=1000, help="figure 4: the largest federation")
     ap.add_argument("--dist-clients", type=int, default=100, help="figure 6: clients of the BBC federation")
     ap.add_argument("--dist-rounds", type=int, default=2, help="figure 6: rounds")
     ap.add_argument("--dist-train", type=int, default=600, help="figure 6: BBC training examples")
@@ -466,7 +516,7 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     figures = []
-    for key, run in ((1, figure_1), (3, figure_3), (5, figure_5), (6, figure_6)):
+    for key, run in ((1, figure_1), (3, figure_3), (4, figure_4), (5, figure_5), (6, figure_6)):
         if key in args.figures:
             figures += run(args)
     write(figures, args, time.perf_counter() - t0)
