@@ -41,8 +41,14 @@ class RoundDriver:
         self.last_tensor_bytes: float | None = None  # mean tensor bytes of the last round's accepted replies
 
     def plan_round(self, state: Message, round: int) -> RoundPlan:
+        """Each selected client's encoded instruction; equal instructions share one bytes object (most methods
+        send every client the same global tensors), so a round's plan holds one copy, not one per client."""
         msgs = self.method.configure_round(state, round, list(range(self.cfg.federation.num_clients)))
-        encoded = {cid: encode(m, self.method.wire) for cid, m in msgs.items()}
+        shared: dict[bytes, bytes] = {}
+        encoded = {}
+        for cid, m in msgs.items():
+            data = encode(m, self.method.wire)
+            encoded[cid] = shared.setdefault(data, data)
         return RoundPlan(round, encoded, {cid: len(b) for cid, b in encoded.items()})
 
     def finish_round(self, state: Message, plan: RoundPlan,
