@@ -53,12 +53,13 @@ class RoundDriver:
 
     def finish_round(self, state: Message, plan: RoundPlan,
                      results: dict[int, bytes | BaseException]) -> tuple[Message, list[dict[str, Any]]]:
+        """Decode, validate and aggregate the replies (``results`` is emptied as they are read), or RoundFailed."""
         schema = self.method.reply_schema(state)
         accepted: dict[int, Message] = {}
         records = []
         for cid in sorted(plan.instructions):
             rec: dict[str, Any] = {"client": cid, "bytes_down": plan.bytes_down[cid], "bytes_up": 0}
-            res = results.get(cid, RuntimeError("no reply"))
+            res = results.pop(cid, RuntimeError("no reply"))  # taken out: its bytes are freed once decoded
             if isinstance(res, BaseException):
                 rec["status"] = "failed"
                 rec["error"] = f"{type(res).__name__}: {res}"
