@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.runtime.client import handle_evaluate, handle_train
 from fedpeft.runtime.faults import inject
-from fedpeft.runtime.workers import ClientWorkers, encode_state
 from fedpeft.runtime.session import StopAfterRound, log_to, open_run, progress, run_rounds
+from fedpeft.runtime.workers import ClientWorkers, encode_state
 
 __all__ = ["ReplyHook", "StopAfterRound", "run_embedded"]
 
@@ -95,7 +95,8 @@ class InProcessTransport:
             reply = e
         return cid, reply, ctx.state, time.monotonic() - t0
 
-    def _on_workers(self, round: int, instructions: dict[int, bytes]):
+    def _on_workers(self, round: int,
+                    instructions: dict[int, bytes]) -> Iterator[tuple[int, bytes | BaseException, Message, float]]:
         """The round's clients on the forked workers, in the same order and with the same results."""
         jobs = [(cid, payload, encode_state(self.states.get(cid, Message()))) for cid, payload in instructions.items()]
         for d in self.workers.train(round, jobs):
