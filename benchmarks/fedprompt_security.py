@@ -71,6 +71,36 @@ def run_job(args, task: str, part: str, arm: str, seed: int) -> str:
     return run_config(Path(args.runs_dir) / job_name(task, part, arm, seed), overrides(args, task, part, arm, seed))
 
 
+def majority_accuracy(args, task: str, part: str, seed: int) -> float:
+    """Test accuracy of always predicting the training set's majority class (the run's own data caps)."""
+    from collections import Counter
+
+    from fedpeft.data import load_task
+    from fedpeft.resolve import load_config
+
+    cfg = load_config(None, overrides(args, task, part, "clean", seed))
+    data = load_task(cfg.task, cfg.seed)
+    top = Counter(e.label for e in data.train).most_common(1)[0][0]
+    return sum(e.label == top for e in data.test) / len(data.test)
+
+
+def initial_metrics(args, task: str, part: str, seed: int) -> dict[str, float]:
+    """ACC and ASR of the untrained initial prompt (the clean arm's config and seed), computed once and kept in
+    ``<runs-dir>/baselines.json`` (runs from before round 0 was recorded lack it)."""
+    from fedpeft.build import build
+    from fedpeft.resolve import load_config
+
+    cache = Path(args.runs_dir) / "baselines.json"
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    key = job_name(task, part, "untrained", seed)
+    if key not in known:
+        b = build(load_config(None, overrides(args, task, part, "clean", seed)))
+        m = b.method.evaluate_global(b.method.server_init())
+        known[key] = {"acc": m["accuracy"], "asr": m.get("asr")}
+        cache.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+    return known[key]
+
+
 def _load(out: Path) -> dict | None:
     if not (out / "summary.json").exists():
         return None
@@ -104,6 +134,14 @@ def render(args) -> Path:
             lines += [f"## {task}, {part}", "", "| arm | seeds done | ACC % | ASR % | upload B/client-round | "
                       "trainable params | ε after the last round | clients filtered (all rounds) |",
                       "|---|---|---|---|---|---|---|---|"]
+            seeds = [s for s in args.seeds if (runs / job_name(task, part, "clean", s) / "summary.json").exists()]
+            if seeds:  # the trivial baselines, on the seeds whose clean run is done
+                lines.append(f"| majority class (of the training data) | {len(seeds)}/{len(args.seeds)} | "
+                             f"{mean_std([majority_accuracy(args, task, part, s) for s in seeds])} | – | 0 | 0 | – | – |")
+                start = [initial_metrics(args, task, part, s) for s in seeds]
+                lines.append(f"| untrained prompt (the initial prompt, no training) | {len(seeds)}/{len(args.seeds)} | "
+                             f"{mean_std([r['acc'] for r in start])} | {mean_std([r['asr'] for r in start])} | "
+                             "– | – | – | – |")
             done_by_arm = {}
             for arm in arms:
                 done = [r for r in (_load(runs / job_name(task, part, arm, s)) for s in args.seeds) if r]

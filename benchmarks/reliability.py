@@ -47,7 +47,7 @@ from hypothesis import strategies as st  # noqa: E402
 from test_reliability import (BYTE_KINDS, MESSAGE_KINDS, OVERRIDES, bad_bytes, bad_messages,  # noqa: E402
                               make_round_one, rejected)
 
-from fedpeft.comm.codec import WireSpec, decode, encode  # noqa: E402
+from fedpeft.comm.codec import decode, encode, own_dtypes  # noqa: E402
 from fedpeft.config import ConfigError  # noqa: E402
 from fedpeft.resolve import load_config  # noqa: E402
 from fedpeft.runtime.faults import fails  # noqa: E402
@@ -70,10 +70,6 @@ def _records(root: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in RunDir(root).read_metrics()]
 
 
-def _keep(msg) -> WireSpec:
-    return WireSpec("float32", tuple((k, str(v.dtype).removeprefix("torch.")) for k, v in msg.tensors.items()))
-
-
 # ---------------------------------------------------------------- replies
 
 
@@ -85,7 +81,7 @@ def fuzz_replies(args) -> list[str]:
         valid0, schema = decode(fixture[3][0]), fixture[5]
         for kind in MESSAGE_KINDS + BYTE_KINDS:
             c: Counter = Counter()
-            strategy = (bad_messages(valid0, schema, kind).map(lambda m: encode(m, _keep(m)))
+            strategy = (bad_messages(valid0, schema, kind).map(lambda m: encode(m, own_dtypes(m)))
                         if kind in MESSAGE_KINDS else bad_bytes(fixture[3][0], kind))
 
             @settings(max_examples=args.examples, deadline=None, database=None, derandomize=True,
@@ -281,7 +277,6 @@ def audit_runs(args, work: Path) -> list[str]:
     from fedpeft.runtime.audit import FULL_MODEL_PRESETS, audit_reply
     from fedpeft.runtime.embedded import run_embedded
 
-    sys.path.insert(0, str(ROOT / "tests"))
     from test_contract import _cfg  # the smallest settings that exercise each preset
 
     rows = ["| preset | model | replies audited | problems |", "|---|---|---|---|"]

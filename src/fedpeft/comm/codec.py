@@ -56,6 +56,11 @@ class WireSpec:
         return t.dtype
 
 
+def own_dtypes(msg: Message) -> WireSpec:
+    """A wire spec that keeps every tensor of ``msg`` in its own dtype (checkpoints, client states)."""
+    return WireSpec("float32", tuple((k, str(v.dtype).removeprefix("torch.")) for k, v in msg.tensors.items()))
+
+
 def encode(msg: Message, spec: WireSpec = WireSpec()) -> bytes:
     """Message -> bytes, casting each tensor to its wire dtype."""
     tensors = {

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fedpeft.comm.codec import Message, WireSpec, decode, encode
+from fedpeft.comm.codec import Message, decode, encode, own_dtypes
 from fedpeft.config import ExperimentConfig
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
@@ -54,8 +54,7 @@ def _init(cfg: ExperimentConfig, method: Method, exp: Experiment) -> None:
 
 def encode_state(state: Message) -> bytes:
     """A client state as codec bytes, every tensor in its own dtype (as checkpoints store it)."""
-    spec = WireSpec("float32", tuple((k, str(v.dtype).removeprefix("torch.")) for k, v in state.tensors.items()))
-    return encode(state, spec)
+    return encode(state, own_dtypes(state))
 
 
 def _train(round: int, client: int, payload: bytes, state: bytes) -> Done:

@@ -18,21 +18,17 @@ import shutil
 from pathlib import Path
 from typing import IO, Any
 
+from fedpeft.comm.codec import Message, decode, encode, own_dtypes
+
 log = logging.getLogger(__name__)
 
 
 class RunDirLocked(RuntimeError):
     """Another process is writing this run directory."""
 
-from fedpeft.comm.codec import Message, WireSpec, decode, encode
 
 def _save_message(path: Path, msg: Message) -> None:
-    path.write_bytes(encode(msg, _keep_dtypes(msg)))
-
-
-def _keep_dtypes(msg: Message) -> WireSpec:
-    """A wire spec that stores every tensor in its own dtype."""
-    return WireSpec("float32", tuple((k, str(v.dtype).removeprefix("torch.")) for k, v in msg.tensors.items()))
+    path.write_bytes(encode(msg, own_dtypes(msg)))
 
 
 class RunDir:

@@ -13,11 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fedpeft.comm.codec import Message, WireSpec, decode, encode
-
-
-def _keep_dtypes(msg: Message) -> WireSpec:
-    return WireSpec("float32", tuple((k, str(v.dtype).removeprefix("torch.")) for k, v in msg.tensors.items()))
+from fedpeft.comm.codec import Message, decode, encode, own_dtypes
 
 
 class ClientStateStore:
@@ -45,7 +41,7 @@ class ClientStateStore:
         d = self._dir(client_id)
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".round_{round}.tmp"
-        tmp.write_bytes(encode(state, _keep_dtypes(state)))
+        tmp.write_bytes(encode(state, own_dtypes(state)))
         os.replace(tmp, d / f"round_{round}.safetensors")
 
     def prune(self, client_id: int, checkpointed_round: int) -> None:
