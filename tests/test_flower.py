@@ -238,7 +238,10 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
     # client state went to each node's own state dir, not the server's run dir
     assert list((tmp_path / "fed" / "state" / "node0").glob("*/client_0/round_2.safetensors"))
     assert list((tmp_path / "fed" / "state" / "node1").glob("*/client_1/round_2.safetensors"))
-    assert all(p["backbone_loads"] == 1 for p in summary["flower"]["processes"].values())
+    # one long-lived worker per node served both rounds: one backbone load per node per run
+    assert summary["flower"]["client_processes"] == 2
+    assert all(p["backbone_loads"] == 1 and p["messages"] == 2 for p in summary["flower"]["processes"].values())
+    assert records[0]["model_loads"] == records[1]["model_loads"]  # the same two pids, one load each
 
 
 @pytest.mark.slow

@@ -295,6 +295,8 @@ def flower_supernode(
     auth_key: Annotated[Optional[Path], typer.Option(help="this node's private key (`fedpeft flower node-key`), "
                                                           "for a SuperLink with --enable-supernode-auth")] = None,
     insecure: Annotated[bool, _INSECURE] = False,
+    worker: Annotated[bool, typer.Option(help="keep the model in one long-lived worker process per node (one "
+                                              "backbone load per run) rather than loading it for every message")] = True,
 ) -> None:
     """Start a Flower SuperNode owning some fedpeft clients, in the foreground: TLS with --root-certificates, or
     --insecure."""
@@ -305,7 +307,8 @@ def flower_supernode(
     if missing:
         _fail(f"supernode: no such file {', '.join(missing)}")
     ids = [int(x) for x in partitions.split(",") if x.strip()]
-    _exec(supernode_cmd(superlink, ids, port, "127.0.0.1", state_dir, data_dir, root_certificates, auth_key))
+    _exec(supernode_cmd(superlink, ids, port, "127.0.0.1", state_dir, data_dir, root_certificates, auth_key,
+                        worker))
 
 
 @flower_app.command("certs")

@@ -1,1 +1,1 @@
-"""Runtimes that drive the pure method contract: embedded (in-process) now, Flower later."""
+"""Runtimes that drive the pure method contract: embedded (in one process) and Flower (simulation, deployment)."""

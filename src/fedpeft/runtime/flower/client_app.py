@@ -1,53 +1,26 @@
-"""The Flower ClientApp: each handler decodes fedpeft codec bytes and calls ``runtime.client``.
+"""The Flower ClientApp: each handler decodes the Flower records and has ``node_service.serve`` run the clients.
 
-The frozen backbone comes from ``backbones.loading.PROCESS_CACHE`` and the task/partitions/
-encodings from a per-process experiment cache keyed by the config, so a process builds them at
-most once: in simulation a Ray actor serves every round and client it is given with one load; in a
-deployment Flower 1.41 starts a fresh ``flwr-clientapp`` process per message (subprocess
-isolation), so a SuperNode loads once per message and the server sends one message per node per
-round carrying all the clients the node owns. Every reply reports the process id and its load
-counters, which the server writes to metrics.jsonl (``model_loads``).
+In Flower simulation a Ray actor serves every message of a run, so ``serve`` runs in this process
+and loads the backbone once. In a deployment Flower 1.41 starts a fresh ``flwr-clientapp`` process
+per message; with ``node-worker='true'`` in the node config this process only forwards the message
+to the node's long-lived worker (``node_worker``), which loads the backbone once per run. The server
+sends one message per node per round carrying all the clients the node owns.
 
 Node settings (``--node-config``): ``partition-ids`` (e.g. ``"0,1"``; in simulation Flower's
 ``partition-id`` is used), ``state-dir`` (persistent client states), ``data-dir`` (folder with the
-benchmark data, i.e. ``FEDPEFT_DATA_DIR``).
+benchmark data, i.e. ``FEDPEFT_DATA_DIR``), ``node-worker`` and the worker's settings (see ``node_worker``).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
-from pathlib import Path
 from typing import Any
 
-import yaml
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedpeft.backbones.loading import PROCESS_CACHE
-from fedpeft.build import Built, build
-from fedpeft.data.paths import ENV_VAR as DATA_ENV_VAR
-from fedpeft.resolve import resolve
-from fedpeft.runtime.client import handle_evaluate, handle_train
-from fedpeft.runtime.faults import inject
-from fedpeft.runtime.flower.client_state import ClientStateStore
-from fedpeft.runtime.flower.records import CLIENTS, NODE, Instruction, Reply
-
-log = logging.getLogger("fedpeft.flower.client")
-
-
-class _ProcessState:
-    """The deliberate per-process caches: built experiments (by config text) and counters."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.built: dict[str, Built] = {}
-        self.experiment_builds = 0
-        self.messages = 0
-
-
-_PROCESS = _ProcessState()
+from fedpeft.runtime.flower import node_worker
+from fedpeft.runtime.flower.records import CLIENTS, NODE, Instruction
 
 
 def owned_clients(node_config: dict[str, Any]) -> list[int]:
@@ -63,52 +36,16 @@ def owned_clients(node_config: dict[str, Any]) -> list[int]:
     return sorted(set(ids))
 
 
-def _built(config_yaml: str, node_config: dict[str, Any]) -> Built:
-    with _PROCESS.lock:
-        if config_yaml not in _PROCESS.built:
-            if "data-dir" in node_config:
-                os.environ[DATA_ENV_VAR] = str(node_config["data-dir"])  # this process's data location
-            _PROCESS.built[config_yaml] = build(resolve(yaml.safe_load(config_yaml)))
-            _PROCESS.experiment_builds += 1
-        _PROCESS.messages += 1
-        return _PROCESS.built[config_yaml]
-
-
-def process_info() -> dict[str, int]:
-    """pid and load counters of this process (sent back with every reply)."""
-    return {"pid": os.getpid(), "backbone_loads": sum(PROCESS_CACHE.loads.values()),
-            "experiment_builds": _PROCESS.experiment_builds, "messages": _PROCESS.messages}
-
-
-def _store(settings: dict[str, Any], node_config: dict[str, Any]) -> ClientStateStore:
-    root = Path(str(node_config.get("state-dir") or settings["state_dir"]))
-    return ClientStateStore(root / str(settings["run_key"]))
-
-
 def _serve(msg: Message, context: Context, train: bool) -> Message:
     ins = Instruction.from_content(msg.content)
     node_config = dict(context.node_config)
-    b = _built(str(ins.settings["config_yaml"]), node_config)
-    rnd = int(ins.settings["round"])
-    store = _store(ins.settings, node_config)
-    reply = Reply()
-    for cid in sorted(ins.payloads):
-        ctx = b.exp.client(cid)
-        ctx.state = store.load(cid, rnd - 1 if train else rnd)
-        try:
-            if train:
-                inject(b.cfg.faults, b.cfg.seed, rnd, cid)
-                reply.payloads[cid] = handle_train(b.method, ins.payloads[cid], ctx)
-                store.save(cid, rnd, ctx.state)
-                store.prune(cid, int(ins.settings.get("checkpointed_round", 0)))
-            else:
-                reply.payloads[cid] = handle_evaluate(b.method, ins.payloads[cid], ctx)
-        except Exception as e:  # one failing client must not take the node's other clients down
-            log.exception("round %d: client %d raised", rnd, cid)
-            reply.errors[cid] = f"{type(e).__name__}: {e}"
-    reply.node = process_info()
-    log.info("pid %d served %s of round %d for clients %s (backbone loads in this process: %d)",
-             os.getpid(), "train" if train else "evaluate", rnd, sorted(ins.payloads), reply.node["backbone_loads"])
+    if node_worker.uses_worker(node_config):
+        reply = node_worker.request(node_config, ins.settings, ins.payloads, train)
+    else:
+        # imported here: a ClientApp process that only forwards to the node worker never loads torch
+        from fedpeft.runtime.flower.node_service import serve
+
+        reply = serve(ins.settings, ins.payloads, node_config, train)
     return Message(reply.content(), reply_to=msg)
 
 
@@ -132,5 +69,5 @@ def query(msg: Message, context: Context) -> Message:
     """Discovery: which fedpeft client ids this node owns."""
     ids = owned_clients(dict(context.node_config))
     content = RecordDict({CLIENTS: ConfigRecord({"client_ids": ids}),
-                          NODE: Reply(node=process_info()).content()[NODE]})
+                          NODE: MetricRecord({"pid": os.getpid()})})
     return Message(content, reply_to=msg)

@@ -1,0 +1,96 @@
+"""What a node does with one Flower message: run ``runtime.client`` for each of its clients named in it.
+
+Called in the ClientApp's own process (Flower simulation: a Ray actor serves every message of a run)
+or in the node's long-lived worker (``node_worker``; Flower deployment, where the ClientApp process
+lives for one message only). The frozen backbone comes from ``backbones.loading.PROCESS_CACHE`` and
+the task/partitions/encodings from a per-process cache keyed by the config, so a process builds them
+at most once per run. Every reply reports the process id and its load counters, which the server
+writes to metrics.jsonl (``model_loads``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedpeft.backbones.loading import PROCESS_CACHE
+from fedpeft.build import Built, build
+from fedpeft.data.paths import ENV_VAR as DATA_ENV_VAR
+from fedpeft.resolve import resolve
+from fedpeft.runtime.client import handle_evaluate, handle_train
+from fedpeft.runtime.faults import inject
+from fedpeft.runtime.flower.client_state import ClientStateStore
+from fedpeft.runtime.flower.records import Reply
+
+log = logging.getLogger("fedpeft.flower.client")
+
+KEEP_BUILT = 2  # experiments kept per process (a long-lived worker serves run after run)
+
+
+class _ProcessState:
+    """The deliberate per-process caches: built experiments (by config text, newest last) and counters."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.built: dict[str, Built] = {}
+        self.experiment_builds = 0
+        self.messages = 0
+
+
+_PROCESS = _ProcessState()
+
+
+def _built(config_yaml: str, node_config: dict[str, Any]) -> Built:
+    with _PROCESS.lock:
+        if config_yaml not in _PROCESS.built:
+            if "data-dir" in node_config:
+                os.environ[DATA_ENV_VAR] = str(node_config["data-dir"])  # this process's data location
+            while len(_PROCESS.built) >= KEEP_BUILT:
+                del _PROCESS.built[next(iter(_PROCESS.built))]  # the oldest run's experiment
+            _PROCESS.built[config_yaml] = build(resolve(yaml.safe_load(config_yaml)))
+            _PROCESS.experiment_builds += 1
+        _PROCESS.messages += 1
+        return _PROCESS.built[config_yaml]
+
+
+def process_info() -> dict[str, int]:
+    """pid and load counters of this process (sent back with every reply)."""
+    return {"pid": os.getpid(), "backbone_loads": sum(PROCESS_CACHE.loads.values()),
+            "experiment_builds": _PROCESS.experiment_builds, "messages": _PROCESS.messages}
+
+
+def _store(settings: dict[str, Any], node_config: dict[str, Any]) -> ClientStateStore:
+    root = Path(str(node_config.get("state-dir") or settings["state_dir"]))
+    return ClientStateStore(root / str(settings["run_key"]))
+
+
+def serve(settings: dict[str, Any], payloads: dict[int, bytes], node_config: dict[str, Any], train: bool) -> Reply:
+    """``client_update`` (``train``) or ``client_evaluate`` for every client in ``payloads``, each from its stored
+    state; a client that raises is reported in ``Reply.errors`` and does not take the node's other clients down."""
+    b = _built(str(settings["config_yaml"]), node_config)
+    rnd = int(settings["round"])
+    store = _store(settings, node_config)
+    reply = Reply()
+    for cid in sorted(payloads):
+        ctx = b.exp.client(cid)
+        ctx.state = store.load(cid, rnd - 1 if train else rnd)
+        try:
+            if train:
+                inject(b.cfg.faults, b.cfg.seed, rnd, cid)
+                reply.payloads[cid] = handle_train(b.method, payloads[cid], ctx)
+                store.save(cid, rnd, ctx.state)
+                store.prune(cid, int(settings.get("checkpointed_round", 0)))
+            else:
+                reply.payloads[cid] = handle_evaluate(b.method, payloads[cid], ctx)
+        except Exception as e:  # noqa: BLE001 - reported to the server as this client's failure
+            log.exception("round %d: client %d raised", rnd, cid)
+            reply.errors[cid] = f"{type(e).__name__}: {e}"
+    reply.node = process_info()
+    log.info("pid %d served %s of round %d for clients %s (backbone loads in this process: %d)",
+             os.getpid(), "train" if train else "evaluate", rnd, sorted(payloads), reply.node["backbone_loads"])
+    return reply
