@@ -26,12 +26,19 @@ range. Figures:
    simulation (one Ray actor per core) against the embedded runtime with one client worker per core
    (``runtime.client_workers``: forked processes sharing the backbone), and the single-process embedded run against
    the same workers. Accuracies per round must agree across the three.
+6c. Flower deployment (a SuperLink and two SuperNodes started here, each owning half the clients): a whole run
+   with each node's long-lived worker (``node-worker``, the default) against the same run with a model load in
+   every ``flwr-clientapp`` process (one per message); backbone loads per run from summary.json, accuracies must
+   agree.
 
-Figures 2 (vectorised clients), 6c (one load per node per run in a Flower deployment)
-and 7 (GPU) are rows marked "not measured yet".
+2. The bound on vectorised clients (``runtime.client_batch`` is not built): the frozen MiniLM's own forward over
+   k clients' rows (lambda = 5 candidates x 16 examples each; a gradient batch of 16 with backward) in k calls
+   against one call of k times the rows, i.e. the most running several clients in one forward could save here.
+
+Figure 7 (GPU) is a row marked "not measured yet".
 
 Usage (the default size: ~20 minutes on 2 cores shared with two other niced jobs):
-    nice .venv/bin/python benchmarks/perf.py                       # figures 1, 3, 4, 5, 6 -> benchmarks/results/perf.md
+    nice .venv/bin/python benchmarks/perf.py                       # figures 1-6, 6c -> benchmarks/results/perf.md
     nice .venv/bin/python benchmarks/perf.py --figures 3 5 --reps 5
 """
 
@@ -73,10 +80,6 @@ ADAPTERS = {
     "LoRA": "{name: lora, r: 16, lora_alpha: 32}",
 }
 NOT_YET = [
-    ("2", "vectorised clients: several clients' candidates / adapters in one forward vs sequential "
-          "(`runtime.client_batch`)", "speedup, equal results"),
-    ("6c", "distributed: one backbone load per node per run in Flower deployment (a long-lived per-node worker)",
-     "1 load per node per run"),
     ("7", "GPU: figures 1-2 on the GPU, demo samples/s CPU vs GPU", "–"),
 ]
 
@@ -299,6 +302,35 @@ def round_figure(args, b, state, bare: BareClient) -> Figure:
                   "sum of the clients' bare loops", ("fedpeft", "bare"), ta, tb, "≤ 1.05×", lambda r: r <= 1.05)
 
 
+# ---------------------------------------------------------------- figure 2: the bound on vectorised clients
+
+
+def figure_2(args) -> list[Figure]:
+    """What running k clients' rows through the backbone together could save at most: the frozen MiniLM's own
+    forward (and forward + backward into the inputs) over k clients' rows in k calls against one call."""
+    backbone = build(load_config(None, ["task.name=bbc", "task.max_train=32", "federation.num_clients=2",
+                                        "method.name=fedprompt", "runtime.progress=false"])).exp.backbone
+    width, k = 128, args.vector_clients
+    gen = torch.Generator().manual_seed(0)
+
+    def rows_through(n: int, grad: bool) -> None:
+        emb = torch.randn(n, width, backbone.model.config.hidden_size, generator=gen, requires_grad=grad)
+        out = backbone.model(inputs_embeds=emb, attention_mask=torch.ones(n, width, dtype=torch.long))
+        if grad:
+            out.last_hidden_state.mean().backward()
+
+    rows = []
+    for key, per, grad, what in (("2a", 5 * 16, False, "forward-only: lambda = 5 candidates x 16 examples"),
+                                 ("2b", 16, True, "gradient: a batch of 16, forward + backward")):
+        ta, tb = alternate(lambda: [rows_through(per, grad) for _ in range(k)], lambda: rows_through(k * per, grad),
+                           args.reps)
+        rows.append(figure(key, f"bound on vectorised clients, {what} of {k} clients (MiniLM, {width} tokens): "
+                                f"{k} calls / one call", (f"{k} calls", "one call"), ta, tb,
+                           "speedup, equal results", lambda x: False,
+                           "runtime.client_batch not built: this is the most it could give on this CPU"))
+    return rows
+
+
 # ---------------------------------------------------------------- figure 3: evaluation done once
 
 
@@ -466,6 +498,38 @@ def figure_6(args) -> list[Figure]:
                    ("embedded x1", emb), seconds["embedded x1"], seconds[emb], "> 1x", lambda x: x > 1.0, note)]
 
 
+def figure_6c(args) -> list[Figure]:
+    """A Flower deployment on this machine, with and without the per-node worker; whole runs, loads counted."""
+    from fedpeft.runtime.flower.deployment import run_flower
+    from fedpeft.runtime.flower.local import LocalFederation
+
+    cfg = load_config(None, ["task.name=bbc", f"task.max_train={args.dist_train // 3}", "federation.num_clients=4",
+                             f"federation.rounds={args.dist_rounds + 1}", "method.name=fedprompt", "runtime.threads=1",
+                             "runtime.progress=false", "evaluation.report=false"])
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    loads: dict[bool, int] = {}
+    accs: dict[bool, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.dist_reps):
+            for worker in ((False, True) if r % 2 == 0 else (True, False)):
+                root = Path(tmp) / f"{worker}-{r}"
+                with LocalFederation(root / "fed") as fed:
+                    fed.start_superlink()
+                    for i in range(2):
+                        fed.start_node(f"node{i}", [2 * i, 2 * i + 1], worker=worker)
+                    sec, summary = clock(lambda: run_flower(cfg, root / "run", superlink=fed.address, insecure=True,
+                                                            timeout=3600))
+                seconds[worker].append(sec)
+                loads[worker] = sum(p["backbone_loads"] for p in summary["flower"]["processes"].values())
+                accs[worker] = [x["accuracy"] for x in RunDir(root / "run").read_metrics()]
+    note = (f"2 SuperNodes x 2 clients, {cfg.federation.rounds} rounds, {cfg.task.max_train} BBC examples; "
+            f"backbone loads per run: {loads[False]} with a load per message, {loads[True]} with the worker; "
+            f"accuracies per round identical: {'yes' if accs[True] == accs[False] else 'NO'}")
+    return [figure("6c", "Flower deployment: a model load per message / one long-lived worker per node",
+                   ("per message", "worker"), seconds[False], seconds[True], "1 load per node per run",
+                   lambda x: loads[True] == 2, note)]
+
+
 def table(figures: list[Figure], kept: list[str]) -> list[str]:
     """The rows measured now, the rows of figures not run this time as the last run wrote them (``kept``), and
     the figures not measured yet."""
@@ -477,7 +541,7 @@ def table(figures: list[Figure], kept: list[str]) -> list[str]:
                        f"{f.arms[0]} {f.seconds[0]:.2f} / {f.arms[1]} {f.seconds[1]:.2f} | {f.goal} | {status} |")
     for line in kept:
         key = line.split("|")[1].strip()
-        if key not in rows and not any(key[0] == f.key[0] for f in figures):
+        if key not in rows:
             rows[key] = line
     for key, what, goal in NOT_YET:
         rows.setdefault(key, f"| {key} | {what} | not measured yet | – | {goal} | – |")
@@ -507,10 +571,12 @@ def write(figures: list[Figure], args, seconds: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--figures", nargs="+", type=int, default=[1, 3, 4, 5, 6], choices=[1, 3, 4, 5, 6])
+    runs = {"1": figure_1, "2": figure_2, "3": figure_3, "4": figure_4, "5": figure_5, "6": figure_6, "6c": figure_6c}
+    ap.add_argument("--figures", nargs="+", default=list(runs), choices=list(runs))
     ap.add_argument("--reps", type=int, default=3, help="alternating repetitions of each figure's two arms")
     ap.add_argument("--clients", type=int, default=20, help="clients of the BBC federation (data per client)")
     ap.add_argument("--round-clients", type=int, default=2, help="clients in figure 1's whole round")
+    ap.add_argument("--vector-clients", type=int, default=4, help="figure 2: clients whose rows go together")
     ap.add_argument("--bb-examples", type=int, default=32, help="figure 5a: examples the candidates are scored on")
     ap.add_argument("--lm-batch", type=int, default=8, help="figure 5b: inputs in the SmolLM2 batch")
     ap.add_argument("--scale-clients", type=int, default=1000, help="figure 4: the largest federation")
@@ -523,7 +589,7 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     figures = []
-    for key, run in ((1, figure_1), (3, figure_3), (4, figure_4), (5, figure_5), (6, figure_6)):
+    for key, run in runs.items():
         if key in args.figures:
             figures += run(args)
     write(figures, args, time.perf_counter() - t0)
