@@ -41,6 +41,8 @@ SST2_ARMS = {  # SST-2, IID only
     "LDP: Laplace b=0.003": ["method.transforms=[{name: ldp, mechanism: laplace, clip: 1.0, noise: 0.003}]"],
     "LDP: Laplace b=0.01": ["method.transforms=[{name: ldp, mechanism: laplace, clip: 1.0, noise: 0.01}]"],
     "LDP: Gaussian z=1.0": ["method.transforms=[{name: ldp, mechanism: gaussian, clip: 1.0, noise: 1.0}]"],
+    "central DP: DP-FedAvg z=1.0, S=1.0": ["method.aggregator.name=uniform",
+                                           "method.wrappers=[{name: dp_fedavg, clip: 1.0, noise_multiplier: 1.0}]"],
     "variant: P-tuning (LSTM)": ["method.name=fedprompt-ptuning"],
     "variant: prefix tuning": ["method.name=fedavg-prefix", "method.adapter.num_tokens=20"],
 }

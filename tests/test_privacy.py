@@ -14,6 +14,7 @@ from dp_accounting.rdp import RdpAccountant
 
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS, AggregatorContext
 from fedpeft.aggregators.outlier_filter import OutlierFilterSettings
+from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
 from fedpeft.privacy import epsilon_after, gaussian_sigma, sampling_rate
 from fedpeft.runtime.embedded import StopAfterRound, run_embedded
@@ -189,3 +190,62 @@ def test_gaussian_ldp_reports_epsilon_and_delta(tiny_cfg, tmp_path):
     assert server["delta"] == 1e-5
     assert server["epsilon"] == pytest.approx(epsilon_after(1, "gaussian", noise_multiplier=1.1, q=2 / 3))
     assert server["epsilon_local"] == pytest.approx(epsilon_after(1, "gaussian", noise_multiplier=0.55))
+
+
+# ---------------------------------------------------------------- central DP: DP-FedAvg
+
+
+def _dp(clip: float, z: float, num_clients: int = 4, q: float = 1.0):
+    from fedpeft.aggregators.dp_fedavg import DpFedAvgSettings
+
+    ctx = AggregatorContext(num_clients=num_clients, seed=3, sampling_rate=q)
+    return WRAPPERS.get("dp_fedavg")(DpFedAvgSettings(clip=clip, noise_multiplier=z), ctx,
+                                     AGGREGATORS.get("uniform")(None, ctx))
+
+
+def test_dp_fedavg_is_the_clipped_uniform_mean_plus_noise_of_std_z_s_over_m():
+    from fedpeft.rng import SHARED, torch_rng
+
+    glob = {"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([0.0])}
+    ups = [Update(0, {"a": torch.tensor([4.0, 5.0]), "b": torch.tensor([0.0])}, 50),  # delta norm 5 -> clipped to 1
+           Update(1, {"a": torch.tensor([1.0, 1.5]), "b": torch.tensor([0.0])}, 1)]   # norm 0.5: kept
+    agg = _dp(clip=1.0, z=0.8, q=0.5)
+    new, state = agg.aggregate(glob, ups, agg.init(glob), 2)
+    mean = {"a": torch.tensor([1.0 + (0.6 + 0.0) / 2, 1.0 + (0.8 + 0.5) / 2]), "b": torch.tensor([0.0])}  # weights ignored
+    gen = torch_rng(3, 2, SHARED, "dp-fedavg")
+    std = 0.8 * 1.0 / 2
+    for k in sorted(glob):  # the noise, drawn in key order from the round's derived stream
+        expect = mean[k].double() + std * torch.randn(mean[k].shape, generator=gen, dtype=torch.float64)
+        assert torch.allclose(new[k].double(), expect, atol=1e-6)
+    assert state.scalars["clipped"] == 1 and state.scalars["dp_noise_std"] == pytest.approx(std)
+    assert state.scalars["epsilon"] == pytest.approx(epsilon_after(2, "gaussian", noise_multiplier=0.8, q=0.5))
+    assert agg.diagnostics(state)["epsilon"] == state.scalars["epsilon"]
+    # empirically: zero deltas from m = 5 clients leave only the noise, of std z*S/m
+    big = {"p": torch.zeros(20_000)}
+    new, _ = _dp(clip=2.0, z=1.5).aggregate(big, [Update(c, {"p": torch.zeros(20_000)}, 1) for c in range(5)],
+                                           Message(), 1)
+    assert float(new["p"].std()) == pytest.approx(1.5 * 2.0 / 5, rel=0.03) and abs(float(new["p"].mean())) < 0.01
+
+
+def test_dp_fedavg_wraps_only_the_uniform_mean(tiny_cfg):
+    from fedpeft.config import ConfigError
+
+    with pytest.raises(ConfigError, match="dp_fedavg' wraps only uniform"):
+        tiny_cfg(method__wrappers="[{name: dp_fedavg, clip: 1.0, noise_multiplier: 1.0}]")
+    with pytest.raises(ConfigError, match="noise_multiplier"):
+        tiny_cfg(method__aggregator__name="uniform", method__wrappers="[{name: dp_fedavg, clip: 1.0}]")
+
+
+def test_dp_fedavg_run_reports_epsilon_and_resumes_identically(tiny_cfg, tmp_path):
+    cfg = tiny_cfg(federation__num_clients=4, federation__clients_per_round=2, method__aggregator__name="uniform",
+                   method__wrappers="[{name: dp_fedavg, clip: 0.5, noise_multiplier: 1.2}]")
+    run_embedded(cfg, tmp_path / "full")
+    recs = RunDir(tmp_path / "full").read_metrics()
+    for r in recs:
+        assert r["server"]["epsilon"] == pytest.approx(
+            epsilon_after(r["round"], "gaussian", noise_multiplier=1.2, q=0.5))
+        assert r["server"]["dp_noise_std"] == pytest.approx(1.2 * 0.5 / 2)
+    with pytest.raises(StopAfterRound):
+        run_embedded(cfg, tmp_path / "cut", stop_after_round=1)
+    run_embedded(cfg, tmp_path / "cut", resume=True)
+    assert _strip(RunDir(tmp_path / "cut").read_metrics()) == _strip(recs)

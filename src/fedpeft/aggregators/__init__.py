@@ -4,6 +4,7 @@ from fedpeft.aggregators.base import AGGREGATORS, WRAPPERS, Aggregator, Aggregat
 from fedpeft.aggregators.fedavg import uniform_mean, weighted_mean
 from fedpeft.aggregators import (  # noqa: F401  (registration)
     clipping,
+    dp_fedavg,
     fedavg,
     fedopt,
     head_weighted,

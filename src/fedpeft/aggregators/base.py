@@ -55,6 +55,7 @@ class AggregatorContext:
     trainer: Any = None    # the local trainer's settings (e.g. its lr for control variates, CMA-ES lambda)
     adapter: Any = None    # the adapter's settings (e.g. the projected prompt's sigma_0)
     head_slices: dict = field(default_factory=dict)  # the adapter's head-assignable slices (head pruning)
+    sampling_rate: float = 1.0  # q of the client selection, for privacy accounting (``privacy.sampling_rate``)
 
 
 class AggregatorBase:
@@ -125,7 +126,10 @@ def to_float32(p: Params) -> Params:
 
 class AggregatorWrapper(AggregatorBase):
     """A server-side wrapper around any aggregator (norm clipping, robust filters, central DP): it sees the
-    updates first and delegates everything else to ``inner``. Built as ``cls(settings, ctx, inner)``."""
+    updates first and delegates everything else to ``inner``. Built as ``cls(settings, ctx, inner)``;
+    ``inner_aggregators`` names the aggregators it may wrap (None: any), checked when the config is loaded."""
+
+    inner_aggregators: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, settings: Any, ctx: AggregatorContext, inner: Aggregator) -> None:
         super().__init__(settings, ctx)

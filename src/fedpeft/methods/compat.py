@@ -37,6 +37,10 @@ def check_combination(cfg: ExperimentConfig) -> None:
                              f"; trainer '{m.trainer.name}' uploads {KINDS[kind]} (aggregators for it: "
                              f"{', '.join(allowed)})")
         needs |= set(cls.needs)
+        inner = getattr(cls, "inner_aggregators", None)
+        if inner is not None and m.aggregator.name not in inner:
+            raise ValueError(f"{where}.name: '{entry_name}' wraps only {', '.join(sorted(inner))}; set "
+                             f"method.aggregator.name to it (not '{m.aggregator.name}')")
     policy = SHARING.get(m.sharing.name)
     missing = needs - set(trainer.provides) - set(policy.provides)
     if missing:

@@ -33,6 +33,7 @@ from fedpeft.config import ExperimentConfig
 from fedpeft.downlink import DOWNLINKS, DownlinkContext, sync
 from fedpeft.downlink.base import SEP
 from fedpeft.post_tuning import POST_TUNING, PostTuningContext
+from fedpeft.privacy import sampling_rate
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
 from fedpeft.selection import SELECTORS, SelectorContext
 from fedpeft.sharing import SHARING, SharingContext
@@ -92,7 +93,8 @@ class ComposedMethod:
         adapter = ADAPTERS.settings_of(m.adapter)
         trainer_settings = TRAINERS.settings_of(m.trainer)
         head_slices = self.clf.adapter.head_slices(self.clf.backbone)
-        agg_ctx = AggregatorContext(cfg.federation.num_clients, cfg.seed, trainer_settings, adapter, head_slices)
+        agg_ctx = AggregatorContext(cfg.federation.num_clients, cfg.seed, trainer_settings, adapter, head_slices,
+                                    sampling_rate(cfg))
         self.aggregator = AGGREGATORS.get(m.aggregator.name)(AGGREGATORS.settings_of(m.aggregator), agg_ctx)
         for w in m.wrappers:
             self.aggregator = WRAPPERS.get(w.name)(WRAPPERS.settings_of(w), agg_ctx, self.aggregator)
