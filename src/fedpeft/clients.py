@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.comm.codec import Message
+
+if TYPE_CHECKING:
+    from fedpeft.backbones.gather import ForwardGather
 
 
 @dataclass
@@ -18,6 +22,7 @@ class ClientContext:
     weight: int | None = None                        # aggregation weight when it is not len(train) (attacks)
     asr_test: Encoded | None = None                  # triggered non-target test inputs labelled as the target
     malicious: bool = False                          # poisons its data (and boosts its delta when asked)
+    forward: ForwardGather | None = None             # black-box forwards shared with other clients (client_batch)
 
     @property
     def num_examples(self) -> int:

@@ -231,11 +231,17 @@ class RuntimeConfig(_Strict):
     client_workers: int = Field(1, ge=1, description="embedded runtime, CPU: processes that train a round's clients "
                                                      "side by side, forked after the backbone is loaded so they share "
                                                      "its weights; each uses runtime.threads threads (default 1)")
+    client_batch: int = Field(1, ge=1, description="embedded runtime, forward-only trainers: clients of a round whose "
+                                                   "black-box forwards run together in one backbone call (1: one "
+                                                   "client after another)")
 
     @model_validator(mode="after")
     def _workers_on_cpu(self) -> RuntimeConfig:
         if self.client_workers > 1 and self.device != "cpu":
             raise ValueError("client_workers > 1 forks processes for CPU training; on a GPU keep 1")
+        if self.client_workers > 1 and self.client_batch > 1:
+            raise ValueError("client_batch > 1 runs clients together in one process; it does not combine with "
+                             "client_workers > 1 (choose one)")
         return self
 
     @field_validator("device")

@@ -10,18 +10,23 @@ paper's clients do (spec: "PLM API (forward only) and embedding matrix e(V)").
 
 Population evaluation: ``losses(Z [P, d], ...)`` (or ``[P, T, d]`` prompts with ``param_dims=2``) stacks all P candidates along the batch dimension
 and runs them in ONE forward per data chunk (``batched=True``); ``batched=False`` runs one forward
-per candidate, for comparison. Both give the same per-candidate losses up to float rounding.
+per candidate, for comparison. Both give the same per-candidate losses up to float rounding. With a ``gather``
+(vectorised clients, ``runtime.client_batch``) each forward is run together with other clients' (``gather``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
+
+if TYPE_CHECKING:
+    from fedpeft.backbones.gather import ForwardGather
 
 
 @dataclass
@@ -42,8 +47,10 @@ class BlackBox:
     """``losses``/``logits`` of prompt vectors ``z`` on encoded data; nothing else of the model is reachable."""
 
     def __init__(self, classifier: Classifier, batched: bool = True, max_rows: int = 256,
-                 param_name: str = "z", param_dims: int = 1) -> None:
+                 param_name: str = "z", param_dims: int = 1, gather: ForwardGather | None = None,
+                 client: int = 0) -> None:
         self.__clf = classifier  # name-mangled: the client code has no business with the model
+        self.gather, self.client = gather, client  # vectorised clients: forwards shared with the group's others
         self.batched = batched
         self.max_rows = max_rows
         self.param_name = param_name
@@ -78,7 +85,9 @@ class BlackBox:
 
     def _forward(self, zc: torch.Tensor, data: Encoded, idx: list[int]) -> torch.Tensor:
         batch = self.__clf.batch(data, idx)
-        logits = self.__clf.logits({self.param_name: zc.float()}, batch)  # [P*n, C], candidate-major
+        params = {self.param_name: zc.float()}
+        logits = (self.__clf.logits(params, batch) if self.gather is None  # [P*n, C], candidate-major
+                  else self.gather.logits(self.client, params, batch))
         p, n = zc.shape[0], len(idx)
         self.usage.queries += 1
         self.usage.examples += p * n

@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import OrderedDict
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +81,13 @@ def tile_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], repeats: int, co
 
     return DynamicCache(ddp_cache_data=[(k.repeat(repeats, 1, 1, 1), v.repeat(repeats, 1, 1, 1)) for k, v in layers],
                         config=config)
+
+
+def _cut(value, start: int, stop: int, cols: int):
+    """Rows ``start:stop`` and the first ``cols`` positions of a model output (a tensor or a tuple of them)."""
+    if isinstance(value, tuple):
+        return tuple(v[start:stop, :cols] for v in value)
+    return value[start:stop, :cols]
 
 
 def readout_option(field: str, value: str, choices: tuple[str, ...], readout: str, excluded: str, why: str) -> str:
@@ -214,6 +223,39 @@ class Classifier:
         with self._autocast():
             logits = self.readout_logits(out, prep, batch, params)
         return logits.float() if self.autocast is not None else logits
+
+    def logits_many(self, calls: list[tuple[Params, dict[str, torch.Tensor]]]) -> list[torch.Tensor]:
+        """Class logits of several (params, batch) calls from ONE backbone forward (vectorised clients): each
+        call's inputs are prepared by the adapter on their own, right-padded to a common width and stacked; each
+        call's readout then reads its own rows, cut back to its width. Equal to ``[self.logits(p, b) ...]`` up to
+        float rounding. Calls that need their own forward (calibration rows, a cached frozen text, extra model
+        arguments, weight overrides) run one by one."""
+        if len(calls) < 2 or self.calibration == "contextual" or any(self.adapter.overrides(p) for p, _ in calls):
+            return [self.logits(p, b) for p, b in calls]
+        calls = [({k: v.to(self.device) for k, v in p.items()}, b) for p, b in calls]
+        preps = [self.adapter.prepare(self.backbone, p, b["input_ids"], b["attention_mask"], int(b["lead"]))
+                 for p, b in calls]
+        if any(prep.text is not None or prep.extra for prep in preps):
+            return [self.logits(p, b) for p, b in calls]
+        width = max(prep.embeds.shape[1] for prep in preps)
+        embeds = torch.cat([F.pad(prep.embeds, (0, 0, 0, width - prep.embeds.shape[1])) for prep in preps])
+        mask = torch.cat([F.pad(prep.attention_mask, (0, width - prep.attention_mask.shape[1])) for prep in preps])
+        kwargs: dict[str, Any] = {"inputs_embeds": embeds, "attention_mask": mask}
+        if self.backbone.family != "encoder" and self.readout != "verbalizer":
+            kwargs["output_hidden_states"] = True
+        split = self.backbone.body_and_head
+        model = self.backbone.model if split is None else split[1]
+        out_logits, start = [], 0
+        with self._autocast():
+            out = model(**kwargs)
+            for (p, b), prep in zip(calls, preps):
+                rows, cols = prep.embeds.shape[0], prep.embeds.shape[1]
+                own = SimpleNamespace(**{k: _cut(v, start, start + rows, cols) for k, v in out.items()
+                                         if k in ("logits", "last_hidden_state", "hidden_states")})
+                logits = self.readout_logits(own, prep, b, p)
+                out_logits.append(logits.float() if self.autocast is not None else logits)
+                start += rows
+        return out_logits
 
     # ---------------------------------------------------------------- contextual calibration
 

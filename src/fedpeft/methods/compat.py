@@ -27,6 +27,10 @@ def check_combination(cfg: ExperimentConfig) -> None:
     if trainer.adapters is not None and m.adapter.name not in trainer.adapters:
         raise ValueError(f"method.trainer.name: '{m.trainer.name}' trains {' or '.join(sorted(trainer.adapters))}, "
                          f"not the adapter '{m.adapter.name}'")
+    if cfg.runtime.client_batch > 1 and not trainer.vectorised:
+        able = sorted(n for n in TRAINERS.names() if TRAINERS.get(n).vectorised)
+        raise ValueError(f"runtime.client_batch: trainer '{m.trainer.name}' cannot run its clients' model calls "
+                         f"together; forward-only trainers can ({', '.join(able)}); keep 1")
     needs: set[str] = set()
     for where, entry_name, registry in [("method.aggregator", m.aggregator.name, AGGREGATORS),
                                         *[(f"method.wrappers.{i}", w.name, WRAPPERS) for i, w in enumerate(m.wrappers)]]:

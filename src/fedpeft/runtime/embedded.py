@@ -13,11 +13,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from rich.progress import Progress
 
+from fedpeft.backbones.gather import ForwardGather
 from fedpeft.build import build
 from fedpeft.comm.codec import Message, decode
 from fedpeft.config import ExperimentConfig
@@ -49,7 +51,8 @@ class InProcessTransport:
     """Delivers each instruction by calling the client handlers directly; keeps client states in memory.
 
     Clients run one after another, or side by side on forked workers sharing the backbone
-    (``runtime.client_workers``); with ``federation.round_timeout`` each is held to the deadline
+    (``runtime.client_workers``), or in groups whose black-box forwards share backbone calls
+    (``runtime.client_batch``, ``backbones.gather``); with ``federation.round_timeout`` each is held to the deadline
     by its own elapsed time, as if they ran side by side: a later reply is ignored and logged, its state not kept."""
 
     def __init__(self, cfg: ExperimentConfig, method: Method, exp: Experiment, bar: Progress,
@@ -57,12 +60,18 @@ class InProcessTransport:
         self.cfg, self.method, self.exp, self.bar, self.reply_hook = cfg, method, exp, bar, reply_hook
         self.workers = workers
         self.states: dict[int, Message] = {}
+        self.shared = {"backbone_calls": 0, "forward_requests": 0}  # this round's, with runtime.client_batch > 1
         self.clients_task = bar.add_task("clients", total=0)
 
     def train(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
         self.bar.reset(self.clients_task, total=len(instructions), description=f"round {round} clients")
-        done = self._on_workers(round, instructions) if self.workers is not None else (
-            self._here(round, cid, payload) for cid, payload in instructions.items())
+        self.shared = dict.fromkeys(self.shared, 0)
+        if self.workers is not None:
+            done = self._on_workers(round, instructions)
+        elif self.cfg.runtime.client_batch > 1:
+            done = self._together(round, instructions)
+        else:
+            done = (self._here(round, cid, payload) for cid, payload in instructions.items())
         results: dict[int, bytes | BaseException] = {}
         timeout = self.cfg.federation.round_timeout
         for cid, outcome, state, took in done:
@@ -82,10 +91,12 @@ class InProcessTransport:
             self.bar.advance(self.clients_task)
         return results
 
-    def _here(self, round: int, cid: int, payload: bytes) -> tuple[int, bytes | BaseException, Message, float]:
+    def _here(self, round: int, cid: int, payload: bytes,
+              group: ForwardGather | None = None) -> tuple[int, bytes | BaseException, Message, float]:
         """One client in this process: (client, reply or error, its new state, seconds)."""
         ctx = self.exp.client(cid)
         ctx.state = _copy(self.states.get(cid, Message()))
+        ctx.forward = group
         t0 = time.monotonic()
         try:
             inject(self.cfg.faults, self.cfg.seed, round, cid)
@@ -93,7 +104,26 @@ class InProcessTransport:
         except Exception as e:  # one failing client must not kill the round
             log.exception("round %d: client %d raised", round, cid)
             reply = e
+        finally:
+            if group is not None:
+                group.leave()
         return cid, reply, ctx.state, time.monotonic() - t0
+
+    def _together(self, round: int,
+                  instructions: dict[int, bytes]) -> Iterator[tuple[int, bytes | BaseException, Message, float]]:
+        """The round's clients in groups of ``runtime.client_batch``, each client in a thread, a group's black-box
+        forwards run together (``ForwardGather``); results in client order."""
+        ids, k = list(instructions), self.cfg.runtime.client_batch
+        for start in range(0, len(ids), k):
+            group = ids[start:start + k]
+            for cid in group:
+                self.exp.client(cid)  # data encoded (and cached) here, not by racing threads
+            gather = ForwardGather(self.exp.classifier, len(group))
+            with ThreadPoolExecutor(len(group), thread_name_prefix="client") as pool:
+                futures = [pool.submit(self._here, round, cid, instructions[cid], gather) for cid in group]
+                yield from (f.result() for f in futures)
+            self.shared["backbone_calls"] += gather.calls
+            self.shared["forward_requests"] += gather.requests
 
     def _on_workers(self, round: int,
                     instructions: dict[int, bytes]) -> Iterator[tuple[int, bytes | BaseException, Message, float]]:
@@ -126,7 +156,8 @@ class InProcessTransport:
         pass
 
     def round_extra(self) -> dict[str, Any]:
-        return {}
+        """With ``runtime.client_batch`` > 1: the backbone calls the round's black-box forwards took together."""
+        return {"client_batch": dict(self.shared)} if self.cfg.runtime.client_batch > 1 else {}
 
     def summary_extra(self) -> dict[str, Any]:
         return {}

@@ -117,6 +117,7 @@ class TrainerBase:
     """Defaults: the instruction is the shared tensors themselves; evaluation through the classifier."""
 
     kind: ClassVar[str] = PARAMS
+    vectorised: ClassVar[bool] = False  # its clients' model calls can run together (``runtime.client_batch``)
     adapters: ClassVar[frozenset[str] | None] = None
     scalars: ClassVar[tuple[str, ...]] = ()
     provides: ClassVar[frozenset[str]] = frozenset()

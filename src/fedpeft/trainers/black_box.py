@@ -105,6 +105,7 @@ def cov_from(tensors: dict[str, torch.Tensor], d: int) -> np.ndarray:
                    CMAESTrainerSettings)
 class CMAESTrainer(TrainerBase):
     kind = DISTRIBUTION
+    vectorised = True
     adapters = frozenset({"projected_prompt"})
     scalars = ("train_loss",)
     provides = frozenset({"train_loss", "loss", "sigmas"})
@@ -162,7 +163,8 @@ class CMAESTrainer(TrainerBase):
         s = self.settings
         start = CMAState(_f64(params[Z]), float(instruction.scalars["sigma"]), cov_from(instruction.tensors, self.d))
         vocab, span = self._perturbation_inputs() if s.perturb_rate > 0 else (None, None)
-        box = BlackBox(self.clf, batched=s.batched, max_rows=s.max_rows)
+        box = BlackBox(self.clf, batched=s.batched, max_rows=s.max_rows, gather=client.forward,
+                       client=client.client_id)
         rng, noise_rng = cmaes_streams(client.seed, round, client.client_id, s.noise)
         res = local_cmaes(box, client.train, start, s, rng, vocab, span, evaluate_start=s.evaluate_start,
                           covariance=s.covariance, noise_rng=noise_rng)

@@ -102,6 +102,7 @@ def search(box: BlackBox, vocab: Vocabulary, prompt: torch.Tensor, data: Encoded
                    DiscreteSearchSettings)
 class DiscreteSearchTrainer(TrainerBase):
     kind = PARAMS
+    vectorised = True
     adapters = frozenset({"token_prompt"})
     scalars = ("train_loss",)
     provides = frozenset({"train_loss"})
@@ -110,8 +111,11 @@ class DiscreteSearchTrainer(TrainerBase):
         super().__init__(settings, ctx)
         self._vocab: Vocabulary | None = None
 
-    def _box(self, max_rows: int) -> BlackBox:
-        return BlackBox(self.clf, max_rows=max_rows, param_name=PROMPT, param_dims=2)
+    def _box(self, max_rows: int, client: ClientContext | None = None) -> BlackBox:
+        """The black box, sharing its forwards with other clients where the runtime groups them."""
+        return BlackBox(self.clf, max_rows=max_rows, param_name=PROMPT, param_dims=2,
+                        gather=client.forward if client is not None else None,
+                        client=client.client_id if client is not None else 0)
 
     def vocabulary(self) -> Vocabulary:
         if self._vocab is None:
@@ -148,13 +152,13 @@ class DiscreteSearchTrainer(TrainerBase):
         if frozen or static:
             raise ValueError("method.trainer.name: 'discrete_search' searches whole rows; it cannot freeze parts")
         vocab = self.vocabulary()
-        box = self._box(self.settings.max_rows)
+        box = self._box(self.settings.max_rows, client)
         rng = numpy_rng(client.seed, round, client.client_id, "discrete-search")
         prompt, changed, tokens, trace = search(box, vocab, params[PROMPT], client.train, self.settings, rng)
         if len(client.train) <= self.settings.full_set_max:
             loss = trace[-1]
         else:  # the trace holds minibatch losses: report the whole local set (not counted as search queries)
-            loss = float(self._box(self.settings.max_rows).losses(prompt, client.train)[0])
+            loss = float(self._box(self.settings.max_rows, client).losses(prompt, client.train)[0])
         scalars = {"train_loss": loss, "rows_changed": int(changed.sum()), **box.usage.as_dict()}
         upload = encode_tokens(tokens, changed, vocab.table.shape[0])
         return Update(client.client_id, {TOKENS: upload}, client.num_examples, {}, scalars), {}

@@ -1,0 +1,144 @@
+"""Vectorised clients (``runtime.client_batch``): several calls in one backbone forward give each call's own logits,
+a group's requests meet in an order that does not depend on thread timing, and whole runs equal running the
+clients one after another (tolerance: float rounding of the larger padded batch, 1e-5 on logits)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+from conftest import tiny_overrides
+
+from fedpeft.backbones.gather import ForwardGather
+from fedpeft.build import build
+from fedpeft.config import ConfigError
+from fedpeft.resolve import load_config
+from fedpeft.runtime.embedded import run_embedded
+from fedpeft.tracking.rundir import RunDir
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+BLACK_BOX = {"fedbpt": {"method.trainer.max_steps": None, "method.trainer.batch_size": None},
+             "discrete-prompt": {"method.trainer.max_steps": None, "method.trainer.batch_size": None}}
+
+
+def _cfg(preset: str, model: str = "tiny-bert", **extra):
+    over = {"method.name": preset, "model.name": model, "method.adapter.num_tokens": None,
+            **BLACK_BOX.get(preset, {}), **{k.replace("__", "."): v for k, v in extra.items()}}
+    return load_config(None, tiny_overrides(**over))
+
+
+@pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
+@pytest.mark.parametrize("preset,key", [("fedbpt", "z"), ("discrete-prompt", "prompt")])
+def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key):
+    b = build(_cfg(preset, model))
+    clf, data = b.exp.classifier, b.exp.client(0).train
+    base = b.method.initial_params()[key]
+    gen = torch.Generator().manual_seed(0)
+    calls = []
+    for pop, rows in ((3, [0, 1, 2, 3]), (1, [5, 9]), (2, list(range(10, 17)))):  # unequal widths and sizes
+        cand = base.unsqueeze(0).repeat(pop, *[1] * base.dim()) + 0.3 * torch.randn(pop, *base.shape, generator=gen)
+        calls.append(({key: cand}, clf.batch(data, rows)))
+    with torch.inference_mode():
+        together = clf.logits_many(calls)
+        alone = [clf.logits(p, bt) for p, bt in calls]
+    assert [t.shape for t in together] == [a.shape for a in alone]
+    for t, a in zip(together, alone):
+        assert torch.allclose(t, a, atol=1e-5, rtol=1e-5)
+
+
+def test_a_groups_jth_call_holds_every_clients_jth_request_whatever_the_timing():
+    class Recording:
+        def __init__(self):
+            self.calls = []
+
+        def logits_many(self, calls):
+            self.calls.append([int(p["c"]) * 100 + int(p["j"]) for p, _ in calls])
+            return [p["c"] * 10 + p["j"] for p, _ in calls]
+
+    requests = {0: 3, 1: 1, 2: 2}  # client -> how many forwards it makes
+    for trial in range(3):
+        rec = Recording()
+        gather = ForwardGather(rec, len(requests))
+        got = {}
+        rnd = random.Random(trial)
+
+        def client(c):
+            try:
+                for j in range(requests[c]):
+                    time.sleep(rnd.random() * 0.01)
+                    got[(c, j)] = gather.logits(c, {"c": torch.tensor(c), "j": torch.tensor(j)}, {})
+            finally:
+                gather.leave()
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in (2, 0, 1)]
+        [t.start() for t in threads]
+        [t.join(10) for t in threads]
+        assert rec.calls == [[0, 100, 200], [1, 201], [2]]  # client order within a call, j-th with j-th
+        assert all(float(got[(c, j)]) == c * 10 + j for c in requests for j in range(requests[c]))
+        assert (gather.calls, gather.requests) == (3, 6)
+
+
+def test_a_failing_shared_forward_fails_every_waiting_client_and_nobody_hangs():
+    class Broken:
+        def logits_many(self, calls):
+            raise RuntimeError("out of memory")
+
+    gather = ForwardGather(Broken(), 2)
+    errors = []
+
+    def client(c):
+        try:
+            gather.logits(c, {}, {})
+        except RuntimeError as e:
+            errors.append(str(e))
+        finally:
+            gather.leave()
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(2)]
+    [t.start() for t in threads]
+    [t.join(10) for t in threads]
+    assert not any(t.is_alive() for t in threads) and len(errors) == 2 and "out of memory" in errors[0]
+
+
+def _records(path):
+    return RunDir(path).read_metrics()
+
+
+@pytest.mark.parametrize("preset", ["fedbpt", "discrete-prompt"])
+def test_a_run_with_clients_together_equals_one_after_another(tmp_path, preset):
+    seq = _cfg(preset, federation__num_clients=4)
+    vec = _cfg(preset, federation__num_clients=4, runtime__client_batch=3)
+    run_embedded(seq, tmp_path / "seq")
+    run_embedded(vec, tmp_path / "vec")
+    a, b = _records(tmp_path / "seq"), _records(tmp_path / "vec")
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["accuracy"] == pytest.approx(rb["accuracy"], abs=1e-9)
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-4)
+        for ca, cb in zip(ra["clients"], rb["clients"], strict=True):
+            assert ca["train_loss"] == pytest.approx(cb["train_loss"], abs=1e-4)
+            assert ca["queries"] == cb["queries"]  # each client's own count of model calls is unchanged
+        shared = rb["client_batch"]
+        assert 0 < shared["backbone_calls"] < shared["forward_requests"]  # forwards were actually shared
+    assert "client_batch" not in a[0]
+    sa, sb = RunDir(tmp_path / "seq").load_checkpoint()[1], RunDir(tmp_path / "vec").load_checkpoint()[1]
+    for k in sa.tensors:
+        assert torch.allclose(sa.tensors[k].double(), sb.tensors[k].double(), atol=1e-4), k
+
+
+def test_a_failing_client_in_a_group_leaves_the_others_to_finish(tmp_path):
+    cfg = _cfg("fedbpt", federation__num_clients=3, federation__rounds=1, runtime__client_batch=3,
+               faults__fail_clients="[1]", federation__min_clients=2)
+    run_embedded(cfg, tmp_path / "run")
+    rec = _records(tmp_path / "run")[0]
+    assert [c["status"] for c in rec["clients"]] == ["ok", "failed", "ok"]
+
+
+def test_client_batch_needs_a_forward_only_trainer_and_no_workers():
+    with pytest.raises(ConfigError, match="runtime.client_batch: trainer 'adam'"):
+        _cfg("fedprompt", runtime__client_batch=2)
+    with pytest.raises(ConfigError, match="client_batch > 1 runs clients together"):
+        _cfg("fedbpt", runtime__client_batch=2, runtime__client_workers=2)
