@@ -21,9 +21,13 @@ from fedpeft.runtime.flower.node_service import serve
 from fedpeft.runtime.server import RoundDriver
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # the worker process builds with runtime.threads=1 as well
+
+
 def _message(tmp_path, **extra):
-    """A tiny run's round-1 instructions and the settings a FlowerTransport would send with them."""
-    cfg = load_config(None, tiny_overrides(**extra))
+    """A tiny run's round-1 instructions and the settings a FlowerTransport would send with them (one torch
+    thread in both processes: bit-equal replies need the same thread count)."""
+    cfg = load_config(None, tiny_overrides(runtime__threads=1, **extra))
     b = build(cfg)
     driver = RoundDriver(cfg, b.method)
     state = b.method.server_init()
