@@ -127,9 +127,12 @@ def to_float32(p: Params) -> Params:
 class AggregatorWrapper(AggregatorBase):
     """A server-side wrapper around any aggregator (norm clipping, robust filters, central DP): it sees the
     updates first and delegates everything else to ``inner``. Built as ``cls(settings, ctx, inner)``;
-    ``inner_aggregators`` names the aggregators it may wrap (None: any), checked when the config is loaded."""
+    ``inner_aggregators`` names the aggregators it may wrap (None: any), checked when the config is loaded.
+    The scalars it keeps in the state (``own_scalars``, e.g. how many clients it clipped this round) are hidden
+    from the inner aggregator and reported by ``diagnostics``."""
 
     inner_aggregators: ClassVar[frozenset[str] | None] = None
+    own_scalars: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, settings: Any, ctx: AggregatorContext, inner: Aggregator) -> None:
         super().__init__(settings, ctx)
@@ -141,19 +144,36 @@ class AggregatorWrapper(AggregatorBase):
         return self.inner.init(glob)
 
     def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
-        return self.inner.aggregate(glob, self.transform(glob, updates, round), state, round)
+        new_glob, new_state = self.inner.aggregate(glob, self.transform(glob, updates, round),
+                                                   self.inner_state(state), round)
+        return new_glob, self.with_own(new_state, self.round_scalars())
 
     def transform(self, glob: Params, updates: Sequence[Update], round: int) -> list[Update]:
         return list(updates)
 
+    def round_scalars(self) -> dict[str, Any]:
+        """This wrapper's own scalars after the last ``transform`` (kept in the state)."""
+        return {}
+
+    def inner_state(self, state: Message) -> Message:
+        """``state`` as the inner aggregator knows it: without this wrapper's own scalars."""
+        return Message(state.tensors, {k: v for k, v in state.scalars.items() if k not in self.own_scalars})
+
+    def own(self, state: Message) -> dict[str, Any]:
+        return {k: v for k, v in state.scalars.items() if k in self.own_scalars}
+
+    @staticmethod
+    def with_own(state: Message, scalars: dict[str, Any]) -> Message:
+        return Message(state.tensors, dict(state.scalars) | scalars)
+
     def broadcast(self, state: Message) -> Message:
-        return self.inner.broadcast(state)
+        return self.inner.broadcast(self.inner_state(state))
 
     def restrict(self, state: Message, keep: set[str]) -> Message:
-        return self.inner.restrict(state, keep)
+        return self.with_own(self.inner.restrict(self.inner_state(state), keep), self.own(state))
 
     def diagnostics(self, state: Message) -> dict[str, float]:
-        return self.inner.diagnostics(state)
+        return dict(self.inner.diagnostics(self.inner_state(state))) | self.own(state)
 
 
 WRAPPERS: Registry[type] = Registry("aggregation wrapper")  # classes built as cls(settings, ctx, inner)

@@ -20,7 +20,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import WRAPPERS, AggregatorWrapper, Params, flatten, unflatten
-from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
 
 CLIPPED = "clipped"
@@ -56,33 +55,14 @@ def clip_updates(glob: Params, updates: Sequence[Update], max_norm: float) -> tu
     return out, clipped
 
 
-def _without(state: Message) -> Message:
-    return Message(state.tensors, {k: v for k, v in state.scalars.items() if k != CLIPPED})
-
-
 @WRAPPERS.register("clip", "scale every client delta to L2 norm at most max_norm before aggregating "
                    "(Sun et al. 2019 norm thresholding)", ClipSettings)
 class Clip(AggregatorWrapper):
+    own_scalars = (CLIPPED,)
+
     def transform(self, glob: Params, updates: Sequence[Update], round: int) -> list[Update]:
         out, self._clipped = clip_updates(glob, updates, self.settings.max_norm)
         return out
 
-    def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
-        new_glob, new_state = self.inner.aggregate(glob, self.transform(glob, updates, round), _without(state),
-                                                   round)
-        return new_glob, Message(new_state.tensors, dict(new_state.scalars) | {CLIPPED: int(self._clipped)})
-
-    def broadcast(self, state: Message) -> Message:
-        return self.inner.broadcast(_without(state))
-
-    def restrict(self, state: Message, keep: set[str]) -> Message:
-        out = self.inner.restrict(_without(state), keep)
-        if CLIPPED in state.scalars:
-            out = Message(out.tensors, dict(out.scalars) | {CLIPPED: state.scalars[CLIPPED]})
-        return out
-
-    def diagnostics(self, state: Message) -> dict[str, float]:
-        out = dict(self.inner.diagnostics(_without(state)))
-        if CLIPPED in state.scalars:
-            out[CLIPPED] = state.scalars[CLIPPED]
-        return out
+    def round_scalars(self) -> dict[str, int]:
+        return {CLIPPED: int(self._clipped)}

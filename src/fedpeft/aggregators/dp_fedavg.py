@@ -30,7 +30,6 @@ from fedpeft.comm.update import Update
 from fedpeft.privacy import gaussian_epsilon
 from fedpeft.rng import SHARED, torch_rng
 
-OWN = ("epsilon", "delta", "dp_noise_std", "clipped")  # state scalars of this wrapper, hidden from the inner one
 
 
 class DpFedAvgSettings(BaseModel):
@@ -47,33 +46,20 @@ def dp_noise_std(clip: float, noise_multiplier: float, clients: int) -> float:
     return noise_multiplier * clip / clients
 
 
-def _without(state: Message) -> Message:
-    return Message(state.tensors, {k: v for k, v in state.scalars.items() if k not in OWN})
-
-
 @WRAPPERS.register("dp_fedavg", "central client-level DP (DP-FedAvg): clip each delta to S, uniform mean, add "
                    "N(0, (z S / m)^2) noise; epsilon from dp-accounting", DpFedAvgSettings)
 class DpFedAvg(AggregatorWrapper):
     inner_aggregators = frozenset({"uniform"})  # the sensitivity S/m holds for the uniform mean only
+    own_scalars = ("epsilon", "delta", "dp_noise_std", "clipped")
 
     def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
         s = self.settings
         clipped, n_clipped = clip_updates(glob, updates, s.clip)
-        new_glob, new_state = self.inner.aggregate(glob, clipped, _without(state), round)
+        new_glob, new_state = self.inner.aggregate(glob, clipped, self.inner_state(state), round)
         std = dp_noise_std(s.clip, s.noise_multiplier, len(updates))
         gen = torch_rng(self.ctx.seed, round, SHARED, "dp-fedavg")
         noisy = {k: (v.double() + std * torch.randn(v.shape, generator=gen, dtype=torch.float64)).float()
                  if k in glob else v for k, v in sorted(new_glob.items())}
         eps = gaussian_epsilon(round, s.noise_multiplier, self.ctx.sampling_rate, s.delta)
-        return noisy, Message(new_state.tensors, dict(new_state.scalars) | {
-            "epsilon": eps, "delta": s.delta, "dp_noise_std": std, "clipped": int(n_clipped)})
-
-    def broadcast(self, state: Message) -> Message:
-        return self.inner.broadcast(_without(state))
-
-    def restrict(self, state: Message, keep: set[str]) -> Message:
-        out = self.inner.restrict(_without(state), keep)
-        return Message(out.tensors, dict(out.scalars) | {k: v for k, v in state.scalars.items() if k in OWN})
-
-    def diagnostics(self, state: Message) -> dict[str, float]:
-        return dict(self.inner.diagnostics(_without(state))) | {k: v for k, v in state.scalars.items() if k in OWN}
+        return noisy, self.with_own(new_state, {"epsilon": eps, "delta": s.delta, "dp_noise_std": std,
+                                                "clipped": int(n_clipped)})

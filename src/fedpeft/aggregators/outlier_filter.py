@@ -20,7 +20,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import WRAPPERS, AggregatorWrapper, Params
-from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
 
 log = logging.getLogger(__name__)
@@ -74,13 +73,11 @@ def flag_outliers(glob: Params, updates: Sequence[Update], z: float, statistic: 
     return [a or b for a, b in zip(by_mean, by_std)]
 
 
-def _without(state: Message) -> Message:
-    return Message(state.tensors, {k: v for k, v in state.scalars.items() if k != FILTERED})
-
-
 @WRAPPERS.register("outlier_filter", "drop clients whose update mean or std is a robust outlier (median ± "
                    "z·MAD) before aggregating (FedPrompt §V)", OutlierFilterSettings)
 class OutlierFilter(AggregatorWrapper):
+    own_scalars = (FILTERED,)
+
     def transform(self, glob: Params, updates: Sequence[Update], round: int) -> list[Update]:
         s = self.settings if self.settings is not None else OutlierFilterSettings()
         flags = flag_outliers(glob, updates, s.z, s.statistic, s.min_clients)
@@ -93,22 +90,5 @@ class OutlierFilter(AggregatorWrapper):
         self._filtered = len(dropped)
         return [u for u in updates if u.client not in dropped]
 
-    def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
-        kept = self.transform(glob, updates, round)
-        new_glob, new_state = self.inner.aggregate(glob, kept, _without(state), round)
-        return new_glob, Message(new_state.tensors, dict(new_state.scalars) | {FILTERED: int(self._filtered)})
-
-    def broadcast(self, state: Message) -> Message:
-        return self.inner.broadcast(_without(state))
-
-    def restrict(self, state: Message, keep: set[str]) -> Message:
-        out = self.inner.restrict(_without(state), keep)
-        if FILTERED in state.scalars:
-            out = Message(out.tensors, dict(out.scalars) | {FILTERED: state.scalars[FILTERED]})
-        return out
-
-    def diagnostics(self, state: Message) -> dict[str, float]:
-        out = dict(self.inner.diagnostics(_without(state)))
-        if FILTERED in state.scalars:
-            out[FILTERED] = state.scalars[FILTERED]
-        return out
+    def round_scalars(self) -> dict[str, int]:
+        return {FILTERED: int(self._filtered)}

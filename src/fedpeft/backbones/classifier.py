@@ -164,7 +164,7 @@ class Classifier:
         prep = self.adapter.prepare(self.backbone, params, batch["input_ids"], batch["attention_mask"],
                                     int(batch["lead"]))
         kwargs = {"inputs_embeds": prep.embeds, "attention_mask": prep.attention_mask, **prep.extra}
-        if hidden_states or (self.backbone.family != "encoder" and self.readout != "verbalizer"):
+        if hidden_states or self._reads_hidden_states():
             kwargs["output_hidden_states"] = True
         if attentions:
             kwargs["output_attentions"] = True
@@ -181,6 +181,10 @@ class Classifier:
                 kwargs["past_key_values"] = self._text_cache(prep.text, model, over)
             out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
         return out, prep, params
+
+    def _reads_hidden_states(self) -> bool:
+        """A decoder's pooled readouts read the last layer's hidden states (HF returns no last_hidden_state)."""
+        return self.backbone.family != "encoder" and self.readout != "verbalizer"
 
     def _text_cache(self, text: FrozenText, model, over: Params):
         """Key/value cache of the frozen text, tiled for ``text.repeats`` candidates: computed once, and kept (up to
@@ -241,7 +245,7 @@ class Classifier:
         embeds = torch.cat([F.pad(prep.embeds, (0, 0, 0, width - prep.embeds.shape[1])) for prep in preps])
         mask = torch.cat([F.pad(prep.attention_mask, (0, width - prep.attention_mask.shape[1])) for prep in preps])
         kwargs: dict[str, Any] = {"inputs_embeds": embeds, "attention_mask": mask}
-        if self.backbone.family != "encoder" and self.readout != "verbalizer":
+        if self._reads_hidden_states():
             kwargs["output_hidden_states"] = True
         split = self.backbone.body_and_head
         model = self.backbone.model if split is None else split[1]

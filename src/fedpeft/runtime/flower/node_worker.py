@@ -99,22 +99,26 @@ def request(node_config: dict[str, Any], settings: dict[str, Any], payloads: dic
     """Have the node's worker serve one message (starting the worker if none answers); its Reply."""
     addr = WorkerAddress.for_node(node_config)
     header = {"op": "train" if train else "evaluate", "settings": settings, "node_config": node_config}
-    for attempt in (1, 2):
+    try:
+        head, out = _exchange(addr, node_config, header, payloads)
+    except (EOFError, ConnectionError) as e:
+        log.warning("the node worker at %s went away during the message (%s); starting it again", addr.socket,
+                    type(e).__name__)
         try:
-            with _connect(addr, node_config) as conn:
-                _send(conn, header, payloads)
-                head, out = _receive(conn)
-        except (EOFError, ConnectionError) as e:
-            if attempt == 2:
-                raise RuntimeError(f"the node worker at {addr.socket} died twice during one message "
-                                   f"(see {addr.log_file})") from e
-            log.warning("the node worker at %s went away during the message (%s); starting it again",
-                        addr.socket, type(e).__name__)
-            continue
-        if "error" in head:
-            raise RuntimeError(f"node worker: {head['error']}")
-        return Reply(out, {int(k): str(v) for k, v in head["errors"].items()}, dict(head["node"]))
-    raise AssertionError("unreachable")
+            head, out = _exchange(addr, node_config, header, payloads)
+        except (EOFError, ConnectionError) as again:
+            raise RuntimeError(f"the node worker at {addr.socket} died twice during one message "
+                               f"(see {addr.log_file})") from again
+    if "error" in head:
+        raise RuntimeError(f"node worker: {head['error']}")
+    return Reply(out, {int(k): str(v) for k, v in head["errors"].items()}, dict(head["node"]))
+
+
+def _exchange(addr: WorkerAddress, node_config: dict[str, Any], header: dict[str, Any],
+              payloads: dict[int, bytes]) -> tuple[dict[str, Any], dict[int, bytes]]:
+    with _connect(addr, node_config) as conn:
+        _send(conn, header, payloads)
+        return _receive(conn)
 
 
 def stop_worker(node_config: dict[str, Any]) -> bool:
