@@ -31,9 +31,11 @@ range. Figures:
    every ``flwr-clientapp`` process (one per message); backbone loads per run from summary.json, accuracies must
    agree.
 
-2. Vectorised clients: one round's local work of k clients of a forward-only method (FedBPT's CMA-ES, the
-   discrete token search; MiniLM, SST-2) one after another against the same clients with their black-box forwards
-   in one backbone call per step (``runtime.client_batch: k``, ``backbones.gather``); the uploads must agree.
+2. Vectorised clients: one round's local work of k clients (MiniLM, SST-2) one after another against the same
+   clients with their model calls together (``runtime.client_batch: k``, ``backbones.gather``): for forward-only
+   methods (FedBPT's CMA-ES, the discrete token search) their black-box forwards in one backbone call per step; for
+   a gradient method (FedPrompt's soft prompt, Adam) each step's forward and backward shared, each client with its
+   own optimizer; the uploads must agree.
 
 Figure 7 (GPU) is a row marked "not measured yet".
 
@@ -310,17 +312,21 @@ VECTOR_PRESETS = {  # label -> the preset's overrides at this figure's size (the
                                     "method.adapter.intrinsic_dim=50", "method.trainer.iterations=2"],
     "discrete prompt search (K = 5)": ["method.name=discrete-prompt", "method.adapter.num_tokens=10",
                                        "method.trainer.steps=4", "method.trainer.batch_size=16"],
+    "FedPrompt soft prompt (Adam, batch 16, 4 steps)": ["method.name=fedprompt", "method.trainer.batch_size=16",
+                                                       "method.trainer.max_steps=4"],
 }
 
 
 def figure_2(args) -> list[Figure]:
-    """A round's clients of a forward-only method, one after another (``runtime.client_batch: 1``) against
-    ``--vector-clients`` of them with their black-box forwards in one backbone call; same replies required."""
+    """A round's clients, one after another (``runtime.client_batch: 1``) against ``--vector-clients`` of them with
+    their model calls together: forward-only methods' forwards in one backbone call (2a, 2b), a gradient method's
+    steps in one forward and one backward (2c); same replies required (up to float rounding)."""
     from fedpeft.runtime.embedded import InProcessTransport
 
     k, rows = args.vector_clients, []
-    for (label, over), key in zip(VECTOR_PRESETS.items(), ("2a", "2b")):
-        base = ["task.name=sst2", f"task.max_train={16 * k}", "task.max_test=40", "task.max_length=40",
+    for (label, over), key in zip(VECTOR_PRESETS.items(), ("2a", "2b", "2c")):
+        per_client = 64 if key == "2c" else 16  # a gradient client takes 4 minibatches of 16
+        base = ["task.name=sst2", f"task.max_train={per_client * k}", "task.max_test=40", "task.max_length=40",
                 f"federation.num_clients={k}", "runtime.progress=false", *over]
         b = build(load_config(None, base))
         vec_cfg = load_config(None, base + [f"runtime.client_batch={k}"])
@@ -339,9 +345,9 @@ def figure_2(args) -> list[Figure]:
         diff = max(float((seq[c][n].double() - tog[c][n].double()).abs().max()) for c in seq for n in seq[c])
         shared = arms["together"].shared
         rows.append(figure(key, f"{label}: {k} clients' local work (MiniLM, SST-2, {len(b.exp.client(0).train)} "
-                                "examples each), one after another / forwards together (`runtime.client_batch`)",
+                                "examples each), one after another / model calls together (`runtime.client_batch`)",
                            ("sequential", "together"), ta, tb, "speedup, equal results", lambda x: x > 1.0,
-                           f"max abs difference of the uploads {diff:.1e}; {shared['forward_requests']} forwards in "
+                           f"max abs difference of the uploads {diff:.1e}; {shared['forward_requests']} model calls in "
                            f"{shared['backbone_calls']} backbone calls"))
     return rows
 
@@ -472,7 +478,8 @@ def figure_4(args) -> list[Figure]:
     per_client = {n: g["round_s"] / g["clients"] for n, g in got.items()}
     rss = ", ".join(f"{n}: {g['rss'] / 2**20:.0f} MiB" for n, g in got.items())
     states = ", ".join(f"{n}: {g['states'] / 2**20:.1f} MiB" for n, g in got.items())
-    note = f"peak RSS {rss}; client states {states}, kept in memory (not spilled to disk)"
+    note = (f"peak RSS {rss}; client states {states}, kept in memory as tensors (not spilled to disk); freed "
+            "heap pages returned to the OS between clients (`runtime/heap.py`)")
     big, small = sizes[-1], sizes[0]
     return [figure("4a", f"scale: peak RSS beyond the client states, {big:,} / {small} clients in one process",
                    (f"{big} clients MiB", f"{small} clients MiB"), [beyond[big] / 2**20], [beyond[small] / 2**20],

@@ -1,6 +1,9 @@
 """Vectorised clients (``runtime.client_batch``): several calls in one backbone forward give each call's own logits,
-a group's requests meet in an order that does not depend on thread timing, and whole runs equal running the
-clients one after another (tolerance: float rounding of the larger padded batch, 1e-5 on logits)."""
+one shared backward gives each client its own gradient, a group's requests meet in an order that does not depend on
+thread timing, and whole runs equal running the clients one after another (tolerance: float rounding of the larger
+padded batch, 1e-5 on logits and gradients, 1e-4 on losses; 1e-3 on trained tensors after a run, because Adam
+divides each step by sqrt(v) and so magnifies the rounding of near-zero gradients: P-tuning's LSTM, 2 of 4,096
+entries off by 2.7e-4)."""
 
 from __future__ import annotations
 
@@ -21,13 +24,15 @@ from fedpeft.tracking.rundir import RunDir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-BLACK_BOX = {"fedbpt": {"method.trainer.max_steps": None, "method.trainer.batch_size": None},
-             "discrete-prompt": {"method.trainer.max_steps": None, "method.trainer.batch_size": None}}
+BLACK_BOX = {"method.trainer.max_steps": None, "method.trainer.batch_size": None, "method.adapter.num_tokens": None}
+NO_TOKENS = {"method.adapter.num_tokens": None}
+PRESET = {"fedbpt": BLACK_BOX, "discrete-prompt": BLACK_BOX, "fedavg-lora": NO_TOKENS, "headprune": NO_TOKENS,
+          "manual-prompt": BLACK_BOX}
 
 
 def _cfg(preset: str, model: str = "tiny-bert", **extra):
-    over = {"method.name": preset, "model.name": model, "method.adapter.num_tokens": None,
-            **BLACK_BOX.get(preset, {}), **{k.replace("__", "."): v for k, v in extra.items()}}
+    over = {"method.name": preset, "model.name": model, **PRESET.get(preset, {}),
+            **{k.replace("__", "."): v for k, v in extra.items()}}
     return load_config(None, tiny_overrides(**over))
 
 
@@ -48,6 +53,44 @@ def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key):
     assert [t.shape for t in together] == [a.shape for a in alone]
     for t, a in zip(together, alone):
         assert torch.allclose(t, a, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
+def test_one_shared_backward_gives_each_client_its_own_gradient(model):
+    b = build(_cfg("fedprompt", model))
+    clf, data = b.exp.classifier, b.exp.client(0).train
+    base = b.method.initial_params()
+    gen = torch.Generator().manual_seed(0)
+    calls = []
+    for rows in ([0, 1, 2, 3], [5, 9], list(range(10, 17))):  # unequal widths and sizes
+        params = {k: (v + 0.3 * torch.randn(v.shape, generator=gen)).requires_grad_(True) for k, v in base.items()}
+        calls.append((params, clf.batch(data, rows)))
+
+    def loss_fn(logits, batch):
+        return torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
+
+    alone = []
+    for params, batch in calls:
+        loss = loss_fn(clf.logits(params, batch), batch)
+        grads = torch.autograd.grad(loss, list(params.values()))
+        alone.append((float(loss.detach()), grads))
+    gather = ForwardGather(clf, len(calls))
+    results = [None] * len(calls)
+
+    def client(i):
+        params, batch = calls[i]
+        for p in params.values():
+            p.grad = None
+        results[i] = gather.loss_and_backward(i, params, batch, lambda lg: loss_fn(lg, batch))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(calls))]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert gather.calls == 1 and gather.requests == len(calls)  # one forward + backward for all three
+    for (params, _), (loss, grads), got in zip(calls, alone, results):
+        assert got == pytest.approx(loss, abs=1e-5)
+        for p, g in zip(params.values(), grads):
+            assert torch.allclose(p.grad, g, atol=1e-5, rtol=1e-4)
 
 
 def test_a_groups_jth_call_holds_every_clients_jth_request_whatever_the_timing():
@@ -108,10 +151,12 @@ def _records(path):
     return RunDir(path).read_metrics()
 
 
-@pytest.mark.parametrize("preset", ["fedbpt", "discrete-prompt"])
+@pytest.mark.parametrize("preset", ["fedbpt", "discrete-prompt", "fedprompt", "fedprompt-ptuning", "fedpeptao",
+                                    "fedavg-lora"])
 def test_a_run_with_clients_together_equals_one_after_another(tmp_path, preset):
-    seq = _cfg(preset, federation__num_clients=4)
-    vec = _cfg(preset, federation__num_clients=4, runtime__client_batch=3)
+    extra = {"method__trainer__reset_optimizer": False} if preset == "fedprompt" else {}  # Adam states carried over
+    seq = _cfg(preset, federation__num_clients=4, **extra)
+    vec = _cfg(preset, federation__num_clients=4, runtime__client_batch=3, **extra)
     run_embedded(seq, tmp_path / "seq")
     run_embedded(vec, tmp_path / "vec")
     a, b = _records(tmp_path / "seq"), _records(tmp_path / "vec")
@@ -120,13 +165,13 @@ def test_a_run_with_clients_together_equals_one_after_another(tmp_path, preset):
         assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-4)
         for ca, cb in zip(ra["clients"], rb["clients"], strict=True):
             assert ca["train_loss"] == pytest.approx(cb["train_loss"], abs=1e-4)
-            assert ca["queries"] == cb["queries"]  # each client's own count of model calls is unchanged
+            assert ca.get("queries") == cb.get("queries")  # each client's own count of model calls is unchanged
         shared = rb["client_batch"]
         assert 0 < shared["backbone_calls"] < shared["forward_requests"]  # forwards were actually shared
     assert "client_batch" not in a[0]
     sa, sb = RunDir(tmp_path / "seq").load_checkpoint()[1], RunDir(tmp_path / "vec").load_checkpoint()[1]
     for k in sa.tensors:
-        assert torch.allclose(sa.tensors[k].double(), sb.tensors[k].double(), atol=1e-4), k
+        assert torch.allclose(sa.tensors[k].double(), sb.tensors[k].double(), atol=1e-3), k
 
 
 def test_a_failing_client_in_a_group_leaves_the_others_to_finish(tmp_path):
@@ -137,8 +182,10 @@ def test_a_failing_client_in_a_group_leaves_the_others_to_finish(tmp_path):
     assert [c["status"] for c in rec["clients"]] == ["ok", "failed", "ok"]
 
 
-def test_client_batch_needs_a_forward_only_trainer_and_no_workers():
-    with pytest.raises(ConfigError, match="runtime.client_batch: trainer 'adam'"):
-        _cfg("fedprompt", runtime__client_batch=2)
+def test_client_batch_needs_a_trainer_and_sharing_that_can_and_no_workers():
+    with pytest.raises(ConfigError, match="runtime.client_batch: trainer 'no-training'"):
+        _cfg("manual-prompt", runtime__client_batch=2)
+    with pytest.raises(ConfigError, match="runtime.client_batch: sharing 'head_pruning'"):
+        _cfg("headprune", runtime__client_batch=2)
     with pytest.raises(ConfigError, match="client_batch > 1 runs clients together"):
         _cfg("fedbpt", runtime__client_batch=2, runtime__client_workers=2)

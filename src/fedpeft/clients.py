@@ -22,7 +22,7 @@ class ClientContext:
     weight: int | None = None                        # aggregation weight when it is not len(train) (attacks)
     asr_test: Encoded | None = None                  # triggered non-target test inputs labelled as the target
     malicious: bool = False                          # poisons its data (and boosts its delta when asked)
-    forward: ForwardGather | None = None             # black-box forwards shared with other clients (client_batch)
+    forward: ForwardGather | None = None             # model calls shared with other clients (client_batch)
 
     @property
     def num_examples(self) -> int:

@@ -231,9 +231,10 @@ class RuntimeConfig(_Strict):
     client_workers: int = Field(1, ge=1, description="embedded runtime, CPU: processes that train a round's clients "
                                                      "side by side, forked after the backbone is loaded so they share "
                                                      "its weights; each uses runtime.threads threads (default 1)")
-    client_batch: int = Field(1, ge=1, description="embedded runtime, forward-only trainers: clients of a round whose "
-                                                   "black-box forwards run together in one backbone call (1: one "
-                                                   "client after another)")
+    client_batch: int = Field(1, ge=1, description="embedded runtime: clients of a round whose model calls run "
+                                                   "together (black-box forwards in one backbone call; gradient "
+                                                   "steps in one forward and one backward); 1: one client after "
+                                                   "another")
 
     @model_validator(mode="after")
     def _workers_on_cpu(self) -> RuntimeConfig:

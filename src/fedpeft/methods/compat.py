@@ -30,7 +30,11 @@ def check_combination(cfg: ExperimentConfig) -> None:
     if cfg.runtime.client_batch > 1 and not trainer.vectorised:
         able = sorted(n for n in TRAINERS.names() if TRAINERS.get(n).vectorised)
         raise ValueError(f"runtime.client_batch: trainer '{m.trainer.name}' cannot run its clients' model calls "
-                         f"together; forward-only trainers can ({', '.join(able)}); keep 1")
+                         f"together; these trainers can: {', '.join(able)}; keep 1")
+    if cfg.runtime.client_batch > 1 and not SHARING.get(m.sharing.name).side_by_side(m.sharing.typed_settings):
+        raise ValueError(f"runtime.client_batch: sharing '{m.sharing.name}' with these settings cannot run its "
+                         "clients side by side (it changes the shared model's settings during a client's step); "
+                         "keep 1")
     needs: set[str] = set()
     for where, entry_name, registry in [("method.aggregator", m.aggregator.name, AGGREGATORS),
                                         *[(f"method.wrappers.{i}", w.name, WRAPPERS) for i, w in enumerate(m.wrappers)]]:

@@ -27,6 +27,7 @@ from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.runtime.client import handle_evaluate, handle_train
 from fedpeft.runtime.faults import inject
+from fedpeft.runtime.heap import HeapTrimmer
 from fedpeft.runtime.session import StopAfterRound, log_to, open_run, progress, run_rounds
 from fedpeft.runtime.workers import ClientWorkers, encode_state
 
@@ -51,8 +52,8 @@ class InProcessTransport:
     """Delivers each instruction by calling the client handlers directly; keeps client states in memory.
 
     Clients run one after another, or side by side on forked workers sharing the backbone
-    (``runtime.client_workers``), or in groups whose black-box forwards share backbone calls
-    (``runtime.client_batch``, ``backbones.gather``); with ``federation.round_timeout`` each is held to the deadline
+    (``runtime.client_workers``), or in groups whose model calls (black-box forwards, gradient steps) share backbone
+    calls (``runtime.client_batch``, ``backbones.gather``); with ``federation.round_timeout`` each is held to the deadline
     by its own elapsed time, as if they ran side by side: a later reply is ignored and logged, its state not kept."""
 
     def __init__(self, cfg: ExperimentConfig, method: Method, exp: Experiment, bar: Progress,
@@ -61,6 +62,7 @@ class InProcessTransport:
         self.workers = workers
         self.states: dict[int, Message] = {}
         self.shared = {"backbone_calls": 0, "forward_requests": 0}  # this round's, with runtime.client_batch > 1
+        self.heap = HeapTrimmer()  # freed training temporaries back to the OS between clients (many-client runs)
         self.clients_task = bar.add_task("clients", total=0)
 
     def train(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
@@ -88,6 +90,7 @@ class InProcessTransport:
             results[cid] = outcome
             if not isinstance(outcome, BaseException):
                 self.states[cid] = state
+            self.heap.maybe()
             self.bar.advance(self.clients_task)
         return results
 
@@ -111,8 +114,8 @@ class InProcessTransport:
 
     def _together(self, round: int,
                   instructions: dict[int, bytes]) -> Iterator[tuple[int, bytes | BaseException, Message, float]]:
-        """The round's clients in groups of ``runtime.client_batch``, each client in a thread, a group's black-box
-        forwards run together (``ForwardGather``); results in client order."""
+        """The round's clients in groups of ``runtime.client_batch``, each client in a thread, a group's model
+        calls run together (``ForwardGather``); results in client order."""
         ids, k = list(instructions), self.cfg.runtime.client_batch
         for start in range(0, len(ids), k):
             group = ids[start:start + k]
@@ -156,7 +159,7 @@ class InProcessTransport:
         pass
 
     def round_extra(self) -> dict[str, Any]:
-        """With ``runtime.client_batch`` > 1: the backbone calls the round's black-box forwards took together."""
+        """With ``runtime.client_batch`` > 1: the backbone calls the round's clients' model calls took together."""
         return {"client_batch": dict(self.shared)} if self.cfg.runtime.client_batch > 1 else {}
 
     def summary_extra(self) -> dict[str, Any]:

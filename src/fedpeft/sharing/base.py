@@ -88,6 +88,11 @@ class ShareAll:
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         self.settings, self.ctx = settings, ctx
 
+    @classmethod
+    def side_by_side(cls, settings: Any) -> bool:
+        """Whether its client steps may run in threads beside other clients' (``runtime.client_batch``)."""
+        return True
+
     def init(self, glob: Params) -> Message:
         return Message()
 

@@ -68,6 +68,10 @@ class HeadPruning(ShareAll):
     adapters = frozenset({"lora", "deep_prompt"})
     dtypes = {HEADS: torch.int32}
     provides = frozenset({HEADS, ALPHA})
+    @classmethod
+    def side_by_side(cls, settings: HeadPruningSettings) -> bool:
+        """Not while scoring importance: reading attentions switches the shared model to eager attention."""
+        return settings.scoring != "importance"
 
     def __init__(self, settings: HeadPruningSettings, ctx: SharingContext) -> None:
         super().__init__(settings, ctx)

@@ -3,7 +3,9 @@
 FedPrompt Alg. 1 ClientUpdate: P <- P - eta * grad l(P; b) over minibatches, with the experiments'
 Adam and a step budget. FedProx (Li et al. 2020, Eq. 2) adds (mu/2)·||w - w^t||² to the local loss, w^t
 being the tensors the client started from. The optimizer is fresh each round unless
-``reset_optimizer`` is off, in which case its state is kept in the client's persistent store.
+``reset_optimizer`` is off, in which case its state is kept in the client's persistent store. With vectorised
+clients (``runtime.client_batch``) each step's forward and backward are shared with the group's other clients
+(``backbones.gather``); the optimizer step stays the client's own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
+from fedpeft.backbones.gather import ForwardGather
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
@@ -82,12 +85,14 @@ def _load_flat_state(opt: torch.optim.Optimizer, names: list[str], flat: dict[st
 
 def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, cfg: GradientSettings,
                 generator: torch.Generator, optimizer_state: dict[str, torch.Tensor] | None = None,
-                frozen: dict[str, torch.Tensor] | None = None, static: Params | None = None) -> TrainResult:
+                frozen: dict[str, torch.Tensor] | None = None, static: Params | None = None,
+                together: ForwardGather | None = None, client: int = 0) -> TrainResult:
     """Train copies of ``params`` on ``data`` (on the classifier's device); shuffling comes from ``generator``.
 
     Entries where ``frozen`` is True get no gradient and are restored after every step (weight decay and
     optimizer state cannot move them: head pruning's frozen slices, spec A4). ``static``: backbone weights that
-    replace the frozen ones in every forward of this client (physically pruned heads)."""
+    replace the frozen ones in every forward of this client (physically pruned heads). ``together``: the group
+    whose forward and backward each step shares (as client ``client``)."""
     names = sorted(params)
     work = {k: params[k].detach().to(clf.device, torch.float32).clone().requires_grad_(True) for k in names}
     anchor = {k: v.detach().clone() for k, v in work.items()} if cfg.prox_mu > 0 else None
@@ -104,11 +109,20 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
             order = torch.cat([order, torch.randperm(n, generator=generator)])
         idx, order = order[: min(cfg.batch_size, n)], order[min(cfg.batch_size, n):]
         batch = clf.batch(data, idx.tolist())
-        loss = F.cross_entropy(clf.logits(work, batch, static).float(), batch["labels"])
-        if anchor is not None:  # FedProx Eq. 2
-            loss = loss + 0.5 * cfg.prox_mu * sum(((work[k] - anchor[k]) ** 2).sum() for k in names)
+
+        def loss_of(logits: torch.Tensor, labels: torch.Tensor = batch["labels"]) -> torch.Tensor:
+            loss = F.cross_entropy(logits.float(), labels)
+            if anchor is not None:  # FedProx Eq. 2
+                loss = loss + 0.5 * cfg.prox_mu * sum(((work[k] - anchor[k]) ** 2).sum() for k in names)
+            return loss
+
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if together is None:
+            loss = loss_of(clf.logits(work, batch, static))
+            loss.backward()
+            loss = loss.item()
+        else:
+            loss = together.loss_and_backward(client, work, batch, loss_of, static)
         for k, m in masks.items():
             if work[k].grad is not None:
                 work[k].grad.masked_fill_(m, 0.0)
@@ -118,7 +132,7 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
         with torch.no_grad():
             for k, m in masks.items():
                 work[k][m] = keep[k][m]
-        total += loss.item()
+        total += loss
     state = None if cfg.reset_optimizer else _flat_state(opt, names)
     return TrainResult({k: v.detach().cpu() for k, v in work.items()}, steps, total / steps, state)
 
@@ -129,6 +143,7 @@ class GradientTrainer(TrainerBase):
     kind = PARAMS
     scalars = ("train_loss", "steps")
     provides = frozenset(scalars)
+    vectorised = True
     optimizer: ClassVar[str]
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
@@ -136,7 +151,7 @@ class GradientTrainer(TrainerBase):
             static: Params | None = None) -> tuple[Update, Params]:
         gen = torch_rng(client.seed, round, client.client_id, "local-train")
         res = train_local(self.clf, params, client.train, self.optimizer, self.settings, gen, state or None, frozen,
-                          static)
+                          static, client.forward, client.client_id)
         update = Update(client.client_id, res.params, client.num_examples,
                         scalars={"train_loss": res.mean_loss, "steps": res.steps})
         return update, (res.optimizer_state or {})
