@@ -189,3 +189,5 @@ def test_client_batch_needs_a_trainer_and_sharing_that_can_and_no_workers():
         _cfg("headprune", runtime__client_batch=2)
     with pytest.raises(ConfigError, match="client_batch > 1 runs clients together"):
         _cfg("fedbpt", runtime__client_batch=2, runtime__client_workers=2)
+    with pytest.raises(ConfigError, match="client_batch > 1 is how the embedded runtime"):
+        _cfg("fedbpt", runtime__client_batch=2, runtime__name="flower-sim")

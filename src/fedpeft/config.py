@@ -243,6 +243,10 @@ class RuntimeConfig(_Strict):
         if self.client_workers > 1 and self.client_batch > 1:
             raise ValueError("client_batch > 1 runs clients together in one process; it does not combine with "
                              "client_workers > 1 (choose one)")
+        for field in ("client_workers", "client_batch"):
+            if getattr(self, field) > 1 and self.name != "embedded":
+                raise ValueError(f"{field} > 1 is how the embedded runtime runs clients side by side; runtime "
+                                 f"'{self.name}' runs each client in its own ClientApp (keep 1)")
         return self
 
     @field_validator("device")
