@@ -39,7 +39,12 @@ range. Figures:
 
 Figure 7 (GPU) is a row marked "not measured yet".
 
-Usage (the default size: ~20 minutes on 2 cores shared with two other niced jobs):
+Figures 1-5 run one thread each, one after another, or ``--jobs 2`` at a time: each figure's arms still alternate
+within its own process, but the other figure's phases (model loads, evaluation passes) hit single repetitions
+(figure 1a: 0.89-1.06 alone; 0.87-1.02 and 1.01-1.49 in two runs beside another figure) and figure 4's
+sequential runs (4b: 1.05x alone, 1.25x beside another figure); figures 6 and 6c use both cores and run alone after them.
+
+Usage (the default size: ~46 minutes on 2 free cores; ~35 with --jobs 2):
     nice .venv/bin/python benchmarks/perf.py                       # figures 1-6, 6c -> benchmarks/results/perf.md
     nice .venv/bin/python benchmarks/perf.py --figures 3 5 --reps 5
 """
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import multiprocessing
 import os
 import platform
 import statistics
@@ -55,6 +61,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -452,7 +459,11 @@ for rnd in (1, 2):
     state, recs = driver.finish_round(state, plan, transport.train(rnd, plan.instructions))
     seconds.append(time.perf_counter() - t0)
 states = sum(len(encode_state(m)) for m in transport.client_states().values())
-print(json.dumps({"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "states": states,
+try:  # this process's own peak (ru_maxrss would also count the parent's pages before exec)
+    rss = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+except OSError:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"rss": rss, "states": states,
                   "round_s": seconds[-1], "clients": sum(r["status"] == "ok" for r in recs)}))
 """
 
@@ -606,15 +617,26 @@ def main() -> None:
     ap.add_argument("--dist-rounds", type=int, default=2, help="figure 6: rounds")
     ap.add_argument("--dist-train", type=int, default=600, help="figure 6: BBC training examples")
     ap.add_argument("--dist-reps", type=int, default=1, help="figure 6: repetitions of the whole runs")
+    ap.add_argument("--jobs", type=int, default=1, help="processes for the one-thread figures (1-5), side by side "
+                                                        "(faster, noisier ratios); figures 6 and 6c use every core "
+                                                        "and run alone after them")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    figures = []
-    for key, run in runs.items():
-        if key in args.figures:
-            figures += run(args)
-    write(figures, args, time.perf_counter() - t0)
+    alone = ("6", "6c")  # these time runs that use every core
+    single = [k for k in runs if k in args.figures and k not in alone]
+    done: dict[str, list[Figure]] = {}
+    if args.jobs > 1 and len(single) > 1:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=torch.set_num_threads,
+                                 initargs=(1,)) as pool:
+            futures = {k: pool.submit(runs[k], args) for k in single}  # figure 1, the longest, starts first
+            done = {k: f.result() for k, f in futures.items()}
+    else:
+        done = {k: runs[k](args) for k in single}
+    done |= {k: runs[k](args) for k in alone if k in args.figures}
+    write([f for k in runs if k in done for f in done[k]], args, time.perf_counter() - t0)
 
 
 if __name__ == "__main__":
