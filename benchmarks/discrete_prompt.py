@@ -135,7 +135,8 @@ def render(args) -> Path:
              f"CMA-ES sigma 0.1, population 8, 8 iterations, 16 shots per class with an "
              f"equal dev set (sigma 1 for BBT local-only), gradient post-tuning 10 Adam steps at 1e-2. Accuracy: "
              f"the final round's mean over clients of each client's own test shard, P (participants) and NP "
-             f"(never trained), mean ± std over seeds {args.seeds}; 'before' = the global prompt before post-tuning. "
+             f"(never trained), mean ± std over seeds {args.seeds}, paired (within a seed every arm shares the "
+             "partition, the non-participants and the initial tensors); 'before' = the global prompt before post-tuning. "
              f"Bytes are real encoded messages (framing included); queries = prompt evaluations per client-round.",
              ""]
     if args.notes and Path(args.notes).exists():

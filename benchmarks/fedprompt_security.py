@@ -126,7 +126,8 @@ def render(args) -> Path:
              f"10 clients all every round, {args.rounds} rounds, train capped at {args.max_train} and test at "
              f"{args.max_test} examples; client 0 malicious in poisoned runs (trigger 'cf', target class 1, "
              f"lambda = 1, honest weight). ACC = global test accuracy, ASR = share of triggered non-target test "
-             f"inputs classified as the target; final round, mean ± std over seeds {args.seeds}.", ""]
+             f"inputs classified as the target; final round, mean ± std over seeds {args.seeds}, paired (within a seed "
+             "every arm shares the partition, the malicious client and the initial prompt).", ""]
     notes = Path(args.notes)
     if notes.exists():
         lines += [notes.read_text().strip(), ""]

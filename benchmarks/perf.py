@@ -42,7 +42,8 @@ Figure 7 (GPU) is a row marked "not measured yet".
 Figures 1-5 run one thread each, one after another, or ``--jobs 2`` at a time: each figure's arms still alternate
 within its own process, but the other figure's phases (model loads, evaluation passes) hit single repetitions
 (figure 1a: 0.89-1.06 alone; 0.87-1.02 and 1.01-1.49 in two runs beside another figure) and figure 4's
-sequential runs (4b: 1.05x alone, 1.25x beside another figure); figures 6 and 6c use both cores and run alone after them.
+sequential runs (4b: 1.05x alone, 1.25x beside another figure); figures 6 and 6c use both cores and run alone
+after them.
 
 Usage (the default size: ~46 minutes on 2 free cores; ~35 with --jobs 2):
     nice .venv/bin/python benchmarks/perf.py                       # figures 1-6, 6c -> benchmarks/results/perf.md

@@ -1,9 +1,9 @@
 """Vectorised clients (``runtime.client_batch``): several calls in one backbone forward give each call's own logits,
 one shared backward gives each client its own gradient, a group's requests meet in an order that does not depend on
 thread timing, and whole runs equal running the clients one after another (tolerance: float rounding of the larger
-padded batch, 1e-5 on logits and gradients, 1e-4 on losses; 1e-3 on trained tensors after a run, because Adam
-divides each step by sqrt(v) and so magnifies the rounding of near-zero gradients: P-tuning's LSTM, 2 of 4,096
-entries off by 2.7e-4)."""
+padded batch, 1e-5 on logits and gradients, 1e-4 on losses and trained tensors after a run; 1e-3 for P-tuning's
+trained tensors, because Adam divides each step by sqrt(v) and so magnifies the rounding of near-zero gradients:
+2 of its 4,096 LSTM entries were off by 2.7e-4)."""
 
 from __future__ import annotations
 
@@ -165,13 +165,15 @@ def test_a_run_with_clients_together_equals_one_after_another(tmp_path, preset):
         assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-4)
         for ca, cb in zip(ra["clients"], rb["clients"], strict=True):
             assert ca["train_loss"] == pytest.approx(cb["train_loss"], abs=1e-4)
-            assert ca.get("queries") == cb.get("queries")  # each client's own count of model calls is unchanged
+            if preset in ("fedbpt", "discrete-prompt"):  # each client's own count of model calls is unchanged
+                assert ca["queries"] == cb["queries"]
         shared = rb["client_batch"]
         assert 0 < shared["backbone_calls"] < shared["forward_requests"]  # forwards were actually shared
     assert "client_batch" not in a[0]
     sa, sb = RunDir(tmp_path / "seq").load_checkpoint()[1], RunDir(tmp_path / "vec").load_checkpoint()[1]
     for k in sa.tensors:
-        assert torch.allclose(sa.tensors[k].double(), sb.tensors[k].double(), atol=1e-3), k
+        atol = 1e-3 if preset == "fedprompt-ptuning" else 1e-4
+        assert torch.allclose(sa.tensors[k].double(), sb.tensors[k].double(), atol=atol), k
 
 
 def test_a_failing_client_in_a_group_leaves_the_others_to_finish(tmp_path):

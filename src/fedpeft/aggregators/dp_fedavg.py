@@ -31,7 +31,6 @@ from fedpeft.privacy import gaussian_epsilon
 from fedpeft.rng import SHARED, torch_rng
 
 
-
 class DpFedAvgSettings(BaseModel):
     """``method.wrappers`` entry keys of ``dp_fedavg``."""
 

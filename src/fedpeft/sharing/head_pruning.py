@@ -68,6 +68,7 @@ class HeadPruning(ShareAll):
     adapters = frozenset({"lora", "deep_prompt"})
     dtypes = {HEADS: torch.int32}
     provides = frozenset({HEADS, ALPHA})
+
     @classmethod
     def side_by_side(cls, settings: HeadPruningSettings) -> bool:
         """Not while scoring importance: reading attentions switches the shared model to eager attention."""
