@@ -35,15 +35,18 @@ range. Figures:
    clients with their model calls together (``runtime.client_batch: k``, ``backbones.gather``): for forward-only
    methods (FedBPT's CMA-ES, the discrete token search) their black-box forwards in one backbone call per step; for
    a gradient method (FedPrompt's soft prompt, Adam) each step's forward and backward shared, each client with its
-   own optimizer; the uploads must agree.
+   own optimizer; the uploads must agree. On CPU the stacked rows are sorted by length and cut into one forward
+   per client (``Classifier.logits_many``): the same matrix sizes as one after another, less padding. 2a-2c run
+   one torch thread at the benchmarks' sizes (16 examples per client; batches of 16); 2s at few-shot sizes (8
+   examples; batches of 4, where a small call leaves threads idle) with a torch thread per core in both arms.
 
 Figure 7 (GPU) is a row marked "not measured yet".
 
 Figures 1-5 run one thread each, one after another, or ``--jobs 2`` at a time: each figure's arms still alternate
 within its own process, but the other figure's phases (model loads, evaluation passes) hit single repetitions
 (figure 1a: 0.89-1.06 alone; 0.87-1.02 and 1.01-1.49 in two runs beside another figure) and figure 4's
-sequential runs (4b: 1.05x alone, 1.25x beside another figure); figures 6 and 6c use both cores and run alone
-after them.
+sequential runs (4b: 1.05x alone, 1.25x beside another figure); figures 2s, 6 and 6c use every core and run
+alone after them.
 
 Usage (the default size: ~46 minutes on 2 free cores; ~35 with --jobs 2):
     nice .venv/bin/python benchmarks/perf.py                       # figures 1-6, 6c -> benchmarks/results/perf.md
@@ -319,23 +322,32 @@ VECTOR_PRESETS = {  # label -> the preset's overrides at this figure's size (the
     "FedBPT (CMA-ES, lambda = 5)": ["method.name=fedbpt", "method.adapter.num_tokens=10",
                                     "method.adapter.intrinsic_dim=50", "method.trainer.iterations=2"],
     "discrete prompt search (K = 5)": ["method.name=discrete-prompt", "method.adapter.num_tokens=10",
-                                       "method.trainer.steps=4", "method.trainer.batch_size=16"],
-    "FedPrompt soft prompt (Adam, batch 16, 4 steps)": ["method.name=fedprompt", "method.trainer.batch_size=16",
-                                                       "method.trainer.max_steps=4"],
+                                       "method.trainer.steps=4"],
+    "FedPrompt soft prompt (Adam, 4 steps)": ["method.name=fedprompt", "method.trainer.max_steps=4"],
+}
+VECTOR_SIZES = {  # figure -> (examples per client, gradient batch) for 2a-2c; the "s" rows: few-shot sizes
+    "2": (16, 16),  # FedBPT / discrete search: 5 x 16 = 80 rows per client and call; soft prompt: batches of 16
+    "2s": (8, 4),   # FedBPT's few-shot clients (8 examples: 40 rows per call); soft prompt batches of 4
 }
 
 
-def figure_2(args) -> list[Figure]:
+def figure_2(args, key: str = "2") -> list[Figure]:
     """A round's clients, one after another (``runtime.client_batch: 1``) against ``--vector-clients`` of them with
-    their model calls together: forward-only methods' forwards in one backbone call (2a, 2b), a gradient method's
-    steps in one forward and one backward (2c); same replies required (up to float rounding)."""
+    their model calls together: forward-only methods' forwards in one backbone call (a, b), a gradient method's
+    steps in one forward and one backward (c); same replies required (up to float rounding). Figure 2 runs one
+    torch thread at the benchmarks' sizes; 2s the few-shot sizes with a thread per core (both arms)."""
     from fedpeft.runtime.embedded import InProcessTransport
 
     k, rows = args.vector_clients, []
-    for (label, over), key in zip(VECTOR_PRESETS.items(), ("2a", "2b", "2c")):
-        per_client = 64 if key == "2c" else 16  # a gradient client takes 4 minibatches of 16
+    examples, batch = VECTOR_SIZES[key]
+    threads = torch.get_num_threads()
+    if key == "2s":
+        torch.set_num_threads(os.cpu_count() or 1)
+    for (label, over), sub in zip(VECTOR_PRESETS.items(), "abc"):
+        per_client = 4 * batch if sub == "c" else examples  # a gradient client takes 4 minibatches
         base = ["task.name=sst2", f"task.max_train={per_client * k}", "task.max_test=40", "task.max_length=40",
-                f"federation.num_clients={k}", "runtime.progress=false", *over]
+                f"federation.num_clients={k}", "runtime.progress=false", *over,
+                *([f"method.trainer.batch_size={batch}"] if sub == "c" else [])]  # a and b score all examples
         b = build(load_config(None, base))
         vec_cfg = load_config(None, base + [f"runtime.client_batch={k}"])
         state = b.method.server_init()
@@ -352,11 +364,14 @@ def figure_2(args) -> list[Figure]:
         tog = {c: decode(r).tensors for c, r in replies["together"].items()}
         diff = max(float((seq[c][n].double() - tog[c][n].double()).abs().max()) for c in seq for n in seq[c])
         shared = arms["together"].shared
-        rows.append(figure(key, f"{label}: {k} clients' local work (MiniLM, SST-2, {len(b.exp.client(0).train)} "
-                                "examples each), one after another / model calls together (`runtime.client_batch`)",
+        size = f"batches of {batch}" if sub == "c" else f"{examples} examples each"
+        rows.append(figure(key + sub, f"{label}: {k} clients' local work (MiniLM, SST-2, {size}, "
+                                      f"{torch.get_num_threads()} thread(s)), one after another / model calls "
+                                      "together (`runtime.client_batch`)",
                            ("sequential", "together"), ta, tb, "speedup, equal results", lambda x: x > 1.0,
                            f"max abs difference of the uploads {diff:.1e}; {shared['forward_requests']} model calls in "
-                           f"{shared['backbone_calls']} backbone calls"))
+                           f"{shared['backbone_calls']} shared calls of {k} length-sorted passes each"))
+    torch.set_num_threads(threads)
     return rows
 
 
@@ -605,7 +620,8 @@ def write(figures: list[Figure], args, seconds: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    runs = {"1": figure_1, "2": figure_2, "3": figure_3, "4": figure_4, "5": figure_5, "6": figure_6, "6c": figure_6c}
+    runs = {"1": figure_1, "2": figure_2, "3": figure_3, "4": figure_4, "5": figure_5,
+            "2s": lambda a: figure_2(a, "2s"), "6": figure_6, "6c": figure_6c}
     ap.add_argument("--figures", nargs="+", default=list(runs), choices=list(runs))
     ap.add_argument("--reps", type=int, default=3, help="alternating repetitions of each figure's two arms")
     ap.add_argument("--clients", type=int, default=20, help="clients of the BBC federation (data per client)")
@@ -616,7 +632,7 @@ def main() -> None:
     ap.add_argument("--scale-clients", type=int, default=1000, help="figure 4: the largest federation")
     ap.add_argument("--dist-clients", type=int, default=100, help="figure 6: clients of the BBC federation")
     ap.add_argument("--dist-rounds", type=int, default=2, help="figure 6: rounds")
-    ap.add_argument("--dist-train", type=int, default=600, help="figure 6: BBC training examples")
+    ap.add_argument("--dist-train", type=int, default=300, help="figure 6: BBC training examples")
     ap.add_argument("--dist-reps", type=int, default=1, help="figure 6: repetitions of the whole runs")
     ap.add_argument("--jobs", type=int, default=1, help="processes for the one-thread figures (1-5), side by side "
                                                         "(faster, noisier ratios); figures 6 and 6c use every core "
@@ -625,7 +641,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    alone = ("6", "6c")  # these time runs that use every core
+    alone = ("2s", "6", "6c")  # these use every core
     single = [k for k in runs if k in args.figures and k not in alone]
     done: dict[str, list[Figure]] = {}
     if args.jobs > 1 and len(single) > 1:

@@ -36,9 +36,10 @@ def _cfg(preset: str, model: str = "tiny-bert", **extra):
     return load_config(None, tiny_overrides(**over))
 
 
+@pytest.mark.parametrize("forwards", [1, 2, None])  # one padded pass; rows sorted by length in 2 / 3 (CPU default)
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
 @pytest.mark.parametrize("preset,key", [("fedbpt", "z"), ("discrete-prompt", "prompt")])
-def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key):
+def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key, forwards):
     b = build(_cfg(preset, model))
     clf, data = b.exp.classifier, b.exp.client(0).train
     base = b.method.initial_params()[key]
@@ -48,7 +49,7 @@ def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key):
         cand = base.unsqueeze(0).repeat(pop, *[1] * base.dim()) + 0.3 * torch.randn(pop, *base.shape, generator=gen)
         calls.append(({key: cand}, clf.batch(data, rows)))
     with torch.inference_mode():
-        together = clf.logits_many(calls)
+        together = clf.logits_many(calls, forwards)
         alone = [clf.logits(p, bt) for p, bt in calls]
     assert [t.shape for t in together] == [a.shape for a in alone]
     for t, a in zip(together, alone):
@@ -98,7 +99,7 @@ def test_a_groups_jth_call_holds_every_clients_jth_request_whatever_the_timing()
         def __init__(self):
             self.calls = []
 
-        def logits_many(self, calls):
+        def logits_many(self, calls, passes=None):
             self.calls.append([int(p["c"]) * 100 + int(p["j"]) for p, _ in calls])
             return [p["c"] * 10 + p["j"] for p, _ in calls]
 
@@ -127,7 +128,7 @@ def test_a_groups_jth_call_holds_every_clients_jth_request_whatever_the_timing()
 
 def test_a_failing_shared_forward_fails_every_waiting_client_and_nobody_hangs():
     class Broken:
-        def logits_many(self, calls):
+        def logits_many(self, calls, passes=None):
             raise RuntimeError("out of memory")
 
     gather = ForwardGather(Broken(), 2)
@@ -155,6 +156,8 @@ def _records(path):
                                     "fedavg-lora"])
 def test_a_run_with_clients_together_equals_one_after_another(tmp_path, preset):
     extra = {"method__trainer__reset_optimizer": False} if preset == "fedprompt" else {}  # Adam states carried over
+    if preset == "discrete-prompt":  # one padded pass: on this tiny random model the rounding of length-sorted
+        extra["runtime__client_batch_passes"] = 1  # passes (1e-6) flips near-tied token choices of the argmin
     seq = _cfg(preset, federation__num_clients=4, **extra)
     vec = _cfg(preset, federation__num_clients=4, runtime__client_batch=3, **extra)
     run_embedded(seq, tmp_path / "seq")

@@ -235,6 +235,10 @@ class RuntimeConfig(_Strict):
                                                    "together (black-box forwards in one backbone call; gradient "
                                                    "steps in one forward and one backward); 1: one client after "
                                                    "another")
+    client_batch_passes: int | None = Field(None, ge=1, description="with client_batch > 1: forward passes a "
+                                                                   "group's stacked rows take, sorted by length, "
+                                                                   "each padded to its own longest row; default: "
+                                                                   "one on a GPU, one per client on CPU")
 
     @model_validator(mode="after")
     def _workers_on_cpu(self) -> RuntimeConfig:

@@ -7,7 +7,8 @@ last to arrive runs them all as one forward (``Classifier.logits_many``, request
 others. So the j-th backbone call of a group always holds the j-th request of every client that makes at least j:
 which requests go together does not depend on thread timing, and a rerun gives the same numbers. Against running
 the clients one after another the logits agree up to float rounding (the rows are padded to a common width and
-multiplied in one larger batch).
+multiplied in one larger batch, or on CPU sorted by length and cut into one pass per client:
+``runtime.client_batch_passes``).
 
 Gradient requests (``loss_and_backward``) carry each client's loss on its logits; the group's losses are summed
 and ONE backward pass fills every client's own leaf tensors with its own gradient (client i's loss does not depend
@@ -46,9 +47,10 @@ class _Request:
 class ForwardGather:
     """The meeting point of a group of ``members`` client threads; ``leave`` when a client is done (also on error)."""
 
-    def __init__(self, classifier: Classifier, members: int) -> None:
+    def __init__(self, classifier: Classifier, members: int, passes: int | None = None) -> None:
         self.clf = classifier
         self.members = members
+        self.passes = passes  # forwards per group call (``Classifier.logits_many``; None: the device's default)
         self.pending: list[_Request] = []
         self.calls = 0  # backbone calls made for the group
         self.requests = 0  # forward requests served (= the calls the clients would have made alone)
@@ -90,7 +92,7 @@ class ForwardGather:
                 self._backward(reqs)
             else:
                 with torch.inference_mode():
-                    outs = self.clf.logits_many([(r.params, r.batch) for r in reqs])
+                    outs = self.clf.logits_many([(r.params, r.batch) for r in reqs], self.passes)
                 for r, out in zip(reqs, outs):
                     r.logits = out
         except Exception as e:  # noqa: BLE001 - every waiting client learns of it and fails its own round
@@ -109,7 +111,7 @@ class ForwardGather:
             if any(r.static for r in reqs):
                 outs = [self.clf.logits(r.params, r.batch, r.static) for r in reqs]
             else:
-                outs = self.clf.logits_many([(r.params, r.batch) for r in reqs])
+                outs = self.clf.logits_many([(r.params, r.batch) for r in reqs], self.passes)
             losses = [r.loss_fn(out) for r, out in zip(reqs, outs)]
             torch.stack(losses).sum().backward()
         for r, loss in zip(reqs, losses):

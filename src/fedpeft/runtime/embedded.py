@@ -121,7 +121,7 @@ class InProcessTransport:
             group = ids[start:start + k]
             for cid in group:
                 self.exp.client(cid)  # data encoded (and cached) here, not by racing threads
-            gather = ForwardGather(self.exp.classifier, len(group))
+            gather = ForwardGather(self.exp.classifier, len(group), self.cfg.runtime.client_batch_passes)
             with ThreadPoolExecutor(len(group), thread_name_prefix="client") as pool:
                 futures = [pool.submit(self._here, round, cid, instructions[cid], gather) for cid in group]
                 yield from (f.result() for f in futures)
