@@ -48,7 +48,7 @@ within its own process, but the other figure's phases (model loads, evaluation p
 sequential runs (4b: 1.05x alone, 1.25x beside another figure); figures 2s, 6 and 6c use every core and run
 alone after them.
 
-Usage (the default size: ~46 minutes on 2 free cores; ~35 with --jobs 2):
+Usage (the default size: 41 minutes on 2 free cores, measured; ~35 with --jobs 2):
     nice .venv/bin/python benchmarks/perf.py                       # figures 1-6, 6c -> benchmarks/results/perf.md
     nice .venv/bin/python benchmarks/perf.py --figures 3 5 --reps 5
 """
