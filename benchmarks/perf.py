@@ -49,7 +49,7 @@ sequential runs (4b: 1.05x alone, 1.25x beside another figure); figures 2s, 6 an
 alone after them.
 
 Usage (the default size: 41 minutes on 2 free cores, measured; ~35 with --jobs 2):
-    nice .venv/bin/python benchmarks/perf.py                       # figures 1-6, 6c -> benchmarks/results/perf.md
+    nice .venv/bin/python benchmarks/perf.py                       # figures 1-6, 2s, 6c -> benchmarks/results/perf.md
     nice .venv/bin/python benchmarks/perf.py --figures 3 5 --reps 5
 """
 
