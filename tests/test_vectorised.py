@@ -36,10 +36,10 @@ def _cfg(preset: str, model: str = "tiny-bert", **extra):
     return load_config(None, tiny_overrides(**over))
 
 
-@pytest.mark.parametrize("forwards", [1, 2, None])  # one padded pass; rows sorted by length in 2 / 3 (CPU default)
+@pytest.mark.parametrize("passes", [1, 2, None])  # one padded pass; rows sorted by length in 2 / 3 (CPU default)
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
 @pytest.mark.parametrize("preset,key", [("fedbpt", "z"), ("discrete-prompt", "prompt")])
-def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key, forwards):
+def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key, passes):
     b = build(_cfg(preset, model))
     clf, data = b.exp.classifier, b.exp.client(0).train
     base = b.method.initial_params()[key]
@@ -49,7 +49,7 @@ def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key, 
         cand = base.unsqueeze(0).repeat(pop, *[1] * base.dim()) + 0.3 * torch.randn(pop, *base.shape, generator=gen)
         calls.append(({key: cand}, clf.batch(data, rows)))
     with torch.inference_mode():
-        together = clf.logits_many(calls, forwards)
+        together = clf.logits_many(calls, passes)
         alone = [clf.logits(p, bt) for p, bt in calls]
     assert [t.shape for t in together] == [a.shape for a in alone]
     for t, a in zip(together, alone):

@@ -93,20 +93,20 @@ def _cut(value, start: int, stop: int, cols: int):
 _OUTPUTS = ("logits", "last_hidden_state", "hidden_states")
 
 
-def _sorted_forward(model, embeds: torch.Tensor, mask: torch.Tensor, forwards: int,
+def _sorted_forward(model, embeds: torch.Tensor, mask: torch.Tensor, passes: int,
                     hidden_states: bool) -> dict[str, Any]:
-    """``model`` on right-padded rows [R, W, d] in ``forwards`` passes over the rows sorted by length, each pass cut
+    """``model`` on right-padded rows [R, W, d] in ``passes`` passes over the rows sorted by length, each pass cut
     to its longest row; the outputs put back in row order, zero beyond each pass's width (pad positions only,
     which no readout reads)."""
     kwargs: dict[str, Any] = {"output_hidden_states": True} if hidden_states else {}
-    if forwards <= 1:
+    if passes <= 1:
         out = model(inputs_embeds=embeds, attention_mask=mask, **kwargs)
         return {k: v for k, v in out.items() if k in _OUTPUTS}
     width = mask.shape[1]
     lengths = width - torch.flip(mask, [1]).to(torch.int64).argmax(1)  # last attended position + 1
     order = torch.argsort(lengths, stable=True)
     parts: dict[str, list] = {}
-    for idx in torch.tensor_split(order, min(forwards, len(order))):
+    for idx in torch.tensor_split(order, min(passes, len(order))):
         w = int(lengths[idx].max())
         out = model(inputs_embeds=embeds[idx, :w], attention_mask=mask[idx, :w], **kwargs)
         for k, v in out.items():
@@ -259,14 +259,14 @@ class Classifier:
         return logits.float() if self.autocast is not None else logits
 
     def logits_many(self, calls: list[tuple[Params, dict[str, torch.Tensor]]],
-                    forwards: int | None = None) -> list[torch.Tensor]:
+                    passes: int | None = None) -> list[torch.Tensor]:
         """Class logits of several (params, batch) calls from one stacked backbone pass (vectorised clients): each
         call's inputs are prepared by the adapter on their own, right-padded to a common width and stacked; each
         call's readout then reads its own rows, cut back to its width. Equal to ``[self.logits(p, b) ...]`` up to
         float rounding. Calls that need their own forward (calibration rows, a cached frozen text, extra model
         arguments, weight overrides) run one by one.
 
-        ``forwards``: the stacked rows, sorted by length, go through the model in this many forwards, each padded
+        ``passes``: the stacked rows, sorted by length, go through the model in this many forwards, each padded
         only to its own longest row (rows of a batch do not interact). Default: one on an accelerator, where one
         large call is what pays; on CPU one per call, which keeps each matrix the size of a call's and cuts the
         padding a common width would add (``_sorted_forward``)."""
@@ -280,13 +280,13 @@ class Classifier:
         width = max(prep.embeds.shape[1] for prep in preps)
         embeds = torch.cat([F.pad(prep.embeds, (0, 0, 0, width - prep.embeds.shape[1])) for prep in preps])
         mask = torch.cat([F.pad(prep.attention_mask, (0, width - prep.attention_mask.shape[1])) for prep in preps])
-        if forwards is None:
-            forwards = len(calls) if self.device.type == "cpu" else 1
+        if passes is None:
+            passes = len(calls) if self.device.type == "cpu" else 1
         split = self.backbone.body_and_head
         model = self.backbone.model if split is None else split[1]
         out_logits, start = [], 0
         with self._autocast():
-            out = _sorted_forward(model, embeds, mask, forwards, self._reads_hidden_states())
+            out = _sorted_forward(model, embeds, mask, passes, self._reads_hidden_states())
             for (p, b), prep in zip(calls, preps):
                 rows, cols = prep.embeds.shape[0], prep.embeds.shape[1]
                 own = SimpleNamespace(**{k: _cut(v, start, start + rows, cols) for k, v in out.items()})
