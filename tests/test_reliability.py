@@ -408,8 +408,10 @@ def test_a_kill_between_the_checkpoint_renames_resumes_from_the_previous_checkpo
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
-    """The CLI in a subprocess, killed (SIGKILL) twice at seeded random moments, then resumed: the metrics and the
-    final server state equal those of an uninterrupted run."""
+    """The CLI in a subprocess, killed (SIGKILL) twice at seeded points of its progress (a seeded number of round
+    records, then a seeded delay, so mid-round or mid-checkpoint), then resumed: the metrics and the final server state
+    equal those of an uninterrupted run. The kills follow progress, not wall time, so a fast machine cannot finish the
+    run before them."""
     import random
     import signal
     import subprocess
@@ -418,24 +420,31 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
 
     from conftest import tiny_overrides
 
-    sets = [a for o in tiny_overrides(federation__rounds=6, runtime__threads=1) for a in ("--set", o)]
+    sets = [a for o in tiny_overrides(federation__rounds=12, runtime__threads=1) for a in ("--set", o)]
 
     def cli(out, resume=False):
         return subprocess.Popen([sys.executable, "-m", "fedpeft.cli", "run", "--quiet", "--out", str(out), *sets,
                                  *(["--resume"] if resume else [])], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
 
+    def records_written(out) -> int:
+        path = RunDir(out).metrics_path
+        return path.read_text().count("\n") if path.exists() else 0
+
     assert cli(tmp_path / "full").wait() == 0
-    rng, killed = random.Random(0), 0
+    rng, killed, target = random.Random(0), 0, 0
     for attempt in range(2):
+        target += rng.randint(2, 4)
         p = cli(tmp_path / "cut", resume=attempt > 0)
-        time.sleep(rng.uniform(3.0, 7.0))
+        while p.poll() is None and records_written(tmp_path / "cut") < target:
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0.0, 0.02))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             killed += 1
         p.wait()
     assert cli(tmp_path / "cut", resume=True).wait() == 0
-    assert killed >= 1
+    assert killed == 2
     assert _records(tmp_path / "cut") == _records(tmp_path / "full")
     a, b = RunDir(tmp_path / "full").load_checkpoint()[1], RunDir(tmp_path / "cut").load_checkpoint()[1]
     assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
