@@ -14,8 +14,9 @@ range. Figures:
 3. Evaluation done once: the global test set and then every client's shard of it (``evaluation.reuse_global:
    false``) against one pass whose predictions are sliced for the clients (the default); the global and local
    metrics and bytes of both must be identical.
-5. Black-box batching: (a) lambda candidates of FedBPT's projected prompt in one stacked forward against one
-   forward per candidate (``method.trainer.batched``), on a client's examples; (b) SmolLM2's verbalizer readout
+5. Black-box batching: (a) lambda candidates of FedBPT's projected prompt in one stacked call against one
+   forward per candidate (``method.trainer.batched``), on a client's examples (on CPU the stacked call's rows are
+   sorted by length and cut into one pass per candidate, each padded only to its own longest row); (b) SmolLM2's verbalizer readout
    from the transformer body's read row times the LM head (fedpeft) against the whole ``*ForCausalLM`` with
    full-vocabulary logits at every position, gathered afterwards (the old path, emulated here).
 
@@ -35,10 +36,12 @@ range. Figures:
    clients with their model calls together (``runtime.client_batch: k``, ``backbones.gather``): for forward-only
    methods (FedBPT's CMA-ES, the discrete token search) their black-box forwards in one backbone call per step; for
    a gradient method (FedPrompt's soft prompt, Adam) each step's forward and backward shared, each client with its
-   own optimizer; the uploads must agree. On CPU the stacked rows are sorted by length and cut into one forward
-   per client (``Classifier.logits_many``): the same matrix sizes as one after another, less padding. 2a-2c run
-   one torch thread at the benchmarks' sizes (16 examples per client; batches of 16); 2s at few-shot sizes (8
-   examples; batches of 4, where a small call leaves threads idle) with a torch thread per core in both arms.
+   own optimizer; the uploads must agree. On CPU (the default ``runtime.client_batch_passes``) each client's call
+   still runs its own forward inside the group call (``Classifier.logits_many``): a larger matrix is no cheaper
+   per row there, and the padding that sorting a group's rows saved is now saved inside every population call
+   (figure 5a), so this figure shows what sharing the calls costs or gains on its own. 2a-2c run one torch thread
+   at the benchmarks' sizes (16 examples per client; batches of 16); 2s at few-shot sizes (8 examples; batches of
+   4, where a small call leaves threads idle) with a torch thread per core in both arms.
 
 Figure 7 (GPU) is a row marked "not measured yet".
 
@@ -124,13 +127,10 @@ def clock(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def alternate(a: Callable[[], object], b: Callable[[], object], reps: int,
-              warm: bool = True) -> tuple[list[float], list[float]]:
+def alternate(a: Callable[[], object], b: Callable[[], object], reps: int) -> tuple[list[float], list[float]]:
     """Seconds of ``a`` and ``b`` per repetition, run A B, B A, A B, ... so that drifts of the machine's load hit
-    both arms alike; after one untimed call of each (``warm``: first-call costs such as kernel setup for new
-    shapes are not what either arm is about)."""
-    if warm:
-        a(), b()
+    both arms alike; the figure reports the median ratio, so the first repetition's one-time costs (the first
+    arm's kernel setup for new shapes) move only the range."""
     ta, tb = [], []
     for r in range(reps):
         for arm in ((a, ta), (b, tb)) if r % 2 == 0 else ((b, tb), (a, ta)):
@@ -254,14 +254,14 @@ class BareClient:
         return {k: v.detach().clone() for k, v in self.params.items()}
 
 
-def local_work(args, adapter: str):
+def local_work(args, adapter: str, *extra: str):
     """FedPrompt's local work on BBC with MiniLM (batch 16, one epoch), with ``adapter``; ``--round-clients``
-    train in a round."""
+    train in a round; ``extra`` overrides."""
     cfg = load_config(None, ["method.name=fedprompt", "task.name=bbc", "model.name=minilm", "runtime.threads=1",
                              "runtime.progress=false", f"federation.num_clients={args.clients}",
                              f"federation.clients_per_round={args.round_clients}",
                              "method.trainer.batch_size=16", "method.trainer.local_epochs=1",
-                             f"method.adapter={ADAPTERS[adapter]}"])
+                             f"method.adapter={ADAPTERS[adapter]}", *extra])
     return build(cfg)
 
 
@@ -309,7 +309,7 @@ def round_figure(args, b, state, bare: BareClient) -> Figure:
     def bare_round():
         return [bare.epoch(batches[c]) for c in selected]
 
-    ta, tb = alternate(fedpeft_round, bare_round, args.reps, warm=False)
+    ta, tb = alternate(fedpeft_round, bare_round, args.reps)
     steps = sum(len(v) for v in batches.values())
     return figure("1d", f"soft prompt: a whole round of {len(selected)} clients ({steps} steps), fedpeft round / "
                   "sum of the clients' bare loops", ("fedpeft", "bare"), ta, tb, "≤ 1.05×", lambda r: r <= 1.05)
@@ -370,7 +370,7 @@ def figure_2(args, key: str = "2") -> list[Figure]:
                                       "together (`runtime.client_batch`)",
                            ("sequential", "together"), ta, tb, "speedup, equal results", lambda x: x > 1.0,
                            f"max abs difference of the uploads {diff:.1e}; {shared['forward_requests']} model calls in "
-                           f"{shared['backbone_calls']} shared calls of {k} length-sorted passes each"))
+                           f"{shared['backbone_calls']} backbone calls"))
     torch.set_num_threads(threads)
     return rows
 
@@ -379,21 +379,23 @@ def figure_2(args, key: str = "2") -> list[Figure]:
 
 
 def figure_3(args) -> list[Figure]:
-    b = local_work(args, "soft prompt")
+    b = local_work(args, "soft prompt", f"task.max_test={args.eval_examples}")
     driver = RoundDriver(b.cfg, b.method)
     transport = InProcessTransport(b.cfg, b.method, b.exp, progress(False), None)
     state, rnd = b.method.server_init(), 1
 
+    got = {}
+
     def twice():
         msgs = driver.plan_evaluate(state, rnd)
-        return b.method.evaluate_global(state), driver.finish_evaluate(rnd, transport.evaluate(rnd, msgs))
+        got["twice"] = b.method.evaluate_global(state), driver.finish_evaluate(rnd, transport.evaluate(rnd, msgs))
 
     def once():
         msgs = driver.plan_evaluate(state, rnd)
-        return driver.evaluate_once(state, rnd, sorted(msgs))
+        got["once"] = driver.evaluate_once(state, rnd, sorted(msgs))
 
     ta, tb = alternate(twice, once, args.reps)
-    same = twice() == once()
+    same = got["twice"] == got["once"]
     n = len(b.exp.test_encoded)
     return [figure("3", f"evaluation of the global state: global test set ({n}) + {args.clients} client shards / "
                    "one pass sliced", ("two passes", "one pass"), ta, tb, "> 1×, metrics identical",
@@ -553,7 +555,7 @@ def figure_6c(args) -> list[Figure]:
     from fedpeft.runtime.flower.local import LocalFederation
 
     cfg = load_config(None, ["task.name=bbc", f"task.max_train={args.dist_train // 3}", "federation.num_clients=4",
-                             f"federation.rounds={args.dist_rounds + 1}", "method.name=fedprompt", "runtime.threads=1",
+                             f"federation.rounds={args.dist_rounds}", "method.name=fedprompt", "runtime.threads=1",
                              "runtime.progress=false", "evaluation.report=false"])
     seconds: dict[bool, list[float]] = {True: [], False: []}
     loads: dict[bool, int] = {}
@@ -627,12 +629,13 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=20, help="clients of the BBC federation (data per client)")
     ap.add_argument("--round-clients", type=int, default=2, help="clients in figure 1's whole round")
     ap.add_argument("--vector-clients", type=int, default=4, help="figure 2: clients whose rows go together")
+    ap.add_argument("--eval-examples", type=int, default=200, help="figure 3: the BBC test set evaluated")
     ap.add_argument("--bb-examples", type=int, default=32, help="figure 5a: examples the candidates are scored on")
     ap.add_argument("--lm-batch", type=int, default=8, help="figure 5b: inputs in the SmolLM2 batch")
     ap.add_argument("--scale-clients", type=int, default=1000, help="figure 4: the largest federation")
     ap.add_argument("--dist-clients", type=int, default=100, help="figure 6: clients of the BBC federation")
     ap.add_argument("--dist-rounds", type=int, default=2, help="figure 6: rounds")
-    ap.add_argument("--dist-train", type=int, default=300, help="figure 6: BBC training examples")
+    ap.add_argument("--dist-train", type=int, default=200, help="figure 6: BBC training examples (6c: a third)")
     ap.add_argument("--dist-reps", type=int, default=1, help="figure 6: repetitions of the whole runs")
     ap.add_argument("--jobs", type=int, default=1, help="processes for the one-thread figures (1-5), side by side "
                                                         "(faster, noisier ratios); figures 6 and 6c use every core "

@@ -21,6 +21,7 @@ from fedpeft.config import ConfigError
 from fedpeft.resolve import load_config
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.tracking.rundir import RunDir
+from fedpeft.tracking.summary import TIMING_FIELDS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -36,7 +37,7 @@ def _cfg(preset: str, model: str = "tiny-bert", **extra):
     return load_config(None, tiny_overrides(**over))
 
 
-@pytest.mark.parametrize("passes", [1, 2, None])  # one padded pass; rows sorted by length in 2 / 3 (CPU default)
+@pytest.mark.parametrize("passes", [1, 2, None])  # one padded pass; rows sorted by length in 2; CPU default: alone
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
 @pytest.mark.parametrize("preset,key", [("fedbpt", "z"), ("discrete-prompt", "prompt")])
 def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key, passes):
@@ -54,10 +55,40 @@ def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key, 
     assert [t.shape for t in together] == [a.shape for a in alone]
     for t, a in zip(together, alone):
         assert torch.allclose(t, a, atol=1e-5, rtol=1e-5)
+        if passes is None:  # CPU default: each call on its own, bitwise what it gives alone
+            assert torch.equal(t, a)
 
 
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
-def test_one_shared_backward_gives_each_client_its_own_gradient(model):
+@pytest.mark.parametrize("preset,key", [("fedbpt", "z"), ("discrete-prompt", "prompt")])
+def test_a_population_call_sorts_its_rows_into_one_pass_per_candidate_on_cpu(model, preset, key, monkeypatch):
+    """A call that stacks 4 candidates over one batch of unequal lengths runs 4 forwards over its rows sorted by
+    length (each padded to its own longest row), with the logits of one padded forward."""
+    b = build(_cfg(preset, model, task__max_length=96))  # unequal lengths for the tiny Llama tokenizer too
+    clf, data = b.exp.classifier, b.exp.client(0).train
+    base = b.method.initial_params()[key]
+    cand = base.unsqueeze(0).repeat(4, *[1] * base.dim()) + 0.3 * torch.randn(4, *base.shape,
+                                                                           generator=torch.Generator().manual_seed(0))
+    batch = clf.batch(data, list(range(9)))
+    assert int(batch["attention_mask"].sum(1).min()) < int(batch["attention_mask"].sum(1).max())  # unequal lengths
+    split = clf.backbone.body_and_head
+    model_called = clf.backbone.model if split is None else split[1]
+    widths = []
+    hook = model_called.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["inputs_embeds"].shape[:2]),
+                                                  with_kwargs=True)
+    with torch.inference_mode():
+        sorted_passes = clf.logits({key: cand}, batch)
+        monkeypatch.setattr(type(clf), "_population_passes", lambda self, prep, batch: 1)
+        one_pass = clf.logits({key: cand}, batch)
+    hook.remove()
+    assert [w[0] for w in widths] == [9, 9, 9, 9, 36]  # 4 passes of 9 rows, then one padded pass of 36
+    assert min(w[1] for w in widths[:4]) < widths[4][1]  # the short rows' passes are narrower
+    torch.testing.assert_close(sorted_passes, one_pass, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("passes,forwards", [(1, 1), (None, 3)])  # one stacked forward; CPU default: one per call
+@pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
+def test_one_shared_backward_gives_each_client_its_own_gradient(model, passes, forwards):
     b = build(_cfg("fedprompt", model))
     clf, data = b.exp.classifier, b.exp.client(0).train
     base = b.method.initial_params()
@@ -75,7 +106,7 @@ def test_one_shared_backward_gives_each_client_its_own_gradient(model):
         loss = loss_fn(clf.logits(params, batch), batch)
         grads = torch.autograd.grad(loss, list(params.values()))
         alone.append((float(loss.detach()), grads))
-    gather = ForwardGather(clf, len(calls))
+    gather = ForwardGather(clf, len(calls), passes)
     results = [None] * len(calls)
 
     def client(i):
@@ -87,7 +118,7 @@ def test_one_shared_backward_gives_each_client_its_own_gradient(model):
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(calls))]
     [t.start() for t in threads]
     [t.join(30) for t in threads]
-    assert gather.calls == 1 and gather.requests == len(calls)  # one forward + backward for all three
+    assert gather.calls == forwards and gather.requests == len(calls)  # one backward for all three
     for (params, _), (loss, grads), got in zip(calls, alone, results):
         assert got == pytest.approx(loss, abs=1e-5)
         for p, g in zip(params.values(), grads):
@@ -98,6 +129,9 @@ def test_a_groups_jth_call_holds_every_clients_jth_request_whatever_the_timing()
     class Recording:
         def __init__(self):
             self.calls = []
+
+        def stacks_calls(self, passes):
+            return True
 
         def logits_many(self, calls, passes=None):
             self.calls.append([int(p["c"]) * 100 + int(p["j"]) for p, _ in calls])
@@ -128,6 +162,9 @@ def test_a_groups_jth_call_holds_every_clients_jth_request_whatever_the_timing()
 
 def test_a_failing_shared_forward_fails_every_waiting_client_and_nobody_hangs():
     class Broken:
+        def stacks_calls(self, passes):
+            return True
+
         def logits_many(self, calls, passes=None):
             raise RuntimeError("out of memory")
 
@@ -152,14 +189,17 @@ def _records(path):
     return RunDir(path).read_metrics()
 
 
-@pytest.mark.parametrize("preset", ["fedbpt", "discrete-prompt", "fedprompt", "fedprompt-ptuning", "fedpeptao",
-                                    "fedavg-lora"])
-def test_a_run_with_clients_together_equals_one_after_another(tmp_path, preset):
+# passes 1: one stacked forward per group call, the GPU default; None: the CPU default, each client's call on its
+# own forward (bitwise equal). The discrete search runs the CPU default: a stacked pass rounds differently from
+# the sequential client's length-sorted candidate passes (1e-6), enough to flip near-tied token choices of its
+# argmin on this tiny random model.
+@pytest.mark.parametrize("preset,passes", [("fedbpt", 1), ("discrete-prompt", None), ("fedprompt", 1),
+                                           ("fedprompt-ptuning", 1), ("fedpeptao", 1), ("fedavg-lora", 1)])
+def test_a_run_with_clients_together_equals_one_after_another(tmp_path, preset, passes):
     extra = {"method__trainer__reset_optimizer": False} if preset == "fedprompt" else {}  # Adam states carried over
-    if preset == "discrete-prompt":  # one padded pass: on this tiny random model the rounding of length-sorted
-        extra["runtime__client_batch_passes"] = 1  # passes (1e-6) flips near-tied token choices of the argmin
     seq = _cfg(preset, federation__num_clients=4, **extra)
-    vec = _cfg(preset, federation__num_clients=4, runtime__client_batch=3, **extra)
+    vec = _cfg(preset, federation__num_clients=4, runtime__client_batch=3, runtime__client_batch_passes=passes,
+               **extra)
     run_embedded(seq, tmp_path / "seq")
     run_embedded(vec, tmp_path / "vec")
     a, b = _records(tmp_path / "seq"), _records(tmp_path / "vec")
@@ -171,7 +211,12 @@ def test_a_run_with_clients_together_equals_one_after_another(tmp_path, preset):
             if preset in ("fedbpt", "discrete-prompt"):  # each client's own count of model calls is unchanged
                 assert ca["queries"] == cb["queries"]
         shared = rb["client_batch"]
-        assert 0 < shared["backbone_calls"] < shared["forward_requests"]  # forwards were actually shared
+        if passes == 1:
+            assert 0 < shared["backbone_calls"] < shared["forward_requests"]  # forwards were actually shared
+        else:
+            untimed = [{k: v for k, v in r.items() if k not in (*TIMING_FIELDS, "client_batch")} for r in (ra, rb)]
+            assert untimed[0] == untimed[1]  # the same numbers, exactly
+            assert shared["backbone_calls"] == shared["forward_requests"] > 0
     assert "client_batch" not in a[0]
     sa, sb = RunDir(tmp_path / "seq").load_checkpoint()[1], RunDir(tmp_path / "vec").load_checkpoint()[1]
     for k in sa.tensors:

@@ -238,7 +238,8 @@ class RuntimeConfig(_Strict):
     client_batch_passes: int | None = Field(None, ge=1, description="with client_batch > 1: forward passes a "
                                                                    "group's stacked rows take, sorted by length, "
                                                                    "each padded to its own longest row; default: "
-                                                                   "one on a GPU, one per client on CPU")
+                                                                   "one on a GPU; on CPU each client's call "
+                                                                   "alone (bitwise equal to sequential)")
 
     @model_validator(mode="after")
     def _workers_on_cpu(self) -> RuntimeConfig:

@@ -206,11 +206,25 @@ class Classifier:
             prefix = split[0] + "."
             model = split[1]
             over = {k[len(prefix):]: v for k, v in over.items() if k.startswith(prefix)}
+        passes = self._population_passes(prep, batch) if not (over or attentions) else 1
         with self._autocast():
             if prep.text is not None:
                 kwargs["past_key_values"] = self._text_cache(prep.text, model, over)
-            out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
+            if passes > 1:
+                out = SimpleNamespace(**_sorted_forward(model, prep.embeds, prep.attention_mask, passes,
+                                                        "output_hidden_states" in kwargs))
+            else:
+                out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
         return out, prep, params
+
+    def _population_passes(self, prep: Prepared, batch: dict[str, torch.Tensor]) -> int:
+        """Forwards for a call whose adapter stacks several candidates over one batch (a CMA-ES population, the K
+        tokens of a search step): on CPU one per candidate over the rows sorted by length, each padded only to its
+        own longest row (the same matrix sizes as a candidate at a time, far fewer pad tokens); one otherwise."""
+        rows, n = prep.embeds.shape[0], batch["input_ids"].shape[0]
+        if self.device.type != "cpu" or rows <= n or prep.text is not None or prep.extra:
+            return 1
+        return rows // n
 
     def _reads_hidden_states(self) -> bool:
         """A decoder's pooled readouts read the last layer's hidden states (HF returns no last_hidden_state)."""
@@ -267,10 +281,12 @@ class Classifier:
         arguments, weight overrides) run one by one.
 
         ``passes``: the stacked rows, sorted by length, go through the model in this many forwards, each padded
-        only to its own longest row (rows of a batch do not interact). Default: one on an accelerator, where one
-        large call is what pays; on CPU one per call, which keeps each matrix the size of a call's and cuts the
-        padding a common width would add (``_sorted_forward``)."""
-        if len(calls) < 2 or self.calibration == "contextual" or any(self.adapter.overrides(p) for p, _ in calls):
+        only to its own longest row (rows of a batch do not interact; ``_sorted_forward``). Default: one on an
+        accelerator, where one large call is what pays; on CPU each call on its own (bitwise equal to sequential
+        calls): a larger matrix is no cheaper per row there, and a population call already sorts its own rows
+        (``_population_passes``), which was all the gain of sorting a group's rows together."""
+        if not self.stacks_calls(passes) or len(calls) < 2 or self.calibration == "contextual" or \
+                any(self.adapter.overrides(p) for p, _ in calls):
             return [self.logits(p, b) for p, b in calls]
         calls = [({k: v.to(self.device) for k, v in p.items()}, b) for p, b in calls]
         preps = [self.adapter.prepare(self.backbone, p, b["input_ids"], b["attention_mask"], int(b["lead"]))
@@ -280,8 +296,7 @@ class Classifier:
         width = max(prep.embeds.shape[1] for prep in preps)
         embeds = torch.cat([F.pad(prep.embeds, (0, 0, 0, width - prep.embeds.shape[1])) for prep in preps])
         mask = torch.cat([F.pad(prep.attention_mask, (0, width - prep.attention_mask.shape[1])) for prep in preps])
-        if passes is None:
-            passes = len(calls) if self.device.type == "cpu" else 1
+        passes = passes or 1
         split = self.backbone.body_and_head
         model = self.backbone.model if split is None else split[1]
         out_logits, start = [], 0
@@ -294,6 +309,11 @@ class Classifier:
                 out_logits.append(logits.float() if self.autocast is not None else logits)
                 start += rows
         return out_logits
+
+    def stacks_calls(self, passes: int | None) -> bool:
+        """Whether ``logits_many`` stacks its calls into shared forwards (given ``passes``, or on an accelerator)
+        rather than running each call on its own (the CPU default)."""
+        return passes is not None or self.device.type != "cpu"
 
     # ---------------------------------------------------------------- contextual calibration
 

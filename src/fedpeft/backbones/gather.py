@@ -7,8 +7,9 @@ last to arrive runs them all as one forward (``Classifier.logits_many``, request
 others. So the j-th backbone call of a group always holds the j-th request of every client that makes at least j:
 which requests go together does not depend on thread timing, and a rerun gives the same numbers. Against running
 the clients one after another the logits agree up to float rounding (the rows are padded to a common width and
-multiplied in one larger batch, or on CPU sorted by length and cut into one pass per client:
-``runtime.client_batch_passes``).
+multiplied in one larger batch, or sorted by length and cut into ``runtime.client_batch_passes`` passes); on CPU
+the default runs each request on its own forward, bitwise equal to sequential clients (a larger matrix is no
+cheaper per row there; ``Classifier.logits_many``).
 
 Gradient requests (``loss_and_backward``) carry each client's loss on its logits; the group's losses are summed
 and ONE backward pass fills every client's own leaf tensors with its own gradient (client i's loss does not depend
@@ -52,7 +53,7 @@ class ForwardGather:
         self.members = members
         self.passes = passes  # forwards per group call (``Classifier.logits_many``; None: the device's default)
         self.pending: list[_Request] = []
-        self.calls = 0  # backbone calls made for the group
+        self.calls = 0  # backbone calls made for the group (one per request where the classifier does not stack)
         self.requests = 0  # forward requests served (= the calls the clients would have made alone)
         self._cv = threading.Condition()
 
@@ -98,7 +99,7 @@ class ForwardGather:
         except Exception as e:  # noqa: BLE001 - every waiting client learns of it and fails its own round
             for r in reqs:
                 r.error, r.logits, r.loss = e, None, None
-        self.calls += 1
+        self.calls += 1 if self.clf.stacks_calls(self.passes) else len(reqs)
         self.requests += len(reqs)
         self._cv.notify_all()
 
