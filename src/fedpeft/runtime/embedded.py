@@ -61,16 +61,23 @@ class InProcessTransport:
         self.cfg, self.method, self.exp, self.bar, self.reply_hook = cfg, method, exp, bar, reply_hook
         self.workers = workers
         self.states: dict[int, Message] = {}
-        self.shared = {"backbone_calls": 0, "forward_requests": 0}  # this round's, with runtime.client_batch > 1
+        self.shared = {"backbone_calls": 0, "forward_requests": 0}  # this round's, with client groups
         self.heap = HeapTrimmer()  # freed training temporaries back to the OS between clients (many-client runs)
         self.clients_task = bar.add_task("clients", total=0)
+        # client groups only where their calls are stacked: on CPU a group's calls would each run their own
+        # forward anyway, and the threads cost time (benchmarks/results/perf.md, figure 2)
+        self.together = cfg.runtime.client_batch > 1 and exp.classifier.stacks_calls(cfg.runtime.client_batch_passes)
+        if cfg.runtime.client_batch > 1 and not self.together:
+            log.warning("runtime.client_batch on CPU: clients run one after another (the same results; stacking their "
+                        "model calls is no faster on CPU); runtime.client_batch_passes stacks them anyway, "
+                        "runtime.client_workers uses the cores")
 
     def train(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
         self.bar.reset(self.clients_task, total=len(instructions), description=f"round {round} clients")
         self.shared = dict.fromkeys(self.shared, 0)
         if self.workers is not None:
             done = self._on_workers(round, instructions)
-        elif self.cfg.runtime.client_batch > 1:
+        elif self.together:
             done = self._together(round, instructions)
         else:
             done = (self._here(round, cid, payload) for cid, payload in instructions.items())
@@ -160,7 +167,7 @@ class InProcessTransport:
 
     def round_extra(self) -> dict[str, Any]:
         """With ``runtime.client_batch`` > 1: the backbone calls the round's clients' model calls took together."""
-        return {"client_batch": dict(self.shared)} if self.cfg.runtime.client_batch > 1 else {}
+        return {"client_batch": dict(self.shared)} if self.together else {}
 
     def summary_extra(self) -> dict[str, Any]:
         return {}
