@@ -51,7 +51,7 @@ within its own process, but the other figure's phases (model loads, evaluation p
 sequential runs (4b: 1.05x alone, 1.25x beside another figure); figures 2s, 6 and 6c use every core and run
 alone after them.
 
-Usage (the default size: 41 minutes on 2 free cores, measured; ~35 with --jobs 2):
+Usage (the default size: 25-27 minutes on 2 free cores, measured):
     nice .venv/bin/python benchmarks/perf.py                       # figures 1-6, 2s, 6c -> benchmarks/results/perf.md
     nice .venv/bin/python benchmarks/perf.py --figures 3 5 --reps 5
 """
