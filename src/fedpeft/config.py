@@ -234,8 +234,8 @@ class RuntimeConfig(_Strict):
     client_batch: int = Field(1, ge=1, description="embedded runtime: clients of a round whose model calls run "
                                                    "together (black-box forwards in one backbone call; gradient "
                                                    "steps in one forward and one backward); 1: one client after "
-                                                   "another (also the CPU default's effect, unless "
-                                                   "client_batch_passes is set: stacking is no faster on CPU)")
+                                                   "another, as on CPU unless client_batch_passes is set "
+                                                   "(stacking is no faster there)")
     client_batch_passes: int | None = Field(None, ge=1, description="with client_batch > 1: forward passes a "
                                                                    "group's stacked rows take, sorted by length, "
                                                                    "each padded to its own longest row; default: "
