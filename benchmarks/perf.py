@@ -15,10 +15,11 @@ range. Figures:
    false``) against one pass whose predictions are sliced for the clients (the default); the global and local
    metrics and bytes of both must be identical.
 5. Black-box batching: (a) lambda candidates of FedBPT's projected prompt in one stacked call against one
-   forward per candidate (``method.trainer.batched``), on a client's examples (on CPU the stacked call's rows are
-   sorted by length and cut into one pass per candidate, each padded only to its own longest row); (b) SmolLM2's verbalizer readout
-   from the transformer body's read row times the LM head (fedpeft) against the whole ``*ForCausalLM`` with
-   full-vocabulary logits at every position, gathered afterwards (the old path, emulated here).
+   forward per candidate (``method.trainer.batched``), on a client's SST-2 examples; (c) that stacked call with
+   its rows sorted by length into one pass per candidate, each padded only to its own longest row (the CPU
+   default), against one pass padded to the longest row; (b) SmolLM2's verbalizer readout from the transformer
+   body's read row times the LM head (fedpeft) against the whole ``*ForCausalLM`` with full-vocabulary logits at
+   every position, gathered afterwards (the old path, emulated here).
 
 4. Scale in one process: FedPrompt on MiniLM with 10, 100 and 1,000 clients of equal work (4 synthetic examples,
    one Adam step; each size in a fresh process; Adam moments kept as every client's persistent state): peak RSS
