@@ -41,7 +41,8 @@ class LayerSelectionSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     warmup_rounds: int | None = Field(5, ge=1, description="t: all layers shared in rounds 1..t, selection in "
                                                            "round t (paper: 5 or 10); null: never select")
-    ratio_estimator: str = Field("fixed", description="fixed | hessian_gap | slq_plateau (A8)")
+    ratio_estimator: str = Field("fixed", description="fixed | hessian_gap | slq_plateau (A8; the Hessian ones "
+                                 "are experimental: no graded ratio on MiniLM)")
     keep_ratio: float = Field(0.5, gt=0, le=1, description="r of the fixed estimator")
     order: str = Field("score", description="score (PEPT) | random | ascending | descending")
     score_at: Literal["local", "global"] = Field(
