@@ -28,9 +28,25 @@ def mean_std(xs: list, scale: float = 100.0, digits: int = 1) -> str:
     return f"{m:.{digits}f} ± {statistics.stdev(xs) * scale:.{digits}f}" if len(xs) > 1 else f"{m:.{digits}f}"
 
 
+def finished(out, overrides: list[str]) -> bool:
+    """Whether run directory ``out`` holds a finished run of the config the overrides give; a finished run of
+    another config (other rounds, budget, ...) is an error naming the directory, never silently reused."""
+    from pathlib import Path
+
+    from fedpeft.resolve import load_config
+    from fedpeft.runtime.session import same_config
+
+    out = Path(out)
+    if not (out / "summary.json").exists():
+        return False
+    if not same_config((out / "config.yaml").read_text(), load_config(None, overrides)):
+        raise ValueError(f"{out} finished with another config than this benchmark's; use another --runs-dir")
+    return True
+
+
 def run_config(out, overrides: list[str]) -> str:
-    """One fedpeft run in directory ``out`` from ``--set``-style overrides: skipped when finished, resumed when
-    interrupted; returns a line for the log."""
+    """One fedpeft run in directory ``out`` from ``--set``-style overrides: skipped when finished (with the same
+    config), resumed when interrupted; returns a line for the log."""
     import time
     from pathlib import Path
 
@@ -38,7 +54,7 @@ def run_config(out, overrides: list[str]) -> str:
     from fedpeft.runtime.embedded import run_embedded
 
     out = Path(out)
-    if (out / "summary.json").exists():
+    if finished(out, overrides):
         return f"{out.name}: done before"
     cfg = load_config(None, overrides)
     t0 = time.time()

@@ -73,7 +73,7 @@ def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterat
     run.lock()
     try:
         config_yaml = dump_config(cfg)
-        if resume and run.saved_config() not in (None, config_yaml) and not _same_config(run.saved_config(), cfg):
+        if resume and run.saved_config() not in (None, config_yaml) and not same_config(run.saved_config(), cfg):
             raise ValueError(f"{out_dir}/config.yaml differs from the config given to --resume")
         run.prepare(config_yaml, resume)
         yield run
@@ -81,10 +81,10 @@ def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterat
         run.unlock()
 
 
-def _same_config(saved: str, cfg: ExperimentConfig) -> bool:
-    """A config.yaml written before keys were added (with their defaults; component settings too, so it is resolved
-    as a new config is) still matches; so does one that differs only in ``evaluation.report``, which changes no
-    number."""
+def same_config(saved: str, cfg: ExperimentConfig) -> bool:
+    """Whether a run's saved config.yaml describes ``cfg``. One written before keys were added (with their
+    defaults; component settings too, so it is resolved as a new config is) still matches; so does one that differs
+    only in ``evaluation.report``, which changes no number."""
     try:
         old = resolve(yaml.safe_load(saved))
     except Exception:  # noqa: BLE001 - unreadable or no longer valid: it differs
