@@ -406,15 +406,28 @@ def test_noise_streams_shared_or_independent():
     for noise in ("independent", "shared", "shared_round"):
         for rnd in (1, 2):
             for client in (0, 1):
-                own, shared = cmaes_streams(7, rnd, client, noise)
-                first[noise, rnd, client] = (own.standard_normal(),
-                                             None if shared is None else shared.standard_normal())
-    assert all(first["independent", r, c][1] is None for r in (1, 2) for c in (0, 1))  # one stream, as recorded
-    assert len({first["independent", r, c][0] for r in (1, 2) for c in (0, 1)}) == 4
+                pert, sampling = cmaes_streams(7, rnd, client, noise)
+                first[noise, rnd, client] = (pert.standard_normal(), sampling.standard_normal())
+    assert len({first["independent", r, c][1] for r in (1, 2) for c in (0, 1)}) == 4  # per client and round
     assert len({first["shared", r, c][1] for r in (1, 2) for c in (0, 1)}) == 1  # authors: every client, every round
     assert first["shared_round", 1, 0][1] == first["shared_round", 1, 1][1] != first["shared_round", 2, 0][1]
-    for noise in ("shared", "shared_round"):  # perturbations stay per client
+    for noise in ("independent", "shared", "shared_round"):  # perturbations: per client, their own stream
         assert first[noise, 1, 0][0] == first["independent", 1, 0][0] != first[noise, 1, 1][0]
+        assert first[noise, 1, 0][0] != first[noise, 1, 0][1]
+
+
+def test_perturbation_does_not_shift_the_sampling_noise(monkeypatch):
+    """FedBPT (r_p > 0) and its r_p = 0 variant draw the same sampling noise for the same client and round
+    (common random numbers for their paired comparison): same z in round 1, same candidates."""
+    draws = {}
+    for rate in (0.5, 0.0):
+        cfg = _cfg(**{"method.trainer.perturb_rate": rate})
+        exp = build_experiment(cfg)
+        method = build_method(cfg, exp)
+        calls = _record_sampling(monkeypatch)
+        method.client_update(method.configure_round(method.server_init(), 1, [1])[1], exp.client(1))
+        draws[rate] = calls[0][1]
+    assert draws[0.5] == draws[0.0]
 
 
 @pytest.mark.parametrize("noise", ["independent", "shared"])

@@ -78,6 +78,8 @@ ADDED_ROUNDS = {0}
 # fedbpt-llama-diag -- ``method.trainer.covariance: diagonal`` keeps C diagonal on the clients and the server
 # (before, the server updated a full C of which clients received the diagonal, and each client's own C turned
 # full after its first local iteration).
+# fedbpt-bert, fedbpt-llama-diag -- the perturbations draw from their own stream (``cmaes-perturb``), so that
+# they no longer shift the sampling noise (common random numbers with FedAvg-BBT and r_p = 0).
 # Server diagnostics added since: momentum_cv's η^r and ‖η^r m^r‖ / ‖w̄^r − w^{r−1}‖ (new information only).
 ADDED_SERVER_FIELDS = {"server_lr", "server_step_ratio"}
 

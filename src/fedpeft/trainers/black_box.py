@@ -62,21 +62,23 @@ def uploaded_loss(res: LocalResult, server_fitness: str) -> float:
 
 
 def cmaes_streams(seed: int, round: int, client: int, noise: str) -> tuple[np.random.Generator,
-                                                                          np.random.Generator | None]:
-    """(perturbation stream, sampling-noise stream or None = the same stream) of one client's round.
+                                                                          np.random.Generator]:
+    """(perturbation stream, sampling-noise stream) of one client's round.
 
-    ``independent``: one stream from (seed, round, client) for both. ``shared`` reproduces the authors' common
-    random numbers: their client re-creates pycma every round with the fixed ``seed`` option
+    Two streams, so that the perturbation draws do not shift the sampling noise: FedBPT, its r_p = 0 variant and
+    FedAvg-BBT draw the same candidates' noise at the same (seed, round, client), common random numbers for their
+    paired comparison. ``independent``: noise from (seed, round, client). ``shared`` reproduces the authors'
+    common random numbers: their client re-creates pycma every round with the fixed ``seed`` option
     (``fedbpt_train.py`` line 232, ``global_es._copy_light(inopts={"seed": seed, ...})``) and pycma's
     constructor calls ``np.random.seed(opts['seed'])`` (``cma/evolution_strategy.py``,
     ``CMAEvolutionStrategy.__init__``), whose global RNG draws all samples: every client draws the same noise in
     every round. Here the noise stream derives from the seed alone (neither client nor round);
     ``shared_round`` keeps the common noise across clients only. Perturbations stay per client.
     """
-    own = numpy_rng(seed, round, client, "cmaes")
+    perturbations = numpy_rng(seed, round, client, "cmaes-perturb")
     if noise == "independent":
-        return own, None
-    return own, numpy_rng(seed, round if noise == "shared_round" else 0, SHARED, "cmaes-noise")
+        return perturbations, numpy_rng(seed, round, client, "cmaes")
+    return perturbations, numpy_rng(seed, round if noise == "shared_round" else 0, SHARED, "cmaes-noise")
 
 
 def _f64(t: torch.Tensor) -> np.ndarray:
