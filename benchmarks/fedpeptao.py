@@ -5,10 +5,14 @@ seeds 0-4 paired (every arm of a (task, seed) shares the partition and the initi
 dev/test set split among the clients like their training data; global and personalised accuracy (each client
 with its own tensors on its own shard, pooled over the union of the shards) at the final round, round 0 and
 every 10 rounds; per-client mean / worst / std; the per-client majority label (no model) as a reference row.
-Paired differences against FedPepTAO with 95 % t-intervals. Score validity (--validity, after the runs): each
-layer's leave-one-layer-out importance (accuracy drop when that layer's prompt is reset to its initial value
-in the final global model) against its score, and the rank of the score-chosen layer subset among all subsets
-of that size (the others reset).
+Paired differences against FedPepTAO (global and personalised, and the majority reference) with 95 % t-intervals.
+Arms (``--arms``): core (FedPepTAO at the paper's η and the authors' scripts' schedule, fedavg-prefix and its
+byte-matched half-length variant, local-only, FedAvg + FT, FedPer, LG-FedAvg), orders (score on non-pad tokens,
+ascending, descending, three seeded random draws) and ablations (momd, moms, moms-con, moms-adamd at both η,
+FedPepTAO without control variates; adamd is fedavg-prefix's exact config and is not run twice).
+Score validity (--validity, after the runs): on the same seed's fedavg-prefix final global model, where every layer
+trained equally, each layer's leave-one-layer-out drop (its prompt reset to the initial value) against FedPepTAO's
+round-3 scores, and the rank of each order's subset among all 20 three-layer subsets (the others reset).
 
     python benchmarks/fedpeptao.py --runs-dir runs/fedpeptao --workers 2         # resumable, any order of parts
     python benchmarks/fedpeptao.py --runs-dir runs/fedpeptao --arms core --seeds 0 1 2
@@ -25,14 +29,14 @@ import statistics
 import sys
 from pathlib import Path
 
-from runner import mean_std, run_config, run_pool
+from runner import finished, mean_std, run_config, run_pool
 
 TOKENS = 8  # h: prompt rows per layer (the preset's)
+SCRIPT_LR = ["method.aggregator.server_lr=0.05", "method.aggregator.lr_decay=0.99"]  # the authors' scripts
 ARMS: dict[str, dict[str, list[str]]] = {  # group -> label -> overrides (method.name first)
     "core": {
         "FedPepTAO (η 1e-3)": ["method.name=fedpeptao"],
-        "FedPepTAO (η 0.05 ×0.99, authors' scripts)": ["method.name=fedpeptao", "method.aggregator.server_lr=0.05",
-                                                      "method.aggregator.lr_decay=0.99"],
+        "FedPepTAO (η 0.05 ×0.99, authors' scripts)": ["method.name=fedpeptao", *SCRIPT_LR],
         "fedavg-prefix (all layers)": ["method.name=fedavg-prefix"],
         f"fedavg-prefix, byte-matched (h = {TOKENS // 2})": ["method.name=fedavg-prefix",
                                                              f"method.adapter.num_tokens={TOKENS // 2}"],
@@ -45,9 +49,15 @@ ARMS: dict[str, dict[str, list[str]]] = {  # group -> label -> overrides (method
         "FedPepTAO, score on non-pad tokens": ["method.name=fedpeptao", "method.sharing.score_tokens=nonpad"],
         "FedPepTAO, ascending layers": ["method.name=fedpeptao", "method.sharing.order=ascending"],
         "FedPepTAO, descending layers": ["method.name=fedpeptao", "method.sharing.order=descending"],
-        "FedPepTAO, random layers (seeded)": ["method.name=fedpeptao", "method.sharing.order=random"],
+        **{f"FedPepTAO, random layers (draw {k})": ["method.name=fedpeptao", "method.sharing.order=random",
+                                                    f"method.sharing.random_draw={k}"] for k in range(3)},
     },
-    "ablations": {name: [f"method.name={name}"] for name in ("momd", "moms", "moms-con", "adamd", "moms-adamd")},
+    "ablations": {  # adamd is not run: its preset resolves to exactly fedavg-prefix's config (a row says so)
+        **{name: [f"method.name={name}"] for name in ("momd", "moms", "moms-con", "moms-adamd")},
+        "moms-adamd (η 0.05 ×0.99)": ["method.name=moms-adamd", *SCRIPT_LR],
+        "FedPepTAO (η 0.05 ×0.99), no control variates": ["method.name=fedpeptao", *SCRIPT_LR,
+                                                          "method.aggregator.control_variates=false"],
+    },
 }
 ALL_ARMS = {label: o for group in ARMS.values() for label, o in group.items()}
 REFERENCE = "FedPepTAO (η 1e-3)"
@@ -64,19 +74,19 @@ def job_name(task: str, label: str, seed: int) -> str:
 
 def overrides(args, task: str, label: str, seed: int) -> list[str]:
     t = TASKS[task]
-    return [f"task.name={task}", f"task.max_train={args.max_train}", f"task.max_length={t['max_length']}",
+    return [o for o in [f"task.name={task}", f"task.max_train={args.max_train}", f"task.max_length={t['max_length']}",
             *([f"task.max_test={t['max_test']}"] if t["max_test"] else []), "model.name=minilm", f"seed={seed}",
             "federation.num_clients=10", "federation.clients_per_round=3", f"federation.rounds={args.rounds}",
             "federation.partition.scheme=dirichlet", "federation.partition.alpha=1.0",
             "federation.partition.min_size=8", f"evaluation.every={args.every}", "evaluation.batch_size=100",
+            "evaluation.report=false",
             "runtime.progress=false", f"runtime.threads={args.threads}", *ALL_ARMS[label],
             f"method.adapter.num_tokens={TOKENS}" if "num_tokens" not in " ".join(ALL_ARMS[label]) else "",
-            *(["method.sharing.warmup_rounds=3"] if "fedpeptao" in ALL_ARMS[label][0] else [])]
+            *(["method.sharing.warmup_rounds=3"] if "fedpeptao" in ALL_ARMS[label][0] else [])] if o]
 
 
 def run_job(args, task: str, label: str, seed: int) -> str:
-    return run_config(Path(args.runs_dir) / job_name(task, label, seed),
-                      [o for o in overrides(args, task, label, seed) if o])
+    return run_config(Path(args.runs_dir) / job_name(task, label, seed), overrides(args, task, label, seed))
 
 
 # ---------------------------------------------------------------- reading runs
@@ -110,6 +120,7 @@ def load(out: Path) -> dict | None:
     per_client = [a for a in last["local_accuracy"].values() if a is not None and a == a]
     scored = [r for r in recs if r["accuracy"] is not None]
     ratios = [r["server"].get("server_step_ratio") for r in recs if r["server"].get("server_step_ratio")]
+    vectors = [r.get("server_vectors", {}) for r in recs]
     return {"global": last["accuracy"], "personal": personal(last, hist["test"]),
             "initial": recs[0]["accuracy"] if recs[0]["round"] == 0 else None,
             "curve": [(r["round"], r["accuracy"], personal(r, hist["test"])) for r in scored],
@@ -117,27 +128,41 @@ def load(out: Path) -> dict | None:
             "client_std": statistics.pstdev(per_client), "majority": majority(hist)[0],
             "up": summary["bytes_up_per_client_round"], "bytes": summary["bytes_up_total"] + summary["bytes_down_total"],
             "step_ratio": statistics.fmean(ratios) if ratios else None,
-            "selected": [i for i, x in enumerate(last.get("server_vectors", {}).get("selected_layers", [])) if x]}
+            "selected": [i for i, x in enumerate(last.get("server_vectors", {}).get("selected_layers", [])) if x],
+            "scores": next((v["layer_scores"] for v in vectors if v.get("layer_scores")), None)}
+
+
+def load_job(args, task: str, label: str, seed: int) -> dict | None:
+    """A finished run of exactly this benchmark's config (another config is an error, never mixed in)."""
+    out = Path(args.runs_dir) / job_name(task, label, seed)
+    return load(out) if finished(out, overrides(args, task, label, seed)) else None
 
 
 def t95(n: int) -> float:
-    return {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}.get(n - 1, 1.96)
+    """Two-sided 95 % Student-t quantile with n - 1 degrees of freedom."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1))
 
 
 def paired(xs: list[float], ys: list[float]) -> str:
-    """Mean paired difference x − y in points with a 95 % t-interval."""
+    """Mean paired difference x − y in points with a 95 % t-interval and the number of pairs."""
     d = [100 * (x - y) for x, y in zip(xs, ys) if x is not None and y is not None]
     if len(d) < 2:
-        return "–" if not d else f"{d[0]:+.1f}"
+        return "–" if not d else f"{d[0]:+.1f} (n=1)"
     m, half = statistics.fmean(d), t95(len(d)) * statistics.stdev(d) / math.sqrt(len(d))
-    return f"{m:+.1f} [{m - half:+.1f}, {m + half:+.1f}]"
+    return f"{m:+.1f} [{m - half:+.1f}, {m + half:+.1f}] (n={len(d)})"
 
 
 # ---------------------------------------------------------------- score validity
 
+VALIDITY_MODEL = "fedavg-prefix (all layers)"  # every layer trained for all rounds: no arm's choice favoured
+SCORED = {"score (all tokens)": REFERENCE, "score (non-pad tokens)": "FedPepTAO, score on non-pad tokens"}
+
 
 def validity(run_dir: Path) -> dict:
-    """Leave-one-layer-out importance of the final global prompts and the rank of the selected subset."""
+    """On one fedavg-prefix final global model: each layer's leave-one-layer-out drop (its prompt reset to the
+    initial value) and the accuracy of every subset of |SL| = L/2 layers kept (the others reset)."""
     import torch
 
     from fedpeft.backbones.classifier import evaluate
@@ -158,41 +183,67 @@ def validity(run_dir: Path) -> dict:
         return evaluate(clf, params, test, cfg.evaluation.batch_size)["accuracy"]
 
     full = acc(set(layers))
-    loo = {layer: full - acc(set(layers) - {layer}) for layer in layers}
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    scores = next((r["server_vectors"]["layer_scores"] for r in recs
-                   if r.get("server_vectors", {}).get("layer_scores")), None)
-    chosen = next((r["server_vectors"]["selected_layers"] for r in reversed(recs)
-                   if r.get("server_vectors", {}).get("selected_layers")), None)
-    chosen = [i for i, s in enumerate(chosen) if s] if chosen else None
-    subsets = {}
-    if chosen:
-        for sub in itertools.combinations(layers, len(chosen)):
-            subsets[sub] = acc(set(sub))
-    rank = (1 + sum(a > subsets[tuple(chosen)] for a in subsets.values())) if chosen else None
-    return {"full": full, "loo": loo, "scores": scores, "chosen": chosen, "rank": rank, "of": len(subsets),
-            "best_subset": max(subsets, key=subsets.get) if subsets else None}
+    return {"full": full, "loo": {str(layer): full - acc(set(layers) - {layer}) for layer in layers},
+            "subsets": {",".join(map(str, sub)): acc(set(sub))
+                        for sub in itertools.combinations(layers, math.ceil(len(layers) / 2))}}
 
 
-def spearman(xs: list[float], ys: list[float]) -> float:
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        for pos, i in enumerate(order):
-            r[i] = float(pos)
-        return r
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    den = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    return num / den if den else float("nan")
+def subset_rank(subsets: dict[str, float], chosen: list[int]) -> str:
+    """'r of N (t tied)': 1 + the subsets strictly better than the chosen one, and how many score the same."""
+    a = subsets[",".join(map(str, chosen))]
+    better = sum(x > a + 1e-12 for x in subsets.values())
+    tied = sum(abs(x - a) <= 1e-12 for x in subsets.values()) - 1
+    return f"{1 + better} of {len(subsets)}" + (f" ({tied} tied)" if tied else "")
+
+
+def validity_section(args, task: str) -> list[str]:
+    n_sub = math.comb(6, 3)
+    lines = [f"### What the layer score measures ({task}, seeds {args.validity_seeds})", "",
+             f"On the same seed's {VALIDITY_MODEL} final global model (every layer trained for all {args.rounds} "
+             "rounds, so no selection is favoured): each layer's leave-one-layer-out drop (accuracy lost when that "
+             "layer's prompt is reset to its initial value), its Spearman correlation with the round-3 layer scores "
+             "FedPepTAO computed (all tokens, and non-pad tokens only), and the rank of each order's layer subset "
+             f"among all {n_sub} subsets of 3 layers, scored by the accuracy with only those layers' prompts kept "
+             "(rank 1 = best).", "",
+             "| seed | drop per layer 0–5 (points) | best subset (acc %) | scores (all) → ρ, chosen, rank | "
+             "scores (non-pad) → ρ, chosen, rank | ascending rank | descending rank |",
+             "|---|---|---|---|---|---|---|"]
+    from scipy.stats import spearmanr
+
+    for s in args.validity_seeds:
+        run = Path(args.runs_dir) / job_name(task, VALIDITY_MODEL, s)
+        scorers = {k: load_job(args, task, label, s) for k, label in SCORED.items()}
+        if not load_job(args, task, VALIDITY_MODEL, s):
+            lines.append(f"| {s} | ({VALIDITY_MODEL} run not finished) | | | | | |")
+            continue
+        cache = run / "validity.json"
+        try:
+            if not cache.exists():
+                cache.write_text(json.dumps(validity(run)))
+        except Exception as e:  # noqa: BLE001 - one failure must not lose the rest of the file
+            lines.append(f"| {s} | validity failed: {type(e).__name__}: {e} | | | | | |")
+            continue
+        v = json.loads(cache.read_text())
+        drops = [v["loo"][k] for k in sorted(v["loo"], key=int)]
+        best = max(v["subsets"], key=v["subsets"].get)
+        cells = []
+        for r in scorers.values():
+            if not r or not r["scores"]:
+                cells.append("–")
+                continue
+            rho = spearmanr(r["scores"], drops).statistic
+            cells.append(f"{[round(x, 2) for x in r['scores']]} → ρ = {rho:.2f}, {r['selected']}, "
+                         f"{subset_rank(v['subsets'], r['selected'])}")
+        lines.append(f"| {s} | {[round(100 * d, 1) for d in drops]} | [{best}] ({100 * v['subsets'][best]:.1f}) | "
+                     f"{cells[0]} | {cells[1]} | {subset_rank(v['subsets'], [0, 1, 2])} | "
+                     f"{subset_rank(v['subsets'], [3, 4, 5])} |")
+    return lines + [""]
 
 
 # ---------------------------------------------------------------- table
 
 
 def render(args) -> Path:
-    runs = Path(args.runs_dir)
     notes = Path(args.notes)
     lines = ["# FedPepTAO against personalisation baselines (MiniLM, CPU scale)", "",
              f"Rendered with: `python benchmarks/fedpeptao.py {' '.join(args.argv)}`", ""]
@@ -201,70 +252,59 @@ def render(args) -> Path:
     lines += [f"Setup: MiniLM (frozen, similarity readout), deep prompt h = {TOKENS} per layer (6 layers), client AdamW "
               f"lr 4e-2 wd 0.1, 2 local epochs, batch 8; 10 clients, label-skew Dirichlet α = 1, 3 clients per "
               f"round, {args.rounds} rounds, FedPepTAO selects r = 0.5 of the layers after round 3; train capped at "
-              f"{args.max_train} examples (seeded, stratified), test = the full SST-2 dev set (872) / 1,000 AG News "
-              "test examples, split among the clients like their training labels. Final round (never the best "
-              "round). `personalised` pools every client's own test shard scored with the client's own tensors "
-              "(= global for methods without private tensors); per-client columns are over the 10 clients. Paired "
-              f"differences against {REFERENCE} in points with 95 % t-intervals over the seeds done.", ""]
+              f"{args.max_train} examples (seeded, stratified), test = the full SST-2 dev set (872) / 1,000 of the "
+              "7,600 AG News test examples (seeded, stratified), split among the clients like their training labels. "
+              "Final round (never the best round); cells are mean ± standard deviation over the seeds done. "
+              "`personalised` pools every client's own test shard scored with the client's own tensors "
+              "(= global for methods without private tensors); per-client columns are over the 10 clients. `global` "
+              "scores the server's tensors; where layers never leave the clients (local-only, FedPer, LG-FedAvg) the "
+              "server holds their initial prompts, and FedPepTAO's unshared layers are the server's round-3 copy. "
+              f"Paired differences against {REFERENCE} in points with 95 % t-intervals over the seeds both arms have "
+              "(n pairs); the intervals are per comparison, not corrected for multiple comparisons. Upload: mean "
+              "encoded bytes per client-round over the whole run (warm-up included).", ""]
     for task in args.tasks:
-        lines += [f"## {task}", "", "| arm | seeds done | global % | personalised % | Δ personalised vs "
-                  "FedPepTAO | per-client mean / worst / std % | round 0 % | upload B/client-round | "
-                  "‖η m‖/‖w̄−w‖ |", "|---|---|---|---|---|---|---|---|---|"]
-        ref = {s: load(runs / job_name(task, REFERENCE, s)) for s in args.seeds}
-        majority_rows = []
+        lines += [f"## {task}", "", "| arm | seeds done | global % | Δ global vs FedPepTAO | personalised % | "
+                  "Δ personalised vs FedPepTAO | per-client mean / worst / std % | round 0 % | "
+                  "upload B/client-round | ‖η m‖/‖w̄−w‖ |", "|---|---|---|---|---|---|---|---|---|---|"]
+        ref = {s: load_job(args, task, REFERENCE, s) for s in args.seeds}
+        majority_rows, order_layers = {}, []
         for label in args.arm_labels:
-            done = {s: r for s in args.seeds if (r := load(runs / job_name(task, label, s)))}
+            done = {s: r for s in args.seeds if (r := load_job(args, task, label, s))}
             if not done:
-                lines.append(f"| {label} | 0/{len(args.seeds)} | – | – | – | – | – | – | – |")
+                lines.append(f"| {label} | 0/{len(args.seeds)} | – | – | – | – | – | – | – | – |")
                 continue
             rs = list(done.values())
-            majority_rows += [(s, r["majority"]) for s, r in done.items()]
-            diff = "–" if label == REFERENCE else paired(
-                [done[s]["personal"] for s in done if ref.get(s)], [ref[s]["personal"] for s in done if ref.get(s)])
+            majority_rows |= {s: r["majority"] for s, r in done.items()}
+            pairs = [s for s in done if ref.get(s)]
+
+            def diff(key: str) -> str:
+                return "–" if label == REFERENCE else paired([done[s][key] for s in pairs], [ref[s][key] for s in pairs])
             ratio = [r["step_ratio"] for r in rs if r["step_ratio"] is not None]
             lines.append(
-                f"| {label} | {len(rs)}/{len(args.seeds)} | {mean_std([r['global'] for r in rs])} | "
-                f"{mean_std([r['personal'] for r in rs])} | {diff} | {mean_std([r['client_mean'] for r in rs])} / "
-                f"{mean_std([r['client_min'] for r in rs])} / {mean_std([r['client_std'] for r in rs])} | "
-                f"{mean_std([r['initial'] for r in rs])} | {statistics.fmean(r['up'] for r in rs):,.0f} | "
-                f"{f'{statistics.fmean(ratio):.2g}' if ratio else '–'} |")
-        maj = dict(majority_rows)
-        if maj:
-            lines.append(f"| per-client majority label (no model; reference) | {len(maj)} seeds | – | "
-                         f"{mean_std(list(maj.values()))} | – | – | – | 0 | – |")
-        sel = {s: r["selected"] for s, r in ref.items() if r and r.get("selected") is not None}
-        if sel:
-            lines += ["", f"Layers FedPepTAO shares after selection, per seed: {sel}."]
+                f"| {label} | {len(rs)}/{len(args.seeds)} | {mean_std([r['global'] for r in rs])} | {diff('global')} | "
+                f"{mean_std([r['personal'] for r in rs])} | {diff('personal')} | "
+                f"{mean_std([r['client_mean'] for r in rs])} / {mean_std([r['client_min'] for r in rs])} / "
+                f"{mean_std([r['client_std'] for r in rs])} | {mean_std([r['initial'] for r in rs])} | "
+                f"{statistics.fmean(r['up'] for r in rs):,.0f} | {f'{statistics.fmean(ratio):.2g}' if ratio else '–'} |")
+            if label.startswith("FedPepTAO") and any(r["selected"] for r in rs):
+                order_layers.append(f"{label}: {[(s, r['selected']) for s, r in done.items()]}")
+        if majority_rows:
+            pairs = [s for s in majority_rows if ref.get(s)]
+            maj_diff = paired([majority_rows[s] for s in pairs], [ref[s]["personal"] for s in pairs])
+            lines.append(f"| per-client majority label (no model; reference) | {len(majority_rows)} seeds | – | – | "
+                         f"{mean_std(list(majority_rows.values()))} | {maj_diff} | – | – | 0 | – |")
+        if "ablations" in args.arms:
+            lines.append("| adamd (AdamD: client AdamW, FedAvg server) | – | same config as fedavg-prefix (all "
+                         "layers): not run twice | | | | | | | |")
+        if order_layers:
+            lines += ["", "Layers shared after selection, per arm as (seed, layers): " + "; ".join(order_layers) + "."]
         lines.append("")
         if args.validity:
-            lines += validity_section(runs, task, args)
+            lines += validity_section(args, task)
     out = Path(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     return out
-
-
-def validity_section(runs: Path, task: str, args) -> list[str]:
-    lines = [f"### What the layer score measures ({task}, {REFERENCE}, seeds {args.validity_seeds})", "",
-             "| seed | score per layer | leave-one-layer-out drop per layer (points) | Spearman(score, drop) | "
-             "chosen layers | rank of the chosen subset (accuracy with only it trained) | best subset |",
-             "|---|---|---|---|---|---|---|"]
-    for s in args.validity_seeds:
-        run = runs / job_name(task, REFERENCE, s)
-        if not (run / "summary.json").exists():
-            lines.append(f"| {s} | (run not finished) | | | | | |")
-            continue
-        cache = run / "validity.json"
-        if not cache.exists():
-            v = validity(run)
-            v["loo"] = {str(k): x for k, x in v["loo"].items()}
-            cache.write_text(json.dumps(v))
-        v = json.loads(cache.read_text())
-        drops = [v["loo"][k] for k in sorted(v["loo"], key=int)]
-        rho = spearman(v["scores"], drops) if v["scores"] else float("nan")
-        lines.append(f"| {s} | {[round(x, 3) for x in v['scores'] or []]} | {[round(100 * d, 1) for d in drops]} | "
-                     f"{rho:.2f} | {v['chosen']} | {v['rank']} of {v['of']} | {v['best_subset']} |")
-    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> None:

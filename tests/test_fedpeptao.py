@@ -400,6 +400,17 @@ def test_bad_options_name_the_field(tiny_cfg):
         _cfg(tiny_cfg, method__adapter__name="soft_prompt")
 
 
+def test_random_order_draws_are_seeded_and_distinct(tiny_cfg, tmp_path):
+    """order: random with random_draw k: k independent seeded draws (draw 0 = the stream it always had)."""
+    def selected(i, **extra):
+        cfg = _cfg(tiny_cfg, federation__rounds=2, method__sharing__order="random", **extra)
+        run_embedded(cfg, tmp_path / str(i))
+        return tuple(RunDir(tmp_path / str(i)).load_checkpoint()[1].scalars["sharing"]["selected"])
+
+    draws = [selected(k, method__sharing__random_draw=k) for k in range(6)]
+    assert selected("default") == draws[0] and len(set(draws)) == 2  # both 1-of-2 layer subsets occur
+
+
 def test_upload_shrinks_to_selected_layers_and_private_layers_never_leave(tiny_cfg, tmp_path):
     cfg = _cfg(tiny_cfg)
     seen: dict[tuple[int, int], set[str]] = {}

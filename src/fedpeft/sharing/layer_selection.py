@@ -45,6 +45,7 @@ class LayerSelectionSettings(BaseModel):
                                  "are experimental: no graded ratio on MiniLM)")
     keep_ratio: float = Field(0.5, gt=0, le=1, description="r of the fixed estimator")
     order: str = Field("score", description="score (PEPT) | random | ascending | descending")
+    random_draw: int = Field(0, ge=0, description="order: random: which of the seed's independent draws")
     score_at: Literal["local", "global"] = Field(
         "local", description="score/Hessian at the client's trained prompts w_i^t or at the received global ones")
     score_batch: int = Field(8, ge=2, description="samples of the one seeded local batch (A6)")
@@ -104,8 +105,9 @@ class LayerSelection(PrivateLayers):
                   if want_scores else torch.zeros(self.num_layers, dtype=torch.float64))
         ratio = (float(aggregate_weighted([float(u.scalars[RATIO]) for u in updates], weights))
                  if want_ratio else self.settings.keep_ratio)
-        layers = select_layers(scores, ratio, self.settings.order,
-                               numpy_rng(self.ctx.seed, round, SERVER, "peptao-order"))
+        draw = self.settings.random_draw  # draw 0 keeps the stream name it has always had
+        rng = numpy_rng(self.ctx.seed, round, SERVER, f"peptao-order/{draw}" if draw else "peptao-order")
+        layers = select_layers(scores, ratio, self.settings.order, rng)
         scalars = dict(state.scalars) | {"selected": layers, "selection_round": round, "ratio": ratio}
         if want_scores:
             scalars["layer_scores"] = [float(x) for x in scores]
