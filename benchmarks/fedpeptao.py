@@ -74,8 +74,9 @@ def job_name(task: str, label: str, seed: int) -> str:
 
 def overrides(args, task: str, label: str, seed: int) -> list[str]:
     t = TASKS[task]
+    max_test = args.max_test or t["max_test"]
     return [o for o in [f"task.name={task}", f"task.max_train={args.max_train}", f"task.max_length={t['max_length']}",
-            *([f"task.max_test={t['max_test']}"] if t["max_test"] else []), "model.name=minilm", f"seed={seed}",
+            *([f"task.max_test={max_test}"] if max_test else []), "model.name=minilm", f"seed={seed}",
             "federation.num_clients=10", "federation.clients_per_round=3", f"federation.rounds={args.rounds}",
             "federation.partition.scheme=dirichlet", "federation.partition.alpha=1.0",
             "federation.partition.min_size=8", f"evaluation.every={args.every}", "evaluation.batch_size=100",
@@ -319,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--max-train", type=int, default=600)
     p.add_argument("--every", type=int, default=10, help="evaluate every k rounds (and round 0, the last)")
+    p.add_argument("--max-test", type=int, default=None, help="cap the test sets (smoke tests; default: SST-2's "
+                   "whole dev set, 1,000 AG News)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--render-only", action="store_true")
