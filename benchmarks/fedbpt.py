@@ -365,9 +365,9 @@ def criteria_text(args) -> list[str]:
         "",
         "Each is read per model, task and α from the final round (never the best round), over the paired seeds "
         f"{args.seeds}; 'holds' means the 95 % t-interval of the paired difference lies above 0, 'reversed' below 0, "
-        "'not shown' that it contains 0; a criterion with missing seeds is 'pending'. Each interval is per comparison "
-        "(3 criteria × tasks × α, not corrected for multiple comparisons): read a single 'holds' at the edge with that "
-        "in mind.",
+        "'not shown' that it contains 0; a criterion with missing seeds is 'pending'. Each interval is per "
+        "comparison (3 criteria × tasks × α, not corrected for multiple comparisons): read a single 'holds' at the "
+        "edge with that in mind.",
         "",
         "1. **FedBPT > FedAvg-BBT**: accuracy of FedBPT (clean loss uploaded, the paper's algorithm) minus FedAvg-BBT "
         "of the same seed > 0 (the paper: +2.3 points SST-2, +4.6 AG News, RoBERTa-large, α = 1.0). Also shown "

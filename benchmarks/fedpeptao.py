@@ -119,15 +119,13 @@ def load(out: Path) -> dict | None:
     hist = summary["label_histograms"]
     last = recs[-1]
     per_client = [a for a in last["local_accuracy"].values() if a is not None and a == a]
-    scored = [r for r in recs if r["accuracy"] is not None]
     ratios = [r["server"].get("server_step_ratio") for r in recs if r["server"].get("server_step_ratio")]
     vectors = [r.get("server_vectors", {}) for r in recs]
     return {"global": last["accuracy"], "personal": personal(last, hist["test"]),
             "initial": recs[0]["accuracy"] if recs[0]["round"] == 0 else None,
-            "curve": [(r["round"], r["accuracy"], personal(r, hist["test"])) for r in scored],
             "client_mean": statistics.fmean(per_client), "client_min": min(per_client),
             "client_std": statistics.pstdev(per_client), "majority": majority(hist)[0],
-            "up": summary["bytes_up_per_client_round"], "bytes": summary["bytes_up_total"] + summary["bytes_down_total"],
+            "up": summary["bytes_up_per_client_round"],
             "step_ratio": statistics.fmean(ratios) if ratios else None,
             "selected": [i for i, x in enumerate(last.get("server_vectors", {}).get("selected_layers", [])) if x],
             "scores": next((v["layer_scores"] for v in vectors if v.get("layer_scores")), None)}
@@ -250,8 +248,8 @@ def render(args) -> Path:
              f"Rendered with: `python benchmarks/fedpeptao.py {' '.join(args.argv)}`", ""]
     if notes.exists():
         lines += [notes.read_text().strip(), ""]
-    lines += [f"Setup: MiniLM (frozen, similarity readout), deep prompt h = {TOKENS} per layer (6 layers), client AdamW "
-              f"lr 4e-2 wd 0.1, 2 local epochs, batch 8; 10 clients, label-skew Dirichlet α = 1, 3 clients per "
+    lines += [f"Setup: MiniLM (frozen, similarity readout), deep prompt h = {TOKENS} per layer (6 layers), client "
+              f"AdamW lr 4e-2 wd 0.1, 2 local epochs, batch 8; 10 clients, label-skew Dirichlet α = 1, 3 clients per "
               f"round, {args.rounds} rounds, FedPepTAO selects r = 0.5 of the layers after round 3; train capped at "
               f"{args.max_train} examples (seeded, stratified), test = the full SST-2 dev set (872) / 1,000 of the "
               "7,600 AG News test examples (seeded, stratified), split among the clients like their training labels. "
@@ -279,20 +277,24 @@ def render(args) -> Path:
             pairs = [s for s in done if ref.get(s)]
 
             def diff(key: str) -> str:
-                return "–" if label == REFERENCE else paired([done[s][key] for s in pairs], [ref[s][key] for s in pairs])
+                if label == REFERENCE:
+                    return "–"
+                return paired([done[s][key] for s in pairs], [ref[s][key] for s in pairs])
             ratio = [r["step_ratio"] for r in rs if r["step_ratio"] is not None]
             lines.append(
                 f"| {label} | {len(rs)}/{len(args.seeds)} | {mean_std([r['global'] for r in rs])} | {diff('global')} | "
                 f"{mean_std([r['personal'] for r in rs])} | {diff('personal')} | "
                 f"{mean_std([r['client_mean'] for r in rs])} / {mean_std([r['client_min'] for r in rs])} / "
                 f"{mean_std([r['client_std'] for r in rs])} | {mean_std([r['initial'] for r in rs])} | "
-                f"{statistics.fmean(r['up'] for r in rs):,.0f} | {f'{statistics.fmean(ratio):.2g}' if ratio else '–'} |")
+                f"{statistics.fmean(r['up'] for r in rs):,.0f} | "
+                f"{f'{statistics.fmean(ratio):.2g}' if ratio else '–'} |")
             if label.startswith("FedPepTAO") and any(r["selected"] for r in rs):
                 order_layers.append(f"{label}: {[(s, r['selected']) for s, r in done.items()]}")
         if majority_rows:
             pairs = [s for s in majority_rows if ref.get(s)]
             maj_diff = paired([majority_rows[s] for s in pairs], [ref[s]["personal"] for s in pairs])
-            lines.append(f"| per-client majority label (no model; reference) | {len(majority_rows)} seeds | – | – | "
+            lines.append("| per-client majority label (no model; reference) | "
+                         f"{len(majority_rows)} seeds | – | – | "
                          f"{mean_std(list(majority_rows.values()))} | {maj_diff} | – | – | 0 | – |")
         if "ablations" in args.arms:
             lines.append("| adamd (AdamD: client AdamW, FedAvg server) | – | same config as fedavg-prefix (all "
