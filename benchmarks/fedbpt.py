@@ -60,7 +60,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from runner import finished, mean_std, run_config, run_pool
+from runner import finished, mean_std, run_config, run_pool, t95
 
 HERE = Path(__file__).resolve().parent
 SCALES = {  # the defaults of the budget flags
@@ -257,6 +257,9 @@ def load(out: Path, arm: str) -> dict | None:
            "up_tensor": summary.get("upload_tensor_bytes"), "trainable": summary["trainable_params"],
            "wall": summary["wall_seconds"], "backbone_unchanged": summary.get("backbone_unchanged"),
            "lost": sum(r.get("num_failed", 0) + r.get("num_rejected", 0) for r in train_recs)}
+    if hist.get("test"):  # the best constant prediction: the most frequent label of the whole test set
+        pooled = [sum(col) for col in zip(*hist["test"])]
+        row["majority_class"] = max(pooled) / sum(pooled)
     if arm == "local":  # personalised: each client's post-tuned prompt on its own test shard, pooled
         per = {int(c): a for c, a in last["local_accuracy"].items() if a is not None and a == a}
         test_hist = hist.get("test")
@@ -310,13 +313,6 @@ def load(out: Path, arm: str) -> dict | None:
 
 
 # ---------------------------------------------------------------- statistics
-
-
-def t95(n: int) -> float:
-    """Two-sided 95 % Student-t quantile with n - 1 degrees of freedom."""
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1))
 
 
 def diff_ci(d: list[float]) -> tuple[float, float, float] | None:
@@ -479,6 +475,10 @@ def section(args, runs: Path, model: str, task: str, alpha: str, verdicts: list[
         vs_0 = paired({s: acc[s] for s in init}, init)[0] if init else "–"
         lines.append(f"| {ARMS[arm][0]} | {status} | {_ms(acc.values())} | {_ms(init.values()) if init else '–'} | "
                      f"{vs_ref} | {vs_m} | {vs_0} |")
+    majority = {s: r["majority_class"] for rows in done.values() for s, r in rows.items() if "majority_class" in r}
+    if majority:
+        lines.append(f"| majority class (most frequent test label; no model) | {len(majority)} seeds | "
+                     f"{_ms(majority.values())} | – | – | – | – |")
     if done.get("local"):
         maj = [r.get("majority") for r in done["local"].values()]
         if any(m is not None for m in maj):

@@ -29,7 +29,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from runner import finished, mean_std, run_config, run_pool
+from runner import finished, mean_std, run_config, run_pool, t95
 
 TOKENS = 8  # h: prompt rows per layer (the preset's)
 SCRIPT_LR = ["method.aggregator.server_lr=0.05", "method.aggregator.lr_decay=0.99"]  # the authors' scripts
@@ -125,6 +125,7 @@ def load(out: Path) -> dict | None:
             "initial": recs[0]["accuracy"] if recs[0]["round"] == 0 else None,
             "client_mean": statistics.fmean(per_client), "client_min": min(per_client),
             "client_std": statistics.pstdev(per_client), "majority": majority(hist)[0],
+            "majority_class": max(map(sum, zip(*hist["test"]))) / sum(map(sum, hist["test"])),
             "up": summary["bytes_up_per_client_round"],
             "step_ratio": statistics.fmean(ratios) if ratios else None,
             "selected": [i for i, x in enumerate(last.get("server_vectors", {}).get("selected_layers", [])) if x],
@@ -135,13 +136,6 @@ def load_job(args, task: str, label: str, seed: int) -> dict | None:
     """A finished run of exactly this benchmark's config (another config is an error, never mixed in)."""
     out = Path(args.runs_dir) / job_name(task, label, seed)
     return load(out) if finished(out, overrides(args, task, label, seed)) else None
-
-
-def t95(n: int) -> float:
-    """Two-sided 95 % Student-t quantile with n - 1 degrees of freedom."""
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1))
 
 
 def paired(xs: list[float], ys: list[float]) -> str:
@@ -196,15 +190,15 @@ def subset_rank(subsets: dict[str, float], chosen: list[int]) -> str:
 
 
 def validity_section(args, task: str) -> list[str]:
-    n_sub = math.comb(6, 3)
     lines = [f"### What the layer score measures ({task}, seeds {args.validity_seeds})", "",
              f"On the same seed's {VALIDITY_MODEL} final global model (every layer trained for all {args.rounds} "
              "rounds, so no selection is favoured): each layer's leave-one-layer-out drop (accuracy lost when that "
              "layer's prompt is reset to its initial value), its Spearman correlation with the round-3 layer scores "
              "FedPepTAO computed (all tokens, and non-pad tokens only), and the rank of each order's layer subset "
-             f"among all {n_sub} subsets of 3 layers, scored by the accuracy with only those layers' prompts kept "
+             "among all subsets of half the layers, scored by the accuracy with only those layers' prompts kept "
              "(rank 1 = best).", "",
-             "| seed | drop per layer 0–5 (points) | best subset (acc %) | scores (all) → ρ, chosen, rank | "
+             "| seed | drop per layer, bottom to top (points) | best subset (acc %) | "
+             "scores (all) → ρ, chosen, rank | "
              "scores (non-pad) → ρ, chosen, rank | ascending rank | descending rank |",
              "|---|---|---|---|---|---|---|"]
     from scipy.stats import spearmanr
@@ -224,6 +218,7 @@ def validity_section(args, task: str) -> list[str]:
             continue
         v = json.loads(cache.read_text())
         drops = [v["loo"][k] for k in sorted(v["loo"], key=int)]
+        half = math.ceil(len(drops) / 2)
         best = max(v["subsets"], key=v["subsets"].get)
         cells = []
         for r in scorers.values():
@@ -234,8 +229,8 @@ def validity_section(args, task: str) -> list[str]:
             cells.append(f"{[round(x, 2) for x in r['scores']]} → ρ = {rho:.2f}, {r['selected']}, "
                          f"{subset_rank(v['subsets'], r['selected'])}")
         lines.append(f"| {s} | {[round(100 * d, 1) for d in drops]} | [{best}] ({100 * v['subsets'][best]:.1f}) | "
-                     f"{cells[0]} | {cells[1]} | {subset_rank(v['subsets'], [0, 1, 2])} | "
-                     f"{subset_rank(v['subsets'], [3, 4, 5])} |")
+                     f"{cells[0]} | {cells[1]} | {subset_rank(v['subsets'], list(range(half)))} | "
+                     f"{subset_rank(v['subsets'], list(range(len(drops) - half, len(drops))))} |")
     return lines + [""]
 
 
@@ -266,7 +261,7 @@ def render(args) -> Path:
                   "Δ personalised vs FedPepTAO | per-client mean / worst / std % | round 0 % | "
                   "upload B/client-round | ‖η m‖/‖w̄−w‖ |", "|---|---|---|---|---|---|---|---|---|---|"]
         ref = {s: load_job(args, task, REFERENCE, s) for s in args.seeds}
-        majority_rows, order_layers = {}, []
+        majority_rows, majority_class, order_layers = {}, {}, []
         for label in args.arm_labels:
             done = {s: r for s in args.seeds if (r := load_job(args, task, label, s))}
             if not done:
@@ -274,6 +269,7 @@ def render(args) -> Path:
                 continue
             rs = list(done.values())
             majority_rows |= {s: r["majority"] for s, r in done.items()}
+            majority_class |= {s: r["majority_class"] for s, r in done.items()}
             pairs = [s for s in done if ref.get(s)]
 
             def diff(key: str) -> str:
@@ -290,6 +286,9 @@ def render(args) -> Path:
                 f"{f'{statistics.fmean(ratio):.2g}' if ratio else '–'} |")
             if label.startswith("FedPepTAO") and any(r["selected"] for r in rs):
                 order_layers.append(f"{label}: {[(s, r['selected']) for s, r in done.items()]}")
+        if majority_class:
+            lines.append(f"| majority class (most frequent test label; no model) | {len(majority_class)} seeds | "
+                         f"{mean_std(list(majority_class.values()))} | – | – | – | – | – | 0 | – |")
         if majority_rows:
             pairs = [s for s in majority_rows if ref.get(s)]
             maj_diff = paired([majority_rows[s] for s in pairs], [ref[s]["personal"] for s in pairs])

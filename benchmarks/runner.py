@@ -1,4 +1,5 @@
-"""What the resumable benchmark scripts share: running their jobs in a process pool, and mean ± std cells."""
+"""What the resumable benchmark scripts share: running their jobs in a process pool, reusing only finished runs of
+the same config, mean ± std cells and the t quantile of paired intervals."""
 
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ def mean_std(xs: list, scale: float = 100.0, digits: int = 1) -> str:
         return "–"
     m = statistics.fmean(xs) * scale
     return f"{m:.{digits}f} ± {statistics.stdev(xs) * scale:.{digits}f}" if len(xs) > 1 else f"{m:.{digits}f}"
+
+
+def t95(n: int) -> float:
+    """Two-sided 95 % Student-t quantile with n - 1 degrees of freedom."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1))
 
 
 def finished(out, overrides: list[str]) -> bool:
