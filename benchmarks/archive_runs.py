@@ -1,0 +1,56 @@
+"""Pack a benchmark's runs directory into a small archive under ``benchmarks/results/`` so its records survive the
+machine: a finished run keeps only what the tables read (config, metrics, summary, post-hoc and validity records);
+an unfinished run is kept whole (checkpoint included) so that ``tar xzf`` and the benchmark's command resume it.
+
+    python benchmarks/archive_runs.py runs/fedbpt benchmarks/results/fedbpt_runs.tgz
+    tar xzf benchmarks/results/fedbpt_runs.tgz        # restores runs/fedbpt/...
+"""
+
+from __future__ import annotations
+
+import argparse
+import tarfile
+from pathlib import Path
+
+FINISHED_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "posthoc.json", "validity.json", "run.log")
+SKIPPED = {".lock", "report.html"}
+
+
+def archive_members(runs_dir: Path) -> list[Path]:
+    """The files to pack, relative paths under ``runs_dir``'s parent, sorted so archives are reproducible."""
+    members: list[Path] = []
+    for path in sorted(runs_dir.iterdir()):
+        if path.is_file() and path.name not in SKIPPED:
+            members.append(path)  # per-benchmark records beside the runs (baselines, calibration)
+        elif path.is_dir() and (path / "summary.json").exists():
+            members += [path / f for f in FINISHED_FILES if (path / f).exists()]
+        elif path.is_dir():
+            members += [p for p in sorted(path.rglob("*")) if p.is_file() and p.name not in SKIPPED]
+    return members
+
+
+def archive(runs_dir: Path, target: Path) -> tuple[int, int]:
+    """Write ``target`` (.tgz) from ``runs_dir``; returns (finished runs, unfinished runs)."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise FileNotFoundError(f"runs directory {runs_dir} does not exist")
+    with tarfile.open(target, "w:gz") as tar:
+        for path in archive_members(runs_dir):
+            tar.add(path, arcname=str(path), recursive=False)
+    runs = [p for p in runs_dir.iterdir() if p.is_dir()]
+    done = sum((p / "summary.json").exists() for p in runs)
+    return done, len(runs) - done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs_dir", type=Path)
+    parser.add_argument("target", type=Path)
+    args = parser.parse_args()
+    done, open_ = archive(args.runs_dir, args.target)
+    size = args.target.stat().st_size / 1024
+    print(f"{args.target}: {done} finished and {open_} unfinished runs, {size:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()
