@@ -1,5 +1,6 @@
 """Small fixed runs of every preset whose ``metrics.jsonl`` (timing fields removed) was recorded before the
-composable-core refactor; ``tests/test_golden.py`` checks that the refactored code reproduces them exactly.
+composable-core refactor; ``tests/test_golden.py`` checks that the refactored code reproduces them (up to the last
+bits of float32, which differ between CPUs).
 
 ``python tests/golden/cases.py`` re-records the fixtures (only when a change of numbers is intended).
 """
