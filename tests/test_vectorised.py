@@ -51,13 +51,14 @@ def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key, 
         cand = base.unsqueeze(0).repeat(pop, *[1] * base.dim()) + 0.3 * torch.randn(pop, *base.shape, generator=gen)
         calls.append(({key: cand}, clf.batch(data, rows)))
     with torch.inference_mode():
-        together = clf.logits_many(calls, passes)
+        together = clf.logits_stacked(calls, passes)
         alone = [clf.logits(p, bt) for p, bt in calls]
+    if passes is None:  # CPU default: no stacked call; each call runs on its own, bitwise what it gives alone
+        assert together is None
+        return
     assert [t.shape for t in together] == [a.shape for a in alone]
     for t, a in zip(together, alone):
         assert torch.allclose(t, a, atol=1e-5, rtol=1e-5)
-        if passes is None:  # CPU default: each call on its own, bitwise what it gives alone
-            assert torch.equal(t, a)
 
 
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
@@ -131,10 +132,7 @@ def test_a_groups_jth_call_holds_every_clients_jth_request_whatever_the_timing()
         def __init__(self):
             self.calls = []
 
-        def stacks_calls(self, passes):
-            return True
-
-        def logits_many(self, calls, passes=None):
+        def logits_stacked(self, calls, passes=None):
             self.calls.append([int(p["c"]) * 100 + int(p["j"]) for p, _ in calls])
             return [p["c"] * 10 + p["j"] for p, _ in calls]
 
@@ -163,10 +161,7 @@ def test_a_groups_jth_call_holds_every_clients_jth_request_whatever_the_timing()
 
 def test_a_failing_shared_forward_fails_every_waiting_client_and_nobody_hangs():
     class Broken:
-        def stacks_calls(self, passes):
-            return True
-
-        def logits_many(self, calls, passes=None):
+        def logits_stacked(self, calls, passes=None):
             raise RuntimeError("out of memory")
 
     gather = ForwardGather(Broken(), 2)
@@ -184,6 +179,9 @@ def test_a_failing_shared_forward_fails_every_waiting_client_and_nobody_hangs():
     [t.start() for t in threads]
     [t.join(10) for t in threads]
     assert not any(t.is_alive() for t in threads) and len(errors) == 2 and "out of memory" in errors[0]
+
+
+OWN_FORWARD = ("fedpeptao", "fedavg-lora")  # deep prompts' key/value inputs and LoRA's weights: a forward per client
 
 
 def _records(path):
@@ -219,7 +217,10 @@ def test_a_run_with_clients_together_equals_one_after_another(tmp_path, preset, 
             assert untimed[0] == untimed[1] and "client_batch" not in rb
         else:
             shared = rb["client_batch"]
-            assert 0 < shared["backbone_calls"] < shared["forward_requests"]  # forwards were actually shared
+            if preset in OWN_FORWARD:
+                assert shared["backbone_calls"] == shared["forward_requests"] > 0
+            else:
+                assert 0 < shared["backbone_calls"] < shared["forward_requests"]  # forwards were actually shared
     assert "client_batch" not in a[0]
     sa, sb = RunDir(tmp_path / "seq").load_checkpoint()[1], RunDir(tmp_path / "vec").load_checkpoint()[1]
     for k in sa.tensors:

@@ -272,13 +272,13 @@ class Classifier:
             logits = self.readout_logits(out, prep, batch, params)
         return logits.float() if self.autocast is not None else logits
 
-    def logits_many(self, calls: list[tuple[Params, dict[str, torch.Tensor]]],
-                    passes: int | None = None) -> list[torch.Tensor]:
-        """Class logits of several (params, batch) calls from one stacked backbone pass (vectorised clients): each
+    def logits_stacked(self, calls: list[tuple[Params, dict[str, torch.Tensor]]],
+                       passes: int | None = None) -> list[torch.Tensor] | None:
+        """Class logits of several (params, batch) calls from one stacked backbone call (vectorised clients): each
         call's inputs are prepared by the adapter on their own, right-padded to a common width and stacked; each
-        call's readout then reads its own rows, cut back to its width. Equal to ``[self.logits(p, b) ...]`` up to
-        float rounding. Calls that need their own forward (calibration rows, a cached frozen text, extra model
-        arguments, weight overrides) run one by one.
+        call's readout then reads its own rows, cut back to its width. None, with no forward run, where the calls
+        cannot share one: fewer than two, the CPU default below, or calls that need their own forward
+        (calibration rows, a cached frozen text, extra model arguments, weight overrides).
 
         ``passes``: the stacked rows, sorted by length, go through the model in this many forwards, each padded
         only to its own longest row (rows of a batch do not interact; ``_sorted_forward``). Default: one on an
@@ -287,12 +287,12 @@ class Classifier:
         (``_population_passes``), which was all the gain of sorting a group's rows together."""
         if not self.stacks_calls(passes) or len(calls) < 2 or self.calibration == "contextual" or \
                 any(self.adapter.overrides(p) for p, _ in calls):
-            return [self.logits(p, b) for p, b in calls]
+            return None
         calls = [({k: v.to(self.device) for k, v in p.items()}, b) for p, b in calls]
         preps = [self.adapter.prepare(self.backbone, p, b["input_ids"], b["attention_mask"], int(b["lead"]))
                  for p, b in calls]
         if any(prep.text is not None or prep.extra for prep in preps):
-            return [self.logits(p, b) for p, b in calls]
+            return None
         width = max(prep.embeds.shape[1] for prep in preps)
         embeds = torch.cat([F.pad(prep.embeds, (0, 0, 0, width - prep.embeds.shape[1])) for prep in preps])
         mask = torch.cat([F.pad(prep.attention_mask, (0, width - prep.attention_mask.shape[1])) for prep in preps])
@@ -311,7 +311,7 @@ class Classifier:
         return out_logits
 
     def stacks_calls(self, passes: int | None) -> bool:
-        """Whether ``logits_many`` stacks its calls into shared forwards (given ``passes``, or on an accelerator)
+        """Whether ``logits_stacked`` stacks its calls into shared forwards (given ``passes``, or on an accelerator)
         rather than running each call on its own (the CPU default)."""
         return passes is not None or self.device.type != "cpu"
 

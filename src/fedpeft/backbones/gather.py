@@ -3,13 +3,14 @@
 The embedded runtime runs a group of k clients of a round in k threads that share one ``ForwardGather``; each
 client's ``BlackBox`` (forward-only trainers) or gradient step (``trainers.gradient``) hands its request to it
 instead of calling the model. Once every client of the group that is still training has one request waiting, the
-last to arrive runs them all as one forward (``Classifier.logits_many``, requests in client-id order) and wakes the
+last to arrive runs them all as one forward (``Classifier.logits_stacked``, requests in client-id order) and wakes the
 others. So the j-th backbone call of a group always holds the j-th request of every client that makes at least j:
 which requests go together does not depend on thread timing, and a rerun gives the same numbers. Against running
 the clients one after another the logits agree up to float rounding (the rows are padded to a common width and
 multiplied in one larger batch, or sorted by length and cut into ``runtime.client_batch_passes`` passes); on CPU
 the default runs each request on its own forward, bitwise equal to sequential clients (a larger matrix is no
-cheaper per row there; ``Classifier.logits_many``).
+cheaper per row there; ``Classifier.logits_stacked``). Requests that cannot share a forward (LoRA's and
+full fine-tuning's replaced weights, deep prompts' key/value inputs, calibration rows) run one forward each.
 
 Gradient requests (``loss_and_backward``) carry each client's loss on its logits; the group's losses are summed
 and ONE backward pass fills every client's own leaf tensors with its own gradient (client i's loss does not depend
@@ -51,9 +52,9 @@ class ForwardGather:
     def __init__(self, classifier: Classifier, members: int, passes: int | None = None) -> None:
         self.clf = classifier
         self.members = members
-        self.passes = passes  # forwards per group call (``Classifier.logits_many``; None: the device's default)
+        self.passes = passes  # forwards per group call (``Classifier.logits_stacked``; None: the device's default)
         self.pending: list[_Request] = []
-        self.calls = 0  # backbone calls made for the group (one per request where the classifier does not stack)
+        self.calls = 0  # backbone calls made for the group (one per request where they cannot share one)
         self.requests = 0  # forward requests served (= the calls the clients would have made alone)
         self._cv = threading.Condition()
 
@@ -93,13 +94,12 @@ class ForwardGather:
                 self._backward(reqs)
             else:
                 with torch.inference_mode():
-                    outs = self.clf.logits_many([(r.params, r.batch) for r in reqs], self.passes)
+                    outs = self._forward(reqs)
                 for r, out in zip(reqs, outs):
                     r.logits = out
         except Exception as e:  # noqa: BLE001 - every waiting client learns of it and fails its own round
             for r in reqs:
                 r.error, r.logits, r.loss = e, None, None
-        self.calls += 1 if self.clf.stacks_calls(self.passes) else len(reqs)
         self.requests += len(reqs)
         self._cv.notify_all()
 
@@ -109,11 +109,19 @@ class ForwardGather:
         if any(r.loss_fn is None for r in reqs):
             raise ValueError("a group mixes gradient and forward-only requests")
         with torch.enable_grad():
-            if any(r.static for r in reqs):
-                outs = [self.clf.logits(r.params, r.batch, r.static) for r in reqs]
-            else:
-                outs = self.clf.logits_many([(r.params, r.batch) for r in reqs], self.passes)
+            outs = self._forward(reqs)
             losses = [r.loss_fn(out) for r, out in zip(reqs, outs)]
             torch.stack(losses).sum().backward()
         for r, loss in zip(reqs, losses):
             r.loss = float(loss.detach())
+
+    def _forward(self, reqs: list[_Request]) -> list[torch.Tensor]:
+        """The requests' logits from one stacked backbone call, or from one call each where they cannot share one
+        (weights replaced, extra model inputs, the CPU default); ``calls`` counts the backbone calls made."""
+        stacked = None if any(r.static for r in reqs) else \
+            self.clf.logits_stacked([(r.params, r.batch) for r in reqs], self.passes)
+        if stacked is not None:
+            self.calls += 1
+            return stacked
+        self.calls += len(reqs)
+        return [self.clf.logits(r.params, r.batch, r.static) for r in reqs]
