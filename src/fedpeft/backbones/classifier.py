@@ -289,10 +289,12 @@ class Classifier:
                 any(self.adapter.overrides(p) for p, _ in calls):
             return None
         calls = [({k: v.to(self.device) for k, v in p.items()}, b) for p, b in calls]
-        preps = [self.adapter.prepare(self.backbone, p, b["input_ids"], b["attention_mask"], int(b["lead"]))
-                 for p, b in calls]
-        if any(prep.text is not None or prep.extra for prep in preps):
-            return None
+        preps = []
+        for p, b in calls:  # stop at the first call that needs its own forward: at most one prepare is wasted
+            prep = self.adapter.prepare(self.backbone, p, b["input_ids"], b["attention_mask"], int(b["lead"]))
+            if prep.text is not None or prep.extra:
+                return None
+            preps.append(prep)
         width = max(prep.embeds.shape[1] for prep in preps)
         embeds = torch.cat([F.pad(prep.embeds, (0, 0, 0, width - prep.embeds.shape[1])) for prep in preps])
         mask = torch.cat([F.pad(prep.attention_mask, (0, width - prep.attention_mask.shape[1])) for prep in preps])
