@@ -484,6 +484,9 @@ def section(args, runs: Path, model: str, task: str, alpha: str, verdicts: list[
         if any(m is not None for m in maj):
             lines.append(f"| per-client majority label on its own test shard (no model; reference for local-only) | "
                          f"{len(maj)} seeds | {_ms(maj)} | – | – | – | – |")
+            local = {s: r["acc"] for s, r in done["local"].items()}
+            gain = paired(local, {s: r.get("majority") for s, r in done["local"].items()})[0]
+            lines += ["", f"Local-only BBT − the per-client majority label, paired (personalised accuracy): {gain}."]
     lines += pairing_check(done)
     # criteria
     bpt = done.get(HEADLINE, {})
