@@ -10,9 +10,10 @@ Arms (``--arms``): core (FedPepTAO at the paper's η and the authors' scripts' s
 byte-matched half-length variant, local-only, FedAvg + FT, FedPer, LG-FedAvg), orders (score on non-pad tokens,
 ascending, descending, three seeded random draws) and ablations (momd, moms, moms-con, moms-adamd at both η,
 FedPepTAO without control variates; adamd is fedavg-prefix's exact config and is not run twice).
-Score validity (--validity, after the runs): on the same seed's fedavg-prefix final global model, where every layer
-trained equally, each layer's leave-one-layer-out drop (its prompt reset to the initial value) against FedPepTAO's
-round-3 scores, and the rank of each order's subset among all 20 three-layer subsets (the others reset).
+Score validity (computed as each --validity-seeds fedavg-prefix run finishes, rendered with --validity): on that
+seed's fedavg-prefix final global model, where every layer trained equally, each layer's leave-one-layer-out drop
+(its prompt reset to the initial value) against FedPepTAO's round-3 scores, and the rank of each order's subset
+among all 20 three-layer subsets (the others reset).
 
     python benchmarks/fedpeptao.py --runs-dir runs/fedpeptao --workers 2         # resumable, any order of parts
     python benchmarks/fedpeptao.py --runs-dir runs/fedpeptao --arms core --seeds 0 1 2
@@ -87,7 +88,11 @@ def overrides(args, task: str, label: str, seed: int) -> list[str]:
 
 
 def run_job(args, task: str, label: str, seed: int) -> str:
-    return run_config(Path(args.runs_dir) / job_name(task, label, seed), overrides(args, task, label, seed))
+    out = Path(args.runs_dir) / job_name(task, label, seed)
+    line = run_config(out, overrides(args, task, label, seed))
+    if label == VALIDITY_MODEL and seed in args.validity_seeds and (out / "summary.json").exists():
+        validity_cached(out)  # now, while the checkpoint it reads is here (the run archive keeps only the result)
+    return line
 
 
 # ---------------------------------------------------------------- reading runs
@@ -181,6 +186,14 @@ def validity(run_dir: Path) -> dict:
                         for sub in itertools.combinations(layers, math.ceil(len(layers) / 2))}}
 
 
+def validity_cached(run_dir: Path) -> dict:
+    """``validity`` of a finished run, computed once into ``validity.json`` beside it."""
+    cache = run_dir / "validity.json"
+    if not cache.exists():
+        cache.write_text(json.dumps(validity(run_dir)))
+    return json.loads(cache.read_text())
+
+
 def subset_rank(subsets: dict[str, float], chosen: list[int]) -> str:
     """'r of N (t tied)': 1 + the subsets strictly better than the chosen one, and how many score the same."""
     a = subsets[",".join(map(str, chosen))]
@@ -209,14 +222,11 @@ def validity_section(args, task: str) -> list[str]:
         if not load_job(args, task, VALIDITY_MODEL, s):
             lines.append(f"| {s} | ({VALIDITY_MODEL} run not finished) | | | | | |")
             continue
-        cache = run / "validity.json"
         try:
-            if not cache.exists():
-                cache.write_text(json.dumps(validity(run)))
+            v = validity_cached(run)
         except Exception as e:  # noqa: BLE001 - one failure must not lose the rest of the file
             lines.append(f"| {s} | validity failed: {type(e).__name__}: {e} | | | | | |")
             continue
-        v = json.loads(cache.read_text())
         drops = [v["loo"][k] for k in sorted(v["loo"], key=int)]
         half = math.ceil(len(drops) / 2)
         best = max(v["subsets"], key=v["subsets"].get)
