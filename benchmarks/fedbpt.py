@@ -477,13 +477,13 @@ def section(args, runs: Path, model: str, task: str, alpha: str, verdicts: list[
                      f"{vs_ref} | {vs_m} | {vs_0} |")
     majority = {s: r["majority_class"] for rows in done.values() for s, r in rows.items() if "majority_class" in r}
     if majority:
-        lines.append(f"| majority class (most frequent test label; no model) | {len(majority)} seeds | "
+        lines.append(f"| majority class (most frequent test label; no model) | {len(majority)}/{n} | "
                      f"{_ms(majority.values())} | – | – | – | – |")
     if done.get("local"):
         maj = [r.get("majority") for r in done["local"].values()]
         if any(m is not None for m in maj):
             lines.append(f"| per-client majority label on its own test shard (no model; reference for local-only) | "
-                         f"{len(maj)} seeds | {_ms(maj)} | – | – | – | – |")
+                         f"{len(maj)}/{n} | {_ms(maj)} | – | – | – | – |")
             local = {s: r["acc"] for s, r in done["local"].items()}
             gain = paired(local, {s: r.get("majority") for s, r in done["local"].items()})[0]
             lines += ["", f"Local-only BBT − the per-client majority label, paired (personalised accuracy): {gain}."]

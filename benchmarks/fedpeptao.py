@@ -297,13 +297,14 @@ def render(args) -> Path:
             if label.startswith("FedPepTAO") and any(r["selected"] for r in rs):
                 order_layers.append(f"{label}: {[(s, r['selected']) for s, r in done.items()]}")
         if majority_class:
-            lines.append(f"| majority class (most frequent test label; no model) | {len(majority_class)} seeds | "
+            lines.append("| majority class (most frequent test label; no model) | "
+                         f"{len(majority_class)}/{len(args.seeds)} | "
                          f"{mean_std(list(majority_class.values()))} | – | – | – | – | – | 0 | – |")
         if majority_rows:
             pairs = [s for s in majority_rows if ref.get(s)]
             maj_diff = paired([majority_rows[s] for s in pairs], [ref[s]["personal"] for s in pairs])
             lines.append("| per-client majority label (no model; reference) | "
-                         f"{len(majority_rows)} seeds | – | – | "
+                         f"{len(majority_rows)}/{len(args.seeds)} | – | – | "
                          f"{mean_std(list(majority_rows.values()))} | {maj_diff} | – | – | 0 | – |")
         if "ablations" in args.arms:
             lines.append("| adamd (AdamD: client AdamW, FedAvg server) | – | same config as fedavg-prefix (all "
