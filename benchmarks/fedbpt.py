@@ -26,14 +26,10 @@ and on the union of the clients' training data (loss), and stores the clients' l
 ``--render-only`` writes the results file from the run directories and says which rows are complete. A run
 directory is tied to its config: use a fresh --runs-dir for another budget (a changed config is refused on resume).
 
-Cost on this 2-core CPU (measured with two other benchmarks running, ~0.4-0.5 of a core per job; MiniLM, 1 thread):
-SST-2 ~50 s per round of FedAvg-BBT, ~120 s of FedBPT / query-matched FedAvg-BBT; AG News ~4.9x that (twice the
-examples, longer texts) plus ~60 s per evaluation of 1,000 examples. One seed of all arms: ~7 job-hours SST-2,
-~28 AG News; 5 seeds ~175 job-hours, ~90 h wall on 2 workers (about half on two free cores). Those figures predate
-length-sorted population passes (``Classifier._population_passes``), which cut a FedBPT round's client work at
-this scale 1.6-1.7x on SST-2 (49 s against 81 s, same contention) and 1.37x on AG News (213 s against 291 s):
-about 4 and 20 job-hours per seed now, ~120 for 5 seeds. SmolLM2 (prefix
-placement) is ~15-20x MiniLM per round: a GPU (or ``--placement suffix``) job. ``--plan`` lists the 150 jobs.
+Cost on this 2-core CPU (one job per core, MiniLM, 1 thread; the finished runs' wall times): SST-2 4-10 minutes
+per run (FedAvg-BBT ~4.5, FedBPT and the query-matched FedAvg-BBT ~7-10), ~85 minutes per seed of all 15 jobs;
+AG News ~3x per run (FedAvg-BBT 13.5 minutes), ~4 hours per seed. SmolLM2 (prefix placement) is ~15-20x MiniLM
+per round: a GPU (or ``--placement suffix``) job. ``--plan`` lists the 150 jobs.
 
     nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --workers 2           # CPU, resumable
     nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --models smollm2      # slow on CPU
