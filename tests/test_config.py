@@ -74,6 +74,12 @@ def test_allowed_values_are_listed():
         load_config(None, ["federation.partition.scheme=zipf"])
     with pytest.raises(ConfigError, match="method.name: unknown method 'nope'; allowed: .*fedprompt"):
         load_config(None, ["method.name=nope"])
+    for bad in ("[]", "{}", "{a: 1}"):  # found by the fuzzed-config test: not even hashable
+        with pytest.raises(ConfigError, match="method.name: must be the name of a method preset"):
+            load_config(None, [f"method.name={bad}"])
+    for axis in ("trainer", "aggregator", "adapter", "selector"):
+        with pytest.raises(ConfigError, match=f"method.{axis}.name"):
+            load_config(None, [f"method.{axis}.name=[]"])
 
 
 def test_cross_field_checks():

@@ -72,6 +72,8 @@ def resolve(raw: dict[str, Any]) -> ExperimentConfig:
     if not isinstance(method, dict):
         raise ConfigError("method: must be a mapping")
     name = method.get("name", MethodConfig().name)
+    if not isinstance(name, str):  # looked up before validation: a list or mapping would not even hash
+        raise ConfigError(f"method.name: must be the name of a method preset, got {name!r}")
     try:
         preset = PRESETS.get(name)
     except KeyError as e:
