@@ -3,7 +3,8 @@
 ``method.name`` picks a preset whose defaults are merged under the user's own ``method`` keys; then every
 component section is validated once, by the settings model its component registered, and the
 combination is checked against what each component declares it can work with (a CMA-ES distribution
-cannot go into Krum). Errors name the field and the allowed values. Entry points import this module (and the resume check, to read an older config.yaml).
+cannot go into Krum). Errors name the field and the allowed values. Entry points import this module (and
+the resume check, to read an older config.yaml).
 """
 
 from __future__ import annotations
