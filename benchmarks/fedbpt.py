@@ -28,11 +28,14 @@ directory is tied to its config: use a fresh --runs-dir for another budget (a ch
 
 Cost on this 2-core CPU (one job per core, MiniLM, 1 thread; the finished runs' wall times): SST-2 4-10 minutes
 per run (FedAvg-BBT ~4.5, FedBPT and the query-matched FedAvg-BBT ~7-10), ~85 minutes per seed of all 15 jobs;
-AG News ~3x per run (FedAvg-BBT 13.5 minutes), ~4 hours per seed. SmolLM2 (prefix placement) is ~15-20x MiniLM
-per round: a GPU (or ``--placement suffix``) job. ``--plan`` lists the 150 jobs.
+AG News ~3x per run (FedAvg-BBT 13.5 minutes), ~4 hours per seed. SmolLM2 with the paper's prefix placement is
+~15-20x MiniLM per round, a GPU job; with ``--placement suffix`` a SST-2 FedAvg-BBT run takes ~25 minutes (~6x
+MiniLM). ``--plan`` lists the 150 jobs.
 
     nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --workers 2           # CPU, resumable
-    nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --models smollm2      # slow on CPU
+    nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --models smollm2 --placement suffix \
+        --tasks sst2 --alphas 1.0 --arms manual manual-cal fedavg-bbt fedbpt fedbpt-rp0 --seeds 0 1 2 \
+        --results benchmarks/results/fedbpt_smollm2.md                                     # SmolLM2 subset, own file
     .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --render-only
     .venv/bin/python benchmarks/fedbpt.py --plan                                                  # list the jobs
 
