@@ -30,7 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from runner import finished, mean_std, run_config, run_pool, t95
+from runner import finished, mean_std, paired_cell, run_config, run_pool
 
 TOKENS = 8  # h: prompt rows per layer (the preset's)
 SCRIPT_LR = ["method.aggregator.server_lr=0.05", "method.aggregator.lr_decay=0.99"]  # the authors' scripts
@@ -145,11 +145,7 @@ def load_job(args, task: str, label: str, seed: int) -> dict | None:
 
 def paired(xs: list[float], ys: list[float]) -> str:
     """Mean paired difference x − y in points with a 95 % t-interval and the number of pairs."""
-    d = [100 * (x - y) for x, y in zip(xs, ys) if x is not None and y is not None]
-    if len(d) < 2:
-        return "–" if not d else f"{d[0]:+.1f} (n=1)"
-    m, half = statistics.fmean(d), t95(len(d)) * statistics.stdev(d) / math.sqrt(len(d))
-    return f"{m:+.1f} [{m - half:+.1f}, {m + half:+.1f}] (n={len(d)})"
+    return paired_cell([100 * (x - y) for x, y in zip(xs, ys) if x is not None and y is not None])
 
 
 # ---------------------------------------------------------------- score validity

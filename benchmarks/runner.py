@@ -1,8 +1,9 @@
 """What the resumable benchmark scripts share: running their jobs in a process pool, reusing only finished runs of
-the same config, mean ± std cells and the t quantile of paired intervals."""
+the same config, mean ± std cells and paired 95 % t-intervals."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -34,6 +35,23 @@ def t95(n: int) -> float:
     from scipy.stats import t
 
     return float(t.ppf(0.975, n - 1))
+
+
+def paired_ci(d: list[float]) -> tuple[float, float, float] | None:
+    """(mean, low, high) of paired differences with a 95 % t-interval (None below 2 pairs)."""
+    if len(d) < 2:
+        return None
+    m = statistics.fmean(d)
+    half = t95(len(d)) * statistics.stdev(d) / math.sqrt(len(d))
+    return m, m - half, m + half
+
+
+def paired_cell(d: list[float]) -> str:
+    """'+m [+lo, +hi] (n=k)' of paired differences already in points; '+x (n=1)' for one pair, '–' for none."""
+    ci = paired_ci(d)
+    if ci is None:
+        return "–" if not d else f"{d[0]:+.1f} (n=1)"
+    return f"{ci[0]:+.1f} [{ci[1]:+.1f}, {ci[2]:+.1f}] (n={len(d)})"
 
 
 def finished(out, overrides: list[str]) -> bool:
