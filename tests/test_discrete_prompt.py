@@ -512,7 +512,7 @@ class AccuracyBox(BlackBox):
 
     seen: list[tuple[torch.Tensor, float]] = []
 
-    def accuracy(self, z: torch.Tensor, data: Encoded) -> tuple[float, float]:
+    def accuracy(self, z: torch.Tensor, data: Encoded) -> tuple[float, float, np.ndarray]:
         out = super().accuracy(z, data)
         AccuracyBox.seen.append((z.detach().clone(), out[0]))
         return out

@@ -35,7 +35,7 @@ def test_soft_prompt_exports_as_peft_prompt_tuning(tiny_cfg, tmp_path):
     cfg = tiny_cfg(method__adapter__position="before_all", federation__rounds=1)
     exp = build_experiment(cfg)
     run_embedded(cfg, tmp_path / "run", experiment=exp)
-    out = export_peft(tmp_path / "run", tmp_path / "peft")
+    out, _ = export_peft(tmp_path / "run", tmp_path / "peft")
     model = PeftModel.from_pretrained(_plain_copy(exp.backbone), out)
     glob = ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob
     batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
@@ -53,7 +53,7 @@ def test_deep_prompt_exports_as_peft_prefix_tuning(tiny_cfg, tmp_path, model):
                    federation__rounds=1)
     exp = build_experiment(cfg)
     run_embedded(cfg, tmp_path / "run", experiment=exp)
-    out = export_peft(tmp_path / "run", tmp_path / "peft")
+    out, _ = export_peft(tmp_path / "run", tmp_path / "peft")
     peft_model = PeftModel.from_pretrained(_plain_copy(exp.backbone), out)
     glob = ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob
     batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])

@@ -237,7 +237,7 @@ def test_export_loads_in_peft_with_the_same_outputs(model, tmp_path):
     cfg = _cfg("headprune", model, **{"federation.rounds": 2, "method.sharing.sparsity": 0.5})
     exp = build_experiment(cfg)
     run_embedded(cfg, tmp_path / "run", experiment=exp)
-    out = export_peft(tmp_path / "run", tmp_path / "peft")
+    out, _ = export_peft(tmp_path / "run", tmp_path / "peft")
     glob = ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob
     assert any(float(v.abs().sum()) > 0 for k, v in glob.items() if "lora_B" in k)  # trained, not the zero init
     # the same frozen weights as a plain transformers model, then PEFT's own loader on top

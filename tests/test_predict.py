@@ -21,7 +21,8 @@ from fedpeft.data.types import Example
 from fedpeft.dryrun import dry_run
 from fedpeft.experiment import build_experiment
 from fedpeft.methods.composed import PRIVATE, ServerState
-from fedpeft.predict import predict, read_texts
+from fedpeft.predict import open_model, predict
+from fedpeft.prediction_files import read_inputs
 from fedpeft.resolve import load_config
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.tracking.rundir import RunDir
@@ -76,11 +77,11 @@ def _expected_probs(exp, params, texts):
 
 
 def _probs(rows, names):
-    return torch.tensor([[r[c] for c in names] for r in rows])
+    return torch.tensor([[r[f"p({c})"] for c in names] for r in rows])
 
 
 def _accuracy(rows, examples, names):
-    return sum(r["label"] == names[e.label] for r, e in zip(rows, examples)) / len(examples)
+    return sum(r["prediction"] == names[e.label] for r, e in zip(rows, examples)) / len(examples)
 
 
 def test_predict_uses_the_final_global_adapter(fedprompt_run):
@@ -89,14 +90,14 @@ def test_predict_uses_the_final_global_adapter(fedprompt_run):
     examples = exp.task.test
     texts = [e.text_a for e in examples]
     rows = predict(run_dir, texts)
-    assert [list(r) for r in rows[:1]] == [["text", "label", *names]]
+    assert [list(r) for r in rows[:1]] == [["text", "prediction", *(f"p({c})" for c in names)]]
     assert [r["text"] for r in rows] == texts
     glob = ServerState.from_message(RunDir(run_dir).load_checkpoint()[1]).glob
     expected = _expected_probs(exp, glob, texts)
     got = _probs(rows, names)
     assert torch.allclose(got, expected, atol=1e-5)
     assert torch.allclose(got.sum(-1), torch.ones(len(rows)), atol=1e-5)
-    assert [r["label"] for r in rows] == [names[i] for i in expected.argmax(-1).tolist()]
+    assert [r["prediction"] for r in rows] == [names[i] for i in expected.argmax(-1).tolist()]
     # the same predictions the run scored: its final global test accuracy
     assert _accuracy(rows, examples, names) == pytest.approx(RunDir(run_dir).read_metrics()[-1]["accuracy"])
 
@@ -136,21 +137,26 @@ def test_client_uses_its_private_layers(fedpeptao_run):
         predict(run_dir, texts[:1], client=cfg.federation.num_clients)
 
 
-def test_read_texts_formats(tmp_path):
+def test_read_inputs_formats(tmp_path):
+    from fedpeft.config import TaskConfig
+
+    task = TaskConfig(name="csv")
     (tmp_path / "a.txt").write_text("first line\n\nsecond, with comma\n")
     (tmp_path / "a.csv").write_text('id,text\n1,"hello, world"\n2,bye\n')
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n{"text": "y", "other": 1}\n')
-    assert read_texts(tmp_path / "a.txt") == ["first line", "second, with comma"]
-    assert read_texts(tmp_path / "a.csv") == ["hello, world", "bye"]
-    assert read_texts(tmp_path / "a.jsonl") == ["x", "y"]
+    assert read_inputs(tmp_path / "a.txt", task).texts == ["first line", "second, with comma"]
+    csv_in = read_inputs(tmp_path / "a.csv", task)
+    assert csv_in.texts == ["hello, world", "bye"] and csv_in.columns == ["id", "text"]
+    assert read_inputs(tmp_path / "a.jsonl", task).texts == ["x", "y"]
     (tmp_path / "b.csv").write_text("sentence\nfoo\n")
-    with pytest.raises(ValueError, match="'text' column"):
-        read_texts(tmp_path / "b.csv")
+    with pytest.raises(ValueError, match="no text column 'text'"):
+        read_inputs(tmp_path / "b.csv", task)
 
 
 def test_cli_predict_csv_jsonl_and_table(fedprompt_run, tmp_path):
     _, exp, run_dir = fedprompt_run
     names = exp.task.class_names
+    probs = [f"p({c})" for c in names]
     (tmp_path / "in.txt").write_text("a wonderful film\na dreadful film\n")
     out = tmp_path / "pred.csv"
     res = runner.invoke(app, ["predict", str(run_dir), "--text", "an average film", "--file",
@@ -158,16 +164,16 @@ def test_cli_predict_csv_jsonl_and_table(fedprompt_run, tmp_path):
     assert res.exit_code == 0, res.output
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["text", "label", *names]
+    assert list(rows[0]) == ["text", "prediction", *probs]
     assert [r["text"] for r in rows] == ["an average film", "a wonderful film", "a dreadful film"]
     direct = predict(run_dir, [r["text"] for r in rows])
     for r, d in zip(rows, direct):
-        assert r["label"] == d["label"] in names
-        assert sum(float(r[c]) for c in names) == pytest.approx(1.0, abs=1e-6)
-        assert [float(r[c]) for c in names] == pytest.approx([d[c] for c in names])
+        assert r["prediction"] == d["prediction"] in names
+        assert sum(float(r[c]) for c in probs) == pytest.approx(1.0, abs=1e-6)
+        assert [float(r[c]) for c in probs] == pytest.approx([d[c] for c in probs], abs=1e-5)  # other batches
     res = runner.invoke(app, ["predict", str(run_dir), "--text", "x", "--out", str(tmp_path / "p.jsonl")])
     assert res.exit_code == 0, res.output
-    assert list(json.loads((tmp_path / "p.jsonl").read_text().splitlines()[0])) == ["text", "label", *names]
+    assert list(json.loads((tmp_path / "p.jsonl").read_text().splitlines()[0])) == ["text", "prediction", *probs]
     res = runner.invoke(app, ["predict", str(run_dir), "--text", "[bold]x[/bold]"])
     assert res.exit_code == 0, res.output
     assert all(n in res.output for n in names) and "[bold]x[/bold]" in res.output
@@ -175,6 +181,24 @@ def test_cli_predict_csv_jsonl_and_table(fedprompt_run, tmp_path):
     assert res.exit_code == 2 and "--out" in res.output
     res = runner.invoke(app, ["predict", str(tmp_path), "--text", "x"])
     assert res.exit_code == 2 and "not a fedpeft run directory" in res.output
+
+
+def test_predict_on_a_csv_keeps_its_columns_and_never_overwrites_them(fedprompt_run, tmp_path):
+    """A labelled CSV through predict: every input column kept as it was (its own 'label' and even a 'prediction'
+    column), the outputs under names that collide with none."""
+    _, exp, run_dir = fedprompt_run
+    names = exp.task.class_names
+    (tmp_path / "in.csv").write_text("id,text,label,prediction\n7,a wonderful film,positive,mine\n8,a bad one,"
+                                     "negative,mine\n")
+    res = runner.invoke(app, ["predict", str(run_dir), "--file", str(tmp_path / "in.csv"), "--out",
+                              str(tmp_path / "out.csv")])
+    assert res.exit_code == 0, res.output
+    with (tmp_path / "out.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["id", "text", "label", "prediction", "fedpeft_prediction", *(f"p({c})" for c in names)]
+    assert [(r["id"], r["label"], r["prediction"]) for r in rows] == [("7", "positive", "mine"),
+                                                                       ("8", "negative", "mine")]
+    assert all(r["fedpeft_prediction"] in names for r in rows)
 
 
 def test_dry_run_counts_the_bytes_of_a_real_round(fedprompt_run):

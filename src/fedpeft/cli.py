@@ -1,7 +1,9 @@
-"""Command line: ``fedpeft run | export | predict | report | compare | methods | components | tasks | models | flower (superlink | supernode | certs | node-key | register | run)``."""
+"""Command line: ``fedpeft run | export | predict | evaluate | report | compare | methods | components | tasks | models |
+flower (superlink | supernode | certs | node-key | register | run)``."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Federated fine-tuning of frozen language models with parameter-efficient methods.")
 console = Console(width=None if sys.stdout.isatty() else 120)
 
@@ -23,42 +25,76 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+def _warn(msg: str) -> None:
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[bold yellow]warning:[/] {escape(msg)}", soft_wrap=True)
+
+
+def _run_target(config: Optional[Path], out: Optional[Path], resume: bool) -> tuple[Optional[Path], Optional[Path]]:
+    """(config file, run directory): with ``--resume`` the positional argument may be the run directory itself,
+    and without a config file the run's own config.yaml is used."""
+    if config is not None and config.is_dir():
+        if not resume:
+            _fail(f"{config} is a folder; to continue the run in it: fedpeft run --resume {config}")
+        if out is not None and out.resolve() != config.resolve():
+            _fail(f"--resume {config} and --out {out} name two run directories; give one")
+        return config / "config.yaml", config
+    if resume and config is None:
+        if out is None:
+            _fail("--resume needs the run directory: fedpeft run --resume RUN_DIR")
+        return out / "config.yaml", out
+    return config, out
+
+
 @app.command()
 def run(
-    config: Annotated[Optional[Path], typer.Argument(help="experiment YAML (omit to use the defaults)")] = None,
+    config: Annotated[Optional[Path], typer.Argument(help="experiment YAML (omit to use the defaults), or with "
+                                                          "--resume the run directory")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="override a key, e.g. federation.rounds=2")] = [],
-    out: Annotated[Optional[Path], typer.Option(help="run directory (default runs/<name>)")] = None,
-    resume: Annotated[bool, typer.Option(help="continue from the last checkpoint in --out")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="run directory (default runs/<method>-<task>-<model>-<config "
+                                                     "hash>-s<seed>)")] = None,
+    resume: Annotated[bool, typer.Option(help="continue the run in --out (or RUN_DIR) from its last checkpoint; "
+                                              "with --set federation.rounds=N, extend it to N rounds")] = False,
     runtime: Annotated[Optional[str], typer.Option(help="shortcut for --set runtime.name=...")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bars")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="validate, print the resolved config, trainable "
-                                          "params and bytes per client-round; train nothing, write nothing")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="validate and show what would run: the classes and "
+                                          "clients found, one example as the model sees it, trainable params and "
+                                          "bytes per client-round; train nothing, write nothing")] = False,
 ) -> None:
-    """Run an experiment (or resume one) and print the per-round table."""
+    """Run an experiment and print the per-round table; or continue one (`fedpeft run --resume RUN_DIR`)."""
     from fedpeft.config import ConfigError
+    from fedpeft.outputs import check_output_dir, os_error_line
     from fedpeft.registry import UnknownNameError
     from fedpeft.resolve import load_config
     from fedpeft.runtime.registry import runtime as runtime_fn
     from fedpeft.runtime.server import RoundFailed
     from fedpeft.tracking.rundir import RunDirLocked
 
+    config, out = _run_target(config, out, resume)
+    if resume and out is not None and not (out / "config.yaml").exists():
+        _fail(f"--resume: {out} holds no run (no config.yaml); check the path, or drop --resume to start a new run")
     overrides = list(set_) + ([f"runtime.name={runtime}"] if runtime else []) + (["runtime.progress=false"] if quiet else [])
     try:
         cfg = load_config(config, overrides)
     except ConfigError as e:
         _fail(str(e))
-    name = cfg.name or f"{cfg.method.name}-{cfg.task.name}-{cfg.model.name}-s{cfg.seed}"
-    out_dir = out or Path("runs") / name
+    for note in cfg.notes:
+        _warn(note)
+    out_dir = out or Path("runs") / (cfg.name or cfg.default_name())
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if dry_run:
         _dry_run(cfg, out_dir)
         return
     try:
+        check_output_dir(out_dir, "--out")
         summary = runtime_fn(cfg.runtime.name)(cfg, out_dir, resume=resume)
     except RoundFailed as e:
         _fail(f"{e}; the run stopped after its last checkpoint (continue with --resume)")
     except (FileExistsError, UnknownNameError, FileNotFoundError, ValueError, RunDirLocked) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(os_error_line(e))
     _print_table(out_dir, summary)
 
 
@@ -71,6 +107,17 @@ def _dry_run(cfg, out_dir: Path) -> None:
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     typer.echo(dump_config(cfg), nl=False)
+    table = Table(title=f"classes found ({cfg.task.name})")
+    for col, justify in (("class", "left"), ("train", "right"), ("test", "right")):
+        table.add_column(col, justify=justify)
+    for name, train, test in d.classes:
+        table.add_row(name, f"{train:,}", f"{test:,}")
+    table.add_row("all", f"{sum(c[1] for c in d.classes):,}", f"{sum(c[2] for c in d.classes):,}")
+    console.print(table)
+    console.print("clients:\n  " + "\n  ".join(d.clients), highlight=False, markup=False)
+    if d.example:
+        console.print(f"the first training example as the model sees it (readout {d.readout}, label "
+                      f"'{d.example_label}'):\n  {d.example}", highlight=False, markup=False)
     bound = "at most " if d.up_upper_bound else ""
     console.print(f"trainable params {d.trainable_params:,}", highlight=False)
     console.print(f"bytes per client-round (round 1, client {d.client} of {d.clients_per_round} selected):\n"
@@ -97,7 +144,9 @@ def _print_table(out_dir: Path, summary: dict) -> None:
         f"upload per client-round {summary['bytes_up_per_client_round']:,.0f} B = "
         f"{summary['upload_ratio_vs_full']:.3e} x full fine-tuning ({summary['full_model_bytes_fp32']:,} B); "
         f"trainable params {summary['trainable_params']:,}; {summary['wall_seconds']:.0f} s")
-    console.print(f"run directory: {out_dir}")
+    console.print(f"run directory: {out_dir}", highlight=False)
+    if (out_dir / "report.html").exists():
+        console.print(f"report: {out_dir / 'report.html'}", highlight=False)
 
 
 def _list(title: str, rows: list[tuple[str, str]]) -> None:
@@ -109,59 +158,152 @@ def _list(title: str, rows: list[tuple[str, str]]) -> None:
     console.print(table)
 
 
+_CLIENT = typer.Option(help="client K's personalised adapter (methods with private layers, e.g. FedPepTAO): its id, "
+                            "or its name with natural clients (partition by_column)")
+_BEST = typer.Option("--best", help="the checkpoint of the best round on the validation split "
+                                    "(evaluation.keep_best) instead of the last")
+
+
 @app.command()
 def export(
     run_dir: Annotated[Path, typer.Argument(help="a finished (or checkpointed) run directory")],
     out: Annotated[Path, typer.Argument(help="output folder")],
     format: Annotated[str, typer.Option(help="peft: a Hugging Face PEFT adapter directory")] = "peft",
+    best: Annotated[bool, _BEST] = False,
 ) -> None:
-    """Export the final global adapter of a run (PeftModel.from_pretrained(base, OUT) loads it)."""
+    """Export a run's global adapter as a PEFT adapter directory (PeftModel.from_pretrained(base, OUT) loads it),
+    with the task's classes, readout and templates beside it (fedpeft_task.json)."""
     from fedpeft.config import ConfigError
     from fedpeft.export import export_peft
+    from fedpeft.outputs import check_output_dir, os_error_line
 
     if format != "peft":
         _fail(f"--format: unknown '{format}'; allowed: peft")
     try:
-        path = export_peft(run_dir, out)
+        check_output_dir(out, "OUT")
+        path, note = export_peft(run_dir, out, best=best)
     except (ConfigError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    console.print(f"wrote {path}")
+    except OSError as e:
+        _fail(os_error_line(e))
+    Console(stderr=True).print(note, highlight=False, markup=False)
+    console.print(f"wrote {path}", highlight=False)
+
+
+def _open_model(run_dir: Path, client: Optional[str], best: bool):
+    from fedpeft.predict import open_model
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    model = open_model(run_dir, client, best)
+    Console(stderr=True).print(f"predicting with {model.describe()}", highlight=False, markup=False)
+    return model
 
 
 @app.command()
 def predict(
     run_dir: Annotated[Path, typer.Argument(help="a finished (or checkpointed) run directory")],
     text: Annotated[list[str], typer.Option("--text", help="a text to classify (repeatable)")] = [],
-    file: Annotated[Optional[Path], typer.Option("--file", help="texts: one per line, or a .csv/.jsonl with a "
-                                                 "'text' column")] = None,
-    client: Annotated[Optional[int], typer.Option(help="client K's personalised adapter (methods with private "
-                                                  "layers, e.g. FedPepTAO)")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="write OUT.csv or OUT.jsonl instead of a table")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", help="texts: a .csv/.tsv/.jsonl/.parquet file with the "
+                                                 "run's text column (or 'text'), or one text per line")] = None,
+    client: Annotated[Optional[str], _CLIENT] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write OUT.csv or OUT.jsonl (the input's columns, then "
+                                                     "'prediction' and one 'p(<class>)' per class) instead of a "
+                                                     "table")] = None,
+    best: Annotated[bool, _BEST] = False,
 ) -> None:
-    """Labels and class probabilities from a run's final global adapter (or client K's personalised one)."""
+    """Labels and class probabilities from a run's global adapter (or client K's personalised one); says which
+    round's adapter it is."""
     from rich.markup import escape
 
-    from fedpeft.predict import OUTPUT_SUFFIXES, read_texts, write_predictions
-    from fedpeft.predict import predict as predict_texts
+    from fedpeft.outputs import check_output_file, os_error_line
+    from fedpeft.prediction_files import (OUTPUT_SUFFIXES, prediction_rows, read_inputs, texts_only, write_rows)
 
     if out is not None and out.suffix.lower() not in OUTPUT_SUFFIXES:
         _fail(f"--out: '{out.name}' must end in .csv or .jsonl")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not text and file is None:
+        _fail("no texts to classify: give --text or --file")
     try:
-        texts = list(text) + (read_texts(file) if file is not None else [])
-        rows = predict_texts(run_dir, texts, client)
+        if out is not None:
+            check_output_file(out, "--out")
+        model = _open_model(run_dir, client, best)
+        inputs = [texts_only(text)] if text else []
+        if file is not None:
+            inputs.append(read_inputs(file, model.cfg.task))
+        rows = []
+        for part in inputs:
+            probs = model.probabilities(part.examples(model.classifier.task.is_pair))
+            rows += prediction_rows(part, model.class_names, probs.argmax(-1).tolist(), probs.tolist())
+        if out is not None:
+            write_rows(rows, out)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(os_error_line(e))
     if out is not None:
-        console.print(f"wrote {write_predictions(rows, out)} ({len(rows)} texts)", highlight=False)
+        console.print(f"wrote {out} ({len(rows)} texts)", highlight=False)
         return
     table = Table(title=f"{run_dir}" + (f", client {client}" if client is not None else ""))
-    columns = list(rows[0])
+    columns = list(dict.fromkeys(k for r in rows for k in r))
     for col in columns:
-        table.add_column(col, justify="left" if col in ("text", "label") else "right")
+        table.add_column(col, justify="right" if isinstance(rows[0].get(col), float) else "left")
     for r in rows:
-        table.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else escape(str(r[c])) for c in columns))
+        table.add_row(*(f"{r[c]:.3f}" if isinstance(r.get(c), float) else escape(str(r.get(c, ""))) for c in columns))
     console.print(table)
+
+
+@app.command()
+def evaluate(
+    run_dir: Annotated[Path, typer.Argument(help="a finished (or checkpointed) run directory")],
+    file: Annotated[Path, typer.Option("--file", help="a labelled .csv/.tsv/.jsonl/.parquet file with the run's "
+                                       "text and label columns; labels are class names or class indices")],
+    client: Annotated[Optional[str], _CLIENT] = None,
+    out: Annotated[Optional[Path], typer.Option(help="also write the metrics as JSON")] = None,
+    best: Annotated[bool, _BEST] = False,
+) -> None:
+    """Score a labelled file: accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix."""
+    from fedpeft.metrics import confusion, table as metrics_table
+    from fedpeft.outputs import check_output_file, os_error_line
+    from fedpeft.prediction_files import label_indices, read_inputs
+
+    try:
+        if out is not None:
+            check_output_file(out, "--out")
+        model = _open_model(run_dir, client, best)
+        inputs = read_inputs(file, model.cfg.task, labelled=True)
+        labels = label_indices(inputs, model.class_names)
+        preds = model.probabilities(inputs.examples(model.classifier.task.is_pair)).argmax(-1).tolist()
+        result = metrics_table(confusion(labels, preds, len(model.class_names)), model.class_names)
+        result |= {"file": str(file), "adapter": model.describe()}
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2) + "\n")
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(os_error_line(e))
+    print_class_table(result, model.class_names, f"{file}: {result['num_examples']:,} examples")
+    if out is not None:
+        console.print(f"wrote {out}", highlight=False)
+
+
+def print_class_table(result: dict, class_names: list[str], title: str) -> None:
+    """Accuracy and macro-F1, the per-class table and the confusion matrix (rows true, columns predicted)."""
+    table = Table(title=title)
+    for col in ("class", "precision", "recall", "F1", "support"):
+        table.add_column(col, justify="left" if col == "class" else "right")
+    for name, m in result["per_class"].items():
+        table.add_row(name, f"{m['precision']:.3f}", f"{m['recall']:.3f}", f"{m['f1']:.3f}", f"{m['support']:,}")
+    console.print(table)
+    cm = Table(title="confusion matrix (rows: true class, columns: predicted)")
+    cm.add_column("")
+    for name in class_names:
+        cm.add_column(name, justify="right")
+    for name, row in zip(class_names, result["confusion"]):
+        cm.add_row(name, *(f"{v:,}" for v in row))
+    console.print(cm)
+    f1 = result["macro_f1"]
+    console.print(f"accuracy {result['accuracy']:.4f}, macro-F1 " + ("–" if f1 is None else f"{f1:.4f}"),
+                  highlight=False)
 
 
 @app.command()
@@ -201,13 +343,17 @@ def models() -> None:
 
 
 def _report(run_dirs: list[Path], out: Optional[Path], target: Optional[float]) -> None:
-    from fedpeft.report import write_report
+    from fedpeft.outputs import check_output_file, os_error_line
+    from fedpeft.report import report_path, write_report
 
     try:
-        path = write_report(run_dirs, out, target)
+        path = check_output_file(report_path(run_dirs, out), "--out")
+        write_report(run_dirs, path, target)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    console.print(f"wrote {path}")
+    except OSError as e:
+        _fail(os_error_line(e))
+    console.print(f"wrote {path}", highlight=False)
 
 
 _RUN_DIRS = typer.Argument(help="run directories (a folder holding run directories stands for all of them)")
@@ -379,7 +525,7 @@ def flower_run(
         cfg = load_config(config, list(set_) + ["runtime.name=flower"])
     except ConfigError as e:
         _fail(str(e))
-    out_dir = out or Path("runs") / (cfg.name or f"{cfg.method.name}-{cfg.task.name}-{cfg.model.name}-s{cfg.seed}")
+    out_dir = out or Path("runs") / (cfg.name or cfg.default_name())
     try:
         summary = run_flower(cfg, out_dir, resume=resume, superlink=superlink, round_timeout=round_timeout or None,
                              rejoin_wait=rejoin_wait, root_cert=root_certificates, insecure=insecure)

@@ -8,6 +8,9 @@ resolved in ``fedpeft.resolve``, which only entry points import.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -177,6 +180,11 @@ class MethodConfig(_Strict):
                                                                          "innermost first")
     codec: CodecConfig = CodecConfig()
 
+    def components(self) -> dict[str, Any]:
+        """The component names this method resolves to (what runs, whatever the preset's name says)."""
+        return {axis: getattr(self, axis).name for axis in AXES} | {
+            "transforms": [t.name for t in self.transforms], "wrappers": [w.name for w in self.wrappers]}
+
 
 # the single components of ``method``
 AXES = ("adapter", "trainer", "aggregator", "selector", "sharing", "downlink", "post_tuning")
@@ -290,6 +298,12 @@ class ExperimentConfig(_Strict):
     evaluation: EvaluationConfig = EvaluationConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     faults: FaultConfig = FaultConfig()
+    _notes: list[str] = PrivateAttr(default_factory=list)  # warnings of resolution, for the entry point to show
+
+    @property
+    def notes(self) -> list[str]:
+        """Warnings about this config found while resolving it (shown once by the command line)."""
+        return self._notes
 
     @field_validator("seed")
     @classmethod
@@ -297,6 +311,27 @@ class ExperimentConfig(_Strict):
         if not 0 <= v < 2**63:
             raise ValueError("seed must be in [0, 2**63)")
         return v
+
+    def default_name(self) -> str:
+        """``<method>-<task>-<model>-<hash>-s<seed>``, the run directory's default name: the hash (6 hex digits of
+        the resolved config, seed, name and display settings aside) keeps two different configs apart, and the
+        seeds of one config side by side."""
+        body = self.with_absolute_paths().model_dump(mode="json")
+        for section, key in (("runtime", "progress"), ("evaluation", "report")):
+            body[section].pop(key)
+        body.pop("seed"), body.pop("name")
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:6]
+        model = Path(self.model.name).name or self.model.name
+        return f"{self.method.name}-{self.task.name}-{model}-{digest}-s{self.seed}"
+
+    def with_absolute_paths(self) -> ExperimentConfig:
+        """A copy whose data paths (``task.path``, ``task.test_path``) are absolute, as a run directory records
+        them: the run then reads the same files from any working directory."""
+        paths = {k: str(Path(v).expanduser().absolute()) for k in ("path", "test_path")
+                 if (v := getattr(self.task, k)) is not None}
+        if not paths:
+            return self
+        return self.model_copy(update={"task": self.task.model_copy(update=paths)})
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

@@ -1,4 +1,9 @@
-"""``fedpeft run --dry-run``: what one client-round of a config costs on the wire, without training anything.
+"""``fedpeft run --dry-run``: what a config will train on and what one client-round costs on the wire, without
+training anything.
+
+What you check first on your own data: the classes found with their train and test counts, each client's sizes and
+training labels, and the first training example as the model will see it (template applied, the adapter's rows
+marked where they go).
 
 The experiment and the method are built as a run builds them; the server state is initialised and round 1 is
 configured for the selected clients, so the instruction size is the real encoded length of the first selected
@@ -13,7 +18,7 @@ loss, query counts), so their framing is a little larger. Methods whose exchange
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +38,11 @@ class DryRun:
     up_tensor_bytes: int
     up_framing_bytes: int
     up_upper_bound: bool        # some reply dimension varies per client (counted at its maximum)
+    classes: list[tuple[str, int, int]] = field(default_factory=list)  # (class name, train count, test count)
+    clients: list[str] = field(default_factory=list)   # per client: sizes and training labels by class name
+    readout: str = ""
+    example: str = ""           # the first training example as the model sees it
+    example_label: str = ""
 
 
 def dry_run(cfg: ExperimentConfig) -> DryRun:
@@ -60,5 +70,13 @@ def dry_run(cfg: ExperimentConfig) -> DryRun:
                    {s: 0 for s in schema.scalars})
     up = len(encode(zero, method.wire))
     up_tensors = sum(math.prod(sh) * schema.dtype_of(k).itemsize for k, sh in shapes.items())
+    exp = built.exp
+    task = exp.task
+    counts = [(name, sum(e.label == k for e in task.train), sum(e.label == k for e in task.test))
+              for k, name in enumerate(task.class_names)]
+    first = task.train[0] if task.train else None
     return DryRun(method.trainable_params(state), client, len(instructions), len(encode(msg, method.wire)),
-                  payload_bytes(msg, method.wire), up, up_tensors, up - up_tensors, variable)
+                  payload_bytes(msg, method.wire), up, up_tensors, up - up_tensors, variable, counts,
+                  exp.describe_clients(), exp.classifier.readout,
+                  exp.classifier.show(first, method.initial_params()) if first else "",
+                  task.class_names[first.label] if first else "")

@@ -7,7 +7,9 @@ partitions and encodings agree without being sent anywhere. Client data is encod
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +21,7 @@ from fedpeft.backbones.loading import Backbone, load_backbone, resolve_device
 from fedpeft.clients import ClientContext
 from fedpeft.config import ExperimentConfig
 from fedpeft.data import groups_of, label_histogram, load_task, partition, pool_small_groups, split_by_group, split_like
+from fedpeft.data.fingerprint import data_fingerprint
 from fedpeft.data.participants import non_participants
 from fedpeft.data.types import TaskData
 from fedpeft.rng import SERVER, numpy_rng
@@ -114,6 +117,44 @@ class Experiment:
         position = {int(i): j for j, i in enumerate(self._encoded["asr-index"])}  # type: ignore[arg-type]
         return full.subset([position[int(i)] for i in self.test_parts[client_id] if int(i) in position])
 
+    def client_names(self) -> list[str] | None:
+        """Each client's name under a ``by_column`` partition: its group's value (user, hospital, ...), ``value#k``
+        for the k-th of several clients of one group; None for other partitions (clients are numbers)."""
+        if self.groups is None:
+            return None
+        count, seen, out = Counter(self.groups), Counter(), []
+        for g in self.groups:
+            seen[g] += 1
+            out.append(g if count[g] == 1 else f"{g}#{seen[g]}")
+        return out
+
+    def client_label(self, client_id: int) -> str:
+        """``client 3`` or, with natural clients, ``client 3 (alice)``: how logs name a client."""
+        names = self.client_names()
+        return f"client {client_id}" + (f" ({names[client_id]})" if names else "")
+
+    def describe_clients(self) -> list[str]:
+        """One line per client: its training and test sizes and its training labels by class name (run.log and
+        ``--dry-run``)."""
+        hist, names = self.label_histograms(), self.task.class_names
+        lines = []
+        for c in range(self.num_clients):
+            labels = ", ".join(f"{names[k]} {n}" for k, n in enumerate(hist["train"][c]) if n)
+            role = " (never trains)" if c in self.non_participants else ""
+            lines.append(f"{self.client_label(c)}{role}: {len(self.train_parts[c])} train ({labels or 'none'}), "
+                         f"{len(self.test_parts[c])} test")
+        return lines
+
+    def record(self, backbone_sha256: str) -> dict[str, Any]:
+        """What the run directory keeps of this experiment (``model.json``), so that its model can be used without
+        the data: the task without examples, the readout, the backbone's identity, the clients, the data's
+        fingerprint."""
+        return {"task": self.task.spec(), "readout": self.classifier.readout,
+                "backbone": {"name": self.cfg.model.name, "source": self.backbone.source,
+                             "family": self.backbone.family, "sha256": backbone_sha256},
+                "clients": {"count": self.num_clients, "groups": self.groups, "names": self.client_names()},
+                "data": data_fingerprint(self.task)}
+
     def label_histograms(self) -> dict[str, list[list[int]]]:
         c = self.task.num_classes
         train_labels = np.array([e.label for e in self.task.train])
@@ -150,15 +191,37 @@ def split_clients(
     return train_parts, test_parts, [str(train_groups[p[0]]) for p in train_parts]
 
 
-def build_experiment(cfg: ExperimentConfig) -> Experiment:
-    """Load the task, split it among clients (seeded), and attach the process's shared backbone."""
-    task = load_task(cfg.task, cfg.seed, cfg.federation.partition.column)
-    train_parts, test_parts, groups = split_clients(task, cfg)
+@dataclass(frozen=True)
+class TaskOnly:
+    """A task without its examples and the run's clients, as a run directory keeps them (``model.json``): enough
+    to score new texts as the run did, without reading the data it trained on."""
+
+    task: TaskData
+    num_clients: int
+    groups: list[str] | None = None
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> TaskOnly:
+        """From ``Experiment.record``'s dict."""
+        clients = record["clients"]
+        return cls(TaskData.from_spec(record["task"]), int(clients["count"]), clients.get("groups"))
+
+
+def build_experiment(cfg: ExperimentConfig, saved: TaskOnly | None = None) -> Experiment:
+    """Load the task, split it among clients (seeded), and attach the process's shared backbone.
+
+    With ``saved`` no data is read: the experiment scores new texts as the run did; its clients hold no examples."""
+    if saved is None:
+        task = load_task(cfg.task, cfg.seed, cfg.federation.partition.column)
+        train_parts, test_parts, groups = split_clients(task, cfg)
+    else:
+        task, groups = saved.task, saved.groups
+        train_parts = test_parts = [np.zeros(0, dtype=np.int64) for _ in range(saved.num_clients)]
     idle = non_participants(cfg.federation.non_participants, len(train_parts), cfg.seed, groups)
     a = cfg.attack
     participants = [c for c in range(len(train_parts)) if c not in idle]
     bad = malicious_ids(a.malicious_clients, a.malicious_fraction, len(train_parts), participants,
-                        numpy_rng(cfg.seed, 0, SERVER, "malicious")) if a.active else frozenset()
+                        numpy_rng(cfg.seed, 0, SERVER, "malicious")) if a.active and saved is None else frozenset()
     backbone = load_backbone(cfg.model.name, cfg.model.trust_remote_code).to(resolve_device(cfg.runtime.device))
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
     clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length,

@@ -145,8 +145,54 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def preset_differences(cfg: ExperimentConfig) -> dict[str, tuple[Any, Any]]:
+    """The ``method`` sections of a resolved config that differ from its preset's (component or settings):
+    ``{section: (the preset's, the config's)}``, each side a component's name and settings (lists for
+    ``transforms``/``wrappers``)."""
+    preset = PRESETS.get(cfg.method.name)
+    defaults = preset.defaults()
+    out: dict[str, tuple[Any, Any]] = {}
+    for axis, registry in {**AXIS_REGISTRIES, **LIST_REGISTRIES}.items():
+        mine = defaults.get(axis, [] if axis in LIST_REGISTRIES else {"name": getattr(MethodConfig(), axis).name})
+        if isinstance(mine, list):
+            want = [_resolve_one(Component(**m), registry, f"method.{axis}").model_dump() for m in mine]
+            have = [c.model_dump() for c in getattr(cfg.method, axis)]
+        else:
+            want = _resolve_one(Component(**mine), registry, f"method.{axis}").model_dump()
+            have = getattr(cfg.method, axis).model_dump()
+        if want != have:
+            out[axis] = (want, have)
+    return out
+
+
+def _switch_warning(raw: dict[str, Any], overrides: list[str], cfg: ExperimentConfig) -> str | None:
+    """When ``--set method.name=...`` switches the preset, the file's own ``method`` sections still override the new
+    preset's: the warning lists those that differ from it, and how to drop them."""
+    if not any(o.split("=", 1)[0].strip() == "method.name" for o in overrides):
+        return None
+    given = raw.get("method") if isinstance(raw.get("method"), dict) else {}
+    differ = {k: v for k, v in preset_differences(cfg).items() if k in given}
+    if not differ:
+        return None
+    listed = "; ".join(f"method.{k} {_difference(want, have)}" for k, (want, have) in differ.items())
+    return (f"method.name '{cfg.method.name}': the config file's own method sections still apply: {listed}. To use "
+            "the preset's, delete them from the file (or set them with --set)")
+
+
+def _difference(want: Any, have: Any) -> str:
+    """``have`` against the preset's ``want``: other components by name, the same component by its differing keys."""
+    if isinstance(want, list) or want["name"] != have["name"]:
+        def names(x: Any) -> str:
+            return "[" + ", ".join(c["name"] for c in x) + "]" if isinstance(x, list) else x["name"]
+        return f"{names(have)} instead of the preset's {names(want)}"
+    keys = [k for k in have if have[k] != want.get(k)]
+    return (f"{have['name']} with {', '.join(f'{k}={have[k]}' for k in keys)} (the preset's: "
+            f"{', '.join(f'{k}={want.get(k)}' for k in keys)})")
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read a YAML experiment (or start from defaults), apply overrides, resolve and validate."""
+    """Read a YAML experiment (or start from defaults), apply overrides, resolve and validate. Warnings about the
+    result (``ExperimentConfig.notes``) are for the entry point to show once."""
     raw: dict[str, Any] = {}
     if path is not None:
         try:
@@ -159,4 +205,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
-    return resolve(apply_overrides(raw, overrides or []))
+    cfg = resolve(apply_overrides(raw, overrides or []))
+    if (note := _switch_warning(raw, overrides or [], cfg)) is not None:
+        cfg.notes.append(note)
+    return cfg

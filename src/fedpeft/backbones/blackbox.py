@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -110,8 +111,9 @@ class BlackBox:
         """Mean cross-entropy on the whole local set per candidate, [P] (spec A5: mean, not sum)."""
         return self.sample_losses(z, data).mean(dim=1)
 
-    def accuracy(self, z: torch.Tensor, data: Encoded) -> tuple[float, float]:
-        """(accuracy, mean loss) of one prompt vector on ``data``."""
+    def accuracy(self, z: torch.Tensor, data: Encoded) -> tuple[float, float, np.ndarray]:
+        """(accuracy, mean loss, each example's predicted class) of one prompt vector on ``data``."""
         logits = self.logits(z.unsqueeze(0) if z.dim() == self.param_dims else z, data)[0]
         labels = torch.as_tensor(data.labels).long()
-        return float((logits.argmax(-1) == labels).float().mean()), float(F.cross_entropy(logits, labels))
+        preds = logits.argmax(-1)
+        return float((preds == labels).float().mean()), float(F.cross_entropy(logits, labels)), preds.numpy()

@@ -169,6 +169,26 @@ class Classifier:
     def encode(self, examples: list[Example]) -> Encoded:
         return encode_examples(self.backbone, self.task, examples, self.max_length, self.readout)
 
+    @torch.no_grad()
+    def show(self, example: Example, params: Params) -> str:
+        """One example as the model sees it: its tokens after the template, with the rows the adapter inserts marked
+        where they go, and the frozen text some adapters run first (``fedpeft run --dry-run``)."""
+        enc = self.encode([example])
+        b = self.batch(enc, [0])
+        prep = self.adapter.prepare(self.backbone, {k: v.to(self.device) for k, v in params.items()},
+                                    b["input_ids"], b["attention_mask"], int(b["lead"]))
+        tok = self.backbone.tokenizer
+        tokens = tok.convert_ids_to_tokens(list(enc.input_ids[0]))
+        rows = f"⟨{prep.inserted} adapter rows⟩"
+        if prep.text is not None:  # suffix placement: the frozen text first, the rows before its final token
+            parts = [tok.convert_tokens_to_string(tokens[:-1]), rows, tok.convert_tokens_to_string(tokens[-1:])]
+        elif prep.inserted:
+            at = int(prep.insert_at if isinstance(prep.insert_at, int) else prep.insert_at[0])
+            parts = [tok.convert_tokens_to_string(tokens[:at]), rows, tok.convert_tokens_to_string(tokens[at:])]
+        else:
+            parts = [tok.convert_tokens_to_string(tokens)]
+        return " ".join(p for p in parts if p)
+
     # ---------------------------------------------------------------- params
 
     def init_params(self, generator: torch.Generator) -> Params:
@@ -419,15 +439,20 @@ class Classifier:
 
 
 @torch.no_grad()
-def evaluate(clf: Classifier, params: Params, enc: Encoded, batch_size: int = 64) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of ``params`` on an encoded split."""
+def evaluate(clf: Classifier, params: Params, enc: Encoded, batch_size: int = 64,
+             predictions: bool = False) -> dict[str, Any]:
+    """Accuracy and mean cross-entropy of ``params`` on an encoded split (with ``predictions``: also each
+    example's predicted class, as a numpy array under ``predictions``)."""
     if len(enc) == 0:
         return {"accuracy": float("nan"), "loss": float("nan"), "num_examples": 0}
-    correct, loss_sum = 0, 0.0
+    correct, loss_sum, preds = 0, 0.0, []
     for start in range(0, len(enc), batch_size):
         idx = list(range(start, min(start + batch_size, len(enc))))
         b = clf.batch(enc, idx)
         logits = clf.logits(params, b)
         loss_sum += F.cross_entropy(logits, b["labels"], reduction="sum").item()
-        correct += (logits.argmax(-1) == b["labels"]).sum().item()
-    return {"accuracy": correct / len(enc), "loss": loss_sum / len(enc), "num_examples": len(enc)}
+        pred = logits.argmax(-1)
+        correct += (pred == b["labels"]).sum().item()
+        preds.append(pred.cpu())
+    out = {"accuracy": correct / len(enc), "loss": loss_sum / len(enc), "num_examples": len(enc)}
+    return out | ({"predictions": torch.cat(preds).numpy()} if predictions else {})

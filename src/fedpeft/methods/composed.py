@@ -32,6 +32,7 @@ from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpac
 from fedpeft.config import ExperimentConfig
 from fedpeft.downlink import DOWNLINKS, DownlinkContext, sync
 from fedpeft.downlink.base import SEP
+from fedpeft.metrics import class_metrics
 from fedpeft.post_tuning import POST_TUNING, PostTuningContext
 from fedpeft.privacy import sampling_rate
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
@@ -198,10 +199,20 @@ class ComposedMethod:
             glob, down = glob | rebuilt, sync.record(self.downlink, st.down, message, round)
         return ServerState(round, glob, agg, sharing, history, down).to_message()
 
-    def evaluate_global(self, state: Message) -> dict[str, float]:
-        """Test accuracy and loss of the global tensors (and the attack success rate when it is measured)."""
-        glob = ServerState.from_message(state).glob
-        return self.trainer.evaluate(glob, self.exp.test_encoded) | self._asr(glob)
+    def evaluate_global(self, state: Message) -> dict[str, Any]:
+        """Test accuracy, loss, macro-F1 and confusion matrix of the global tensors (and the attack success rate
+        when it is measured)."""
+        return self.evaluate_on(state, self.exp.test_encoded) | self._asr(ServerState.from_message(state).glob)
+
+    def evaluate_on(self, state: Message, data: Any) -> dict[str, Any]:
+        """The global tensors' accuracy, loss, macro-F1 and confusion matrix on labelled encoded ``data``."""
+        metrics = self.trainer.evaluate(ServerState.from_message(state).glob, data, predictions=True)
+        return self._with_classes(metrics, data.labels)
+
+    def _with_classes(self, metrics: dict[str, Any], labels: Any) -> dict[str, Any]:
+        """``metrics`` with its ``predictions`` replaced by the macro-F1 and confusion matrix they give."""
+        preds = metrics.pop("predictions", None)
+        return metrics if preds is None else metrics | class_metrics(labels, preds, self.clf.task.num_classes)
 
     def _asr(self, glob: Params) -> dict[str, float]:
         asr_test = getattr(self.exp, "asr_test", None)
@@ -222,7 +233,7 @@ class ComposedMethod:
         if parts is None:
             return None
         whole, local = parts
-        return whole | self._asr(st.glob), dict(zip(clients, local))
+        return self._with_classes(whole, self.exp.test_encoded.labels) | self._asr(st.glob), dict(zip(clients, local))
 
     def _scores_global(self, st: ServerState, round: int) -> bool:
         """Whether every client's evaluation after ``round`` scores exactly the global tensors: no post-tuning now,

@@ -22,9 +22,10 @@ import yaml
 
 from fedpeft.comm.codec import Message
 from fedpeft.config import ExperimentConfig, dump_config
+from fedpeft.data.fingerprint import data_changes
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
-from fedpeft.resolve import resolve
+from fedpeft.resolve import preset_differences, resolve
 from fedpeft.runtime.server import RoundDriver, RoundFailed
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import build_summary, round_record
@@ -66,31 +67,73 @@ class Transport(Protocol):
         ...
 
 
+class NoRunError(FileNotFoundError):
+    """``--resume`` names a directory that holds no run."""
+
+
 @contextlib.contextmanager
 def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterator[RunDir]:
-    """Lock the run directory for this process, create it (or check it, on resume) and write config.yaml."""
+    """Lock the run directory for this process, create it (or check it, on resume) and write config.yaml.
+
+    The config.yaml written records the data paths made absolute, so that the run can be resumed from any folder.
+    On resume the config must describe the run (``config_changes``); the one change allowed is a larger
+    ``federation.rounds``, which extends a run (finished or not) to that many rounds."""
     run = RunDir(out_dir)
+    if resume and run.saved_config() is None:
+        raise NoRunError(f"--resume: {out_dir} holds no run (no config.yaml); check the path, or drop --resume to "
+                         "start a new run there")
     run.lock()
     try:
-        config_yaml = dump_config(cfg)
-        if resume and run.saved_config() not in (None, config_yaml) and not same_config(run.saved_config(), cfg):
-            raise ValueError(f"{out_dir}/config.yaml differs from the config given to --resume")
+        recorded = cfg.with_absolute_paths()
+        config_yaml = dump_config(recorded)
+        saved = run.saved_config()
+        if resume and saved is not None and saved != config_yaml:
+            changes = config_changes(saved, recorded)
+            check_resumable(out_dir, changes)
+            if changes:  # federation.rounds grew: the run is unfinished again until it reaches them
+                run.unfinish()
         run.prepare(config_yaml, resume)
         yield run
     finally:
         run.unlock()
 
 
-def same_config(saved: str, cfg: ExperimentConfig) -> bool:
-    """Whether a run's saved config.yaml describes ``cfg``. One written before keys were added (with their
-    defaults; component settings too, so it is resolved as a new config is) still matches; so does one that differs
-    only in ``evaluation.report``, which changes no number."""
+# keys that change no number: a resumed run may differ from its config.yaml in them
+NUMBERLESS = ("evaluation.report", "runtime.progress")
+
+
+def config_changes(saved: str, cfg: ExperimentConfig) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, saved value, given value)`` for every key where a run's saved config.yaml and ``cfg`` differ,
+    the keys of ``NUMBERLESS`` aside. A config.yaml written before keys were added is resolved as a new config is,
+    so the added keys take their defaults and do not count as changes."""
     try:
-        old = resolve(yaml.safe_load(saved))
-    except Exception:  # noqa: BLE001 - unreadable or no longer valid: it differs
-        return False
-    old = old.model_copy(update={"evaluation": old.evaluation.model_copy(update={"report": cfg.evaluation.report})})
-    return dump_config(old) == dump_config(cfg)
+        old = resolve(yaml.safe_load(saved)).with_absolute_paths()
+    except Exception as e:  # noqa: BLE001 - unreadable or no longer valid: say so as the one difference
+        return [("config.yaml", f"unreadable ({type(e).__name__}: {str(e).splitlines()[0]})", "a valid config")]
+    a, b = _flat(yaml.safe_load(dump_config(old))), _flat(yaml.safe_load(dump_config(cfg)))
+    return [(k, a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b])
+            if k not in NUMBERLESS and a.get(k) != b.get(k)]
+
+
+def check_resumable(out_dir: str | Path, changes: list[tuple[str, Any, Any]]) -> None:
+    """ValueError naming each changed key and its two values, unless the only change is a larger
+    ``federation.rounds`` (extending the run)."""
+    rounds = [c for c in changes if c[0] == "federation.rounds"]
+    others = [c for c in changes if c[0] != "federation.rounds"]
+    if others:
+        listed = "; ".join(f"{k}: {old!r} in the run, {new!r} given" for k, old, new in others)
+        raise ValueError(f"{out_dir}/config.yaml differs from the config given to --resume ({listed}); a resumed "
+                         "run keeps its config (only federation.rounds may grow, to extend it): drop the changes "
+                         "or start a new run with another --out")
+    if rounds and rounds[0][2] < rounds[0][1]:
+        raise ValueError(f"federation.rounds: {rounds[0][2]} given to --resume, but the run has {rounds[0][1]}; a "
+                         "run can be extended, not shortened")
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        return {k: v for key, val in d.items() for k, v in _flat(val, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): d}
 
 
 @contextlib.contextmanager
@@ -120,6 +163,7 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
     """Resume if asked, run the remaining rounds through ``transport``, write metrics/checkpoints/summary."""
     driver = RoundDriver(cfg, method)
     checksum = exp.backbone.checksum()
+    keep_record(run, exp.record(exp.backbone.fingerprint()), resume)
     start, state = 1, method.server_init()
     ckpt = run.load_checkpoint() if resume else None
     if ckpt is not None:
@@ -130,7 +174,8 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         log.info("resuming after round %d", last)
     else:
         records = run.truncate_metrics(0) if resume else []
-        log.info("label histogram per client (train): %s", exp.label_histograms()["train"])
+        for line in exp.describe_clients():
+            log.info("%s", line)
     trainable = method.trainable_params(state)
     bar = bar or progress(False)
     rounds_task = bar.add_task("rounds", total=cfg.federation.rounds, completed=start - 1)
@@ -203,7 +248,11 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
     summary = build_summary(cfg, records, trainable, exp.backbone.num_parameters, {
         "backbone_unchanged": unchanged,
         "failed_rounds": [r["round"] for r in records if "round_failed" in r],
-        "label_histograms": exp.label_histograms(),  # per client, train and test (majority baselines)
+        "label_histograms": exp.label_histograms(),  # per client, train and test, classes as in class_names
+        "class_names": exp.task.class_names,
+        **({"client_names": dict(enumerate(names))} if (names := exp.client_names()) else {}),
+        "method_resolved": cfg.method.components(),
+        "preset_overrides": sorted(preset_differences(cfg)),
         **payload_split(method, state, driver),
         **transport.summary_extra(),
     })
@@ -211,6 +260,22 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
     if cfg.evaluation.report:
         write_report_or_warn(run.root)
     return summary
+
+
+def keep_record(run: RunDir, record: dict[str, Any], resume: bool) -> None:
+    """Write ``model.json`` (what using the run's model needs, and the data's fingerprint); on resume first refuse
+    data that changed since the run started, naming the file."""
+    saved = run.read_record() if resume else None
+    if saved is not None:
+        changes = data_changes(saved["data"], record["data"])
+        if changes:
+            raise DataChangedError(f"--resume: the data differ from those the run trained on: {'; '.join(changes)}. "
+                                   "Restore them, or start a new run with another --out")
+    run.write_record(record)
+
+
+class DataChangedError(ValueError):
+    """``--resume`` found other data than the run started with."""
 
 
 def write_report_or_warn(root: Path) -> None:

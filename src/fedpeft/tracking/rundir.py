@@ -1,4 +1,5 @@
-"""A run is a directory: ``config.yaml``, ``metrics.jsonl``, ``checkpoint/``, ``summary.json``, ``run.log``.
+"""A run is a directory: ``config.yaml``, ``model.json``, ``metrics.jsonl``, ``checkpoint/``, ``summary.json``,
+``run.log``.
 
 Checkpoints hold the server state, every client's persistent state and the last finished round,
 as safetensors (tensors) + JSON (scalars); they are written to a temporary folder and renamed, so
@@ -21,6 +22,7 @@ from typing import IO, Any
 from fedpeft.comm.codec import Message, decode, encode, own_dtypes
 
 log = logging.getLogger(__name__)
+RECORD = "model.json"
 
 
 class RunDirLocked(RuntimeError):
@@ -36,6 +38,7 @@ class RunDir:
         self.root = Path(root)
         self.metrics_path = self.root / "metrics.jsonl"
         self.ckpt = self.root / "checkpoint"
+        self.best_ckpt = self.root / "checkpoint-best"
         self._lock: IO[str] | None = None
 
     def lock(self) -> None:
@@ -67,6 +70,23 @@ class RunDir:
         if not resume and (self.metrics_path.exists() or self.ckpt.exists()):
             raise FileExistsError(f"{self.root} already holds a run; use --resume or another --out")
         (self.root / "config.yaml").write_text(config_yaml)
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        """``model.json``: what using the run's model needs without its data (classes, label words, templates,
+        readout, backbone identity) and the data's fingerprint; written whole or not at all."""
+        tmp = self.root / (RECORD + ".tmp")
+        tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.replace(self.root / RECORD)
+
+    def read_record(self) -> dict[str, Any] | None:
+        """The run's ``model.json``, or None for a run written before fedpeft kept one."""
+        p = self.root / RECORD
+        return json.loads(p.read_text(encoding="utf-8")) if p.exists() else None
+
+    def unfinish(self) -> None:
+        """The run goes on past its end (``federation.rounds`` grew): it is no longer finished, so its summary.json
+        goes until the new last round writes one."""
+        (self.root / "summary.json").unlink(missing_ok=True)
 
     def saved_config(self) -> str | None:
         p = self.root / "config.yaml"
@@ -101,8 +121,11 @@ class RunDir:
     # ---------------------------------------------------------------- checkpoints
 
     def save_checkpoint(self, round: int, server: Message, clients: dict[int, Message],
-                        extra: dict[str, Any] | None = None) -> None:
-        tmp = self.root / "checkpoint.tmp"
+                        extra: dict[str, Any] | None = None, best: bool = False) -> None:
+        """Write the checkpoint of ``round`` (``best``: into ``checkpoint-best/``, the round that scored best on the
+        validation split, ``evaluation.keep_best``)."""
+        final = self.best_ckpt if best else self.ckpt
+        tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "clients").mkdir(parents=True)
         _save_message(tmp / "server.safetensors", server)
@@ -110,22 +133,26 @@ class RunDir:
             if msg.tensors or msg.scalars:
                 _save_message(tmp / "clients" / f"{cid}.safetensors", msg)
         (tmp / "meta.json").write_text(json.dumps({"round": round, **(extra or {})}, sort_keys=True))
-        old = self.root / "checkpoint.old"
+        old = final.with_name(final.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
-        if self.ckpt.exists():
-            self.ckpt.rename(old)
-        tmp.rename(self.ckpt)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
         shutil.rmtree(old, ignore_errors=True)
 
-    def load_checkpoint(self) -> tuple[int, Message, dict[int, Message], dict[str, Any]] | None:
-        if not (self.ckpt / "meta.json").exists():
-            if (self.root / "checkpoint.old" / "meta.json").exists():  # crash between the two renames
-                (self.root / "checkpoint.old").rename(self.ckpt)
+    def load_checkpoint(self, best: bool = False) -> tuple[int, Message, dict[int, Message], dict[str, Any]] | None:
+        """(round, server state, client states, meta) of the last checkpoint (``best``: of ``checkpoint-best/``),
+        or None."""
+        final = self.best_ckpt if best else self.ckpt
+        old = final.with_name(final.name + ".old")
+        if not (final / "meta.json").exists():
+            if (old / "meta.json").exists():  # crash between the two renames
+                old.rename(final)
             else:
                 return None
-        meta = json.loads((self.ckpt / "meta.json").read_text())
-        server = decode((self.ckpt / "server.safetensors").read_bytes())
-        clients = {int(p.stem): decode(p.read_bytes()) for p in (self.ckpt / "clients").glob("*.safetensors")}
+        meta = json.loads((final / "meta.json").read_text())
+        server = decode((final / "server.safetensors").read_bytes())
+        clients = {int(p.stem): decode(p.read_bytes()) for p in (final / "clients").glob("*.safetensors")}
         return int(meta.pop("round")), server, clients, meta
 
     def write_summary(self, summary: dict[str, Any]) -> None:

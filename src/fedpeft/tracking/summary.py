@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from fedpeft.metrics import per_class
+
 TIMING_FIELDS = ("wall_seconds", "train_seconds", "eval_seconds")
 
 
@@ -38,6 +40,8 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
         "round": round,
         "accuracy": global_metrics["accuracy"],
         "loss": global_metrics["loss"],
+        "macro_f1": global_metrics.get("macro_f1"),
+        **({"confusion": global_metrics["confusion"]} if "confusion" in global_metrics else {}),
         **({"asr": global_metrics["asr"]} if "asr" in global_metrics else {}),
         "local_accuracy_mean": statistics.fmean(local_acc) if local_acc else None,
         "local_accuracy_min": min(local_acc) if local_acc else None,
@@ -69,6 +73,10 @@ def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, bac
     sent = sum(r["num_selected"] for r in records) or 1
     per_client_up = up / client_rounds
     full_bytes = 4 * backbone_params
+    scored = next((r for r in reversed(records) if r.get("confusion") is not None), None)
+    names = extra.get("class_names")
+    classes = ({"confusion_round": scored["round"], "macro_f1": scored.get("macro_f1"), "confusion": scored["confusion"],
+                "per_class": per_class(scored["confusion"], names)} if scored is not None and names else {})
     return {
         "method": cfg.method.name,
         "task": cfg.task.name,
@@ -80,6 +88,7 @@ def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, bac
         "final_accuracy": records[-1]["accuracy"] if records else None,
         "best_accuracy": max(accs) if accs else None,
         "final_loss": records[-1]["loss"] if records else None,
+        "final_macro_f1": records[-1].get("macro_f1") if records else None,
         **({"final_asr": records[-1]["asr"]} if records and "asr" in records[-1] else {}),
         "final_local_accuracy_mean": records[-1]["local_accuracy_mean"] if records else None,
         **{f"final_{k}": records[-1].get(k) for k in ROLE_FIELDS if records and k in records[-1]},
@@ -94,5 +103,6 @@ def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, bac
         "upload_ratio_vs_full": per_client_up / full_bytes,
         "wall_seconds": sum(r["wall_seconds"] for r in records),
         **extra,
+        **classes,
     } | ({"upload_framing_bytes": per_client_up - extra["upload_tensor_bytes"]}
          if "upload_tensor_bytes" in extra else {})

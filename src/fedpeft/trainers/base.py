@@ -75,12 +75,15 @@ class LocalTrainer(Protocol):
         """Server side: the update with tensors named and shaped like the shared global tensors."""
         ...
 
-    def evaluate(self, params: Params, data: Encoded) -> dict[str, float]: ...
+    def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
+        """Accuracy, mean loss and example count of ``params`` on ``data``; with ``predictions`` also each
+        example's predicted class (a numpy array under ``predictions``)."""
+        ...
 
     def evaluate_parts(self, params: Params, data: Encoded,
                        parts: list[np.ndarray]) -> tuple[dict[str, float], list[dict[str, float]]] | None:
-        """``evaluate`` on ``data`` and on each subset ``data.subset(part)`` from one pass over ``data``, or None
-        where the trainer cannot score a subset from the predictions on the whole."""
+        """``evaluate`` on ``data`` (with its ``predictions``) and on each subset ``data.subset(part)`` from one pass
+        over ``data``, or None where the trainer cannot score a subset from the predictions on the whole."""
         ...
 
     def diagnostics(self, glob: Params) -> dict[str, float]: ...
@@ -147,10 +150,10 @@ class TrainerBase:
     def decode(self, update: Update, shared: Params) -> Update:
         return update
 
-    def evaluate(self, params: Params, data: Encoded) -> dict[str, float]:
+    def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
         if len(data) == 0:
             return {"num_examples": 0}
-        return evaluate(self.clf, floats(params), data, self.ctx.eval_batch)
+        return evaluate(self.clf, floats(params), data, self.ctx.eval_batch, predictions)
 
     def evaluate_parts(self, params: Params, data: Encoded,
                        parts: list[np.ndarray]) -> tuple[dict[str, float], list[dict[str, float]]] | None:
@@ -167,7 +170,8 @@ class TrainerBase:
         logits = predict(self.clf, floats(params), data, bs) if len(data) else torch.empty(0)
         labels = torch.as_tensor(data.labels).to(logits.device)
         rows = [torch.as_tensor(np.asarray(p, dtype=np.int64), device=logits.device) for p in parts]
-        return score(logits, labels, bs), [score(logits[r], labels[r], bs) for r in rows]
+        whole = score(logits, labels, bs) | ({"predictions": logits.argmax(-1).cpu().numpy()} if len(data) else {})
+        return whole, [score(logits[r], labels[r], bs) for r in rows]
 
     def diagnostics(self, glob: Params) -> dict[str, float]:
         return {}

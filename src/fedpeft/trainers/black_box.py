@@ -10,7 +10,7 @@ the server averages (FedAvg-BBT, spec §2.7).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -187,12 +187,13 @@ class CMAESTrainer(TrainerBase):
 
     # ---------------------------------------------------------------- evaluation through the black box
 
-    def evaluate(self, params: Params, data: Encoded) -> dict[str, float]:
+    def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
         if len(data) == 0:
             return {"num_examples": 0}
         box = BlackBox(self.clf, max_rows=self.ctx.eval_batch)
-        acc, loss = box.accuracy(params[Z].float(), data)
-        return {"accuracy": acc, "loss": loss, "num_examples": len(data)}
+        acc, loss, preds = box.accuracy(params[Z].float(), data)
+        return {"accuracy": acc, "loss": loss, "num_examples": len(data)} | ({"predictions": preds} if predictions
+                                                                                else {})
 
     def diagnostics(self, glob: Params) -> dict[str, float]:
         return {"sigma": float(glob["sigma"][0])} if "sigma" in glob else {}

@@ -12,7 +12,7 @@ as received (``fedpeft.comm.token_index``): T x 16 bits. The server decodes it a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -165,8 +165,9 @@ class DiscreteSearchTrainer(TrainerBase):
 
     # ---------------------------------------------------------------- evaluation through the black box
 
-    def evaluate(self, params: Params, data: Encoded) -> dict[str, float]:
+    def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
         if len(data) == 0:
             return {"num_examples": 0}
-        acc, loss = self._box(self.ctx.eval_batch).accuracy(params[PROMPT].float(), data)
-        return {"accuracy": acc, "loss": loss, "num_examples": len(data)}
+        acc, loss, preds = self._box(self.ctx.eval_batch).accuracy(params[PROMPT].float(), data)
+        return {"accuracy": acc, "loss": loss, "num_examples": len(data)} | ({"predictions": preds} if predictions
+                                                                                else {})

@@ -87,7 +87,21 @@ def apply_readout(data: TaskData, cfg: TaskConfig) -> TaskData:
             if (err := _template_error(field, given, data)) is not None:
                 raise ConfigError(err)
             setattr(data, field, given)
+    for field in ("label_words", "label_descriptions"):
+        _check_distinct(field, getattr(data, field), data.class_names)
     return data
+
+
+def _check_distinct(field: str, values: list[str], class_names: list[str]) -> None:
+    """ConfigError when two classes share a label word (or description): whatever the readout, they could not be
+    told apart by it, and a run would score one class twice."""
+    seen: dict[str, int] = {}
+    for k, v in enumerate(values):
+        key = " ".join(v.lower().split())
+        if key in seen:
+            raise ConfigError(f"task.{field}: classes {class_names[seen[key]]!r} and {class_names[k]!r} share "
+                              f"{v!r}; set task.{field} to one distinct entry per class, in the order {class_names}")
+        seen[key] = k
 
 
 def load_task(cfg: TaskConfig, seed: int, group_column: str | None = None) -> TaskData:

@@ -124,6 +124,17 @@ def need_files(folder: Path, *names: str, task: str) -> list[Path]:
     return paths
 
 
+def default_label_words(names: list[str]) -> list[str]:
+    """One word per class name, lower-cased: its first word, else (where first words collide, as in 'very good' and
+    'very bad') its last, else the whole name."""
+    words = [n.replace("_", " ").split() or [str(i)] for i, n in enumerate(names)]
+    for pick in (lambda w: w[0], lambda w: w[-1], lambda w: " ".join(w)):
+        out = [pick(w).lower() for w in words]
+        if len(set(out)) == len(out):
+            return out
+    return out
+
+
 def labels_of(examples: Sequence[Example]) -> np.ndarray:
     return np.fromiter((e.label for e in examples), dtype=np.int64, count=len(examples))
 

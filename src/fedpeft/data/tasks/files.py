@@ -24,7 +24,7 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from fedpeft.config import ConfigError, TaskConfig
-from fedpeft.data.tasks.base import PAIR_TEMPLATE, SPLIT_SEED, TASKS, stratified_split
+from fedpeft.data.tasks.base import PAIR_TEMPLATE, SPLIT_SEED, TASKS, default_label_words, stratified_split
 from fedpeft.data.types import Example, TaskData
 
 FORMATS = ("csv", "tsv", "jsonl", "parquet")
@@ -153,8 +153,8 @@ def _need_columns(table: Table, wanted: dict[str, str | None]) -> None:
                               f"{', '.join(table.columns)}")
 
 
-def _raw_examples(table: Table, cfg: TaskConfig, group_column: str | None) -> Iterator[tuple[Example, str]]:
-    """(example with label -1, raw label) per row; ConfigError for an unlabelled row or a missing value."""
+def _raw_examples(table: Table, cfg: TaskConfig, group_column: str | None) -> Iterator[tuple[Example, str, str]]:
+    """(example with label -1, raw label, where) per row; ConfigError for an unlabelled row or a missing value."""
     _need_columns(table, {"task.text_column": cfg.text_column, "task.text_pair_column": cfg.text_pair_column,
                           "task.label_column": cfg.label_column, "federation.partition.column": group_column})
 
@@ -163,6 +163,8 @@ def _raw_examples(table: Table, cfg: TaskConfig, group_column: str | None) -> It
         if v is None or not (v or empty_ok):  # an empty text is kept; an empty label or group is missing
             what = "no label" if field == "task.label_column" else "no value"
             raise ConfigError(f"{field}: {where} has {what} in column '{col}'; fill it in or remove the row")
+        if not empty_ok:
+            check_not_missing(v, field, col, where)
         return v
 
     for where, row in table.rows:
@@ -170,7 +172,36 @@ def _raw_examples(table: Table, cfg: TaskConfig, group_column: str | None) -> It
         b = (None if cfg.text_pair_column is None else
              value(row, "task.text_pair_column", cfg.text_pair_column, where, empty_ok=True))
         g = None if group_column is None else value(row, "federation.partition.column", group_column, where)
-        yield Example(a, -1, b, g), value(row, "task.label_column", cfg.label_column, where)
+        yield Example(a, -1, b, g), value(row, "task.label_column", cfg.label_column, where), where
+
+
+MISSING = ("nan", "none", "null", "na", "n/a", "<na>", "nat")  # spellings of "no value" that must not be classes
+
+
+def check_not_missing(value: str, field: str, col: str, where: str) -> None:
+    """ConfigError for a label or group that spells a missing value (``NaN``, ``None``, ``null``, ...): it would
+    become a class (or a client) of its own."""
+    if value.strip().lower() in MISSING:
+        raise ConfigError(f"{field}: {where} has {value!r} in column '{col}', which reads as a missing value, not a "
+                          "class; fill it in or remove the row")
+
+
+RARE = 5  # a class with fewer rows than this is named in a warning (a stray value, or a typo of another class)
+
+
+def warn_rare_classes(labelled: list[tuple[str, str]]) -> None:
+    """Warn, naming them and where they occur, about labels with very few rows among ``(label, where)`` pairs: a
+    stray ``2`` among names, or a typo, would otherwise silently become a class of its own."""
+    where: dict[str, list[str]] = {}
+    for label, loc in labelled:
+        where.setdefault(label, []).append(loc)
+    rare = {lab: locs for lab, locs in where.items() if len(locs) < RARE}
+    if rare and len(rare) < len(where):
+        listed = "; ".join(f"{lab!r}: {len(locs)} row{'s' * (len(locs) > 1)} ({', '.join(locs[:3])}"
+                           f"{', ...' if len(locs) > 3 else ''})" for lab, locs in sorted(rare.items()))
+        warnings.warn(f"task.label_column: classes with fewer than {RARE} rows (a stray value or a typo?): {listed}. "
+                      "Every label found is a class: fix or remove such rows, or list the classes in "
+                      "task.label_names", UserWarning, stacklevel=3)
 
 
 def _class_names(labels: list[str], cfg: TaskConfig) -> tuple[list[str], dict[str, int]]:
@@ -252,20 +283,22 @@ def load_file_task(cfg: TaskConfig, group_column: str | None = None) -> TaskData
     train_p, test_p = file_paths(cfg)
     tables = [read_table(p, fmt, cfg.encoding) for p in (train_p, test_p) if p is not None]
     raw = [list(_raw_examples(t, cfg, group_column)) for t in tables]
-    names, index = _class_names([lab for rows in raw for _, lab in rows], cfg)
-    splits = [[Example(e.text_a, index[lab], e.text_b, e.group) for e, lab in rows] for rows in raw]
+    if cfg.label_names is None:
+        warn_rare_classes([(lab, where) for rows in raw for _, lab, where in rows])
+    names, index = _class_names([lab for rows in raw for _, lab, _ in rows], cfg)
+    splits = [[Example(e.text_a, index[lab], e.text_b, e.group) for e, lab, _ in rows] for rows in raw]
     if len({e.label for e in splits[0]}) < 2:
         raise ConfigError(f"task.label_column: {train_p} has a single class ({names[splits[0][0].label]!r}) in "
                           f"column '{cfg.label_column}'; a classifier needs at least two")
     train, test = (splits[0], splits[1]) if len(splits) == 2 else _split(splits[0], cfg, train_p)
-    words = cfg.label_words or [n.replace("_", " ").split()[0].lower() if n.strip() else str(i)
-                                for i, n in enumerate(names)]
+    words = cfg.label_words or default_label_words(names)
     descriptions, template, causal = _defaults(names, words, cfg.text_pair_column is not None)
     return TaskData(name=fmt, class_names=names, train=train, test=test, label_words=list(words),
                     label_descriptions=descriptions, template=template, causal_template=causal,
                     is_pair=cfg.text_pair_column is not None,
                     info={"source": str(train_p), "test": str(test_p) if test_p else f"split {cfg.test_fraction}",
-                          "columns": json.dumps([cfg.text_column, cfg.text_pair_column, cfg.label_column])})
+                          "columns": json.dumps([cfg.text_column, cfg.text_pair_column, cfg.label_column])},
+                    files=[str(p.absolute()) for p in (train_p, test_p) if p is not None])
 
 
 for _fmt in FORMATS:

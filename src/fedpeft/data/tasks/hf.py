@@ -10,6 +10,7 @@ from fedpeft.config import TaskConfig
 from fedpeft.data.paths import DataNotFoundError
 from fedpeft.data.tasks.base import (
     PAIR_TEMPLATE,
+    default_label_words,
     stratified_split,
 )
 from fedpeft.data.types import Example, TaskData
@@ -82,7 +83,7 @@ def load_hf(cfg: TaskConfig, seed: int) -> TaskData:
         train, test = stratified_split(train, cfg.test_fraction)
     feature = dd["train"].features.get(label)
     names = list(getattr(feature, "names", None) or [str(i) for i in range(max(e.label for e in train) + 1)])
-    words = [n.replace("_", " ").split()[0].lower() if n.strip() else str(i) for i, n in enumerate(names)]
+    words = default_label_words(names)
     return TaskData(
         name=cfg.name,
         class_names=names,
