@@ -118,3 +118,81 @@ def test_flower_certs_and_node_keys_load_as_flower_loads_them(tmp_path):
     public = load_ssh_public_key((tmp_path / "n0.pub").read_bytes())
     assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
     assert private.public_key().public_numbers() == public.public_numbers()
+
+
+# ---------------------------------------------------------------- what a newcomer checks first (issue 35)
+
+
+def test_dry_run_shows_classes_clients_and_one_example_as_the_model_sees_it(tmp_path):
+    res = runner.invoke(app, ["run", "--dry-run", *_sets(task__name="synthetic-topic")])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "classes found" in out and "clients:" in out
+    from fedpeft.experiment import build_experiment
+    from fedpeft.resolve import load_config
+
+    exp = build_experiment(load_config(None, tiny_overrides(task__name="synthetic-topic")))
+    for name in exp.task.class_names:
+        assert name in out
+    for line in exp.describe_clients():  # per client: sizes and training labels by class name
+        assert line in out
+    assert "⟨4 adapter rows⟩" in out and "[CLS]" in out  # the soft prompt's rows after [CLS], then the text
+
+
+def test_switching_the_preset_warns_about_the_files_sections_and_the_summary_says_what_ran(tmp_path):
+    cfg = tmp_path / "hp.yaml"
+    cfg.write_text("method:\n  name: headprune\n  adapter: {name: lora, r: 4}\n"
+                   "  sharing: {name: head_pruning, sparsity: 0.5}\n  aggregator: {name: head_weighted}\n")
+    sets = _sets(method__adapter__num_tokens=None, federation__rounds=1, task__num_examples=72)
+    res = runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / "r"), "--set", "method.name=fedavg-lora",
+                              *sets])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "warning: method.name 'fedavg-lora': the config file's own method sections still apply" in out
+    assert "method.aggregator head_weighted instead of the preset's fedavg" in out
+    assert "sparsity=0.5" in out and "delete them from the file" in out
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["method"] == "fedavg-lora"
+    assert summary["method_resolved"]["aggregator"] == "head_weighted"
+    assert {"aggregator", "sharing"} <= set(summary["preset_overrides"])
+
+
+def test_quiet_means_quiet(tmp_path):
+    cmd = [sys.executable, "-m", "fedpeft.cli", "run", "--quiet", "--out", str(tmp_path / "r"),
+           *_sets(federation__rounds=1)]
+    env = os.environ | {"PYTHONPATH": str(Path("tests").resolve())}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    assert done.stderr.strip() == "", done.stderr  # no INFO lines, no loading bars, no library notices
+    assert "final accuracy" in done.stdout and "report:" in done.stdout
+
+
+def test_a_mistyped_model_name_offline_fails_at_once_with_the_names_it_knows(tmp_path, monkeypatch):
+    import socket
+
+    import transformers
+
+    def no_network(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        lambda *a, **k: pytest.fail("asked the hub (retries) for a typo"))
+    res = runner.invoke(app, ["run", "--out", str(tmp_path / "r"), *_sets(model__name="tiny-bertt")])
+    assert res.exit_code == 2
+    out = " ".join(res.output.split())
+    assert "model.name: 'tiny-bertt' is not a built-in model (did you mean 'tiny-bert'" in out
+    assert "hub is not reachable" in out
+
+
+def test_an_option_the_readout_ignores_warns_naming_it(caplog):
+    from fedpeft.experiment import build_experiment
+    from fedpeft.resolve import load_config
+
+    with caplog.at_level("WARNING", logger="fedpeft"):
+        build_experiment(load_config(None, tiny_overrides(task__label_words="[bad, good]")))
+    assert "task.label_words is set, but the similarity readout" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fedpeft"):
+        build_experiment(load_config(None, tiny_overrides(model__readout="verbalizer", model__name="tiny-llama",
+                                                          task__label_words="[bad, good]")))
+    assert "label_words" not in caplog.text

@@ -4,6 +4,13 @@ composable-core refactor (``tests/golden``), timing fields aside.
 Floats are compared to a relative 1e-5, everything else exactly. The fixtures were recorded on one CPU, and float32
 kernels differ in their last bits between CPUs (AVX2 against AVX-512/AMX: up to 1e-6 relative on these runs), so
 exact equality held only on the recording machine; a change of behaviour moves the numbers far more than that.
+
+A tolerance cannot absorb a discrete decision that those last bits flip: the black-box (CMA-ES) cases rank
+candidates by their losses and draw samples in an eigenbasis of C, and a near-tie in either sends the search down
+another path. Their configs keep both far from ties (``golden.cases._BPT``), and
+``test_black_box_decisions_are_far_from_ties`` checks that as a property of the recorded runs. ``make test`` also
+runs this file a second time under other CPU kernels (ATen without vector kernels, MKL's compatible code path,
+oneDNN AVX2, OpenBLAS's Prescott kernels), which must reproduce the same fixtures.
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ import pytest
 from golden.cases import CASES, comparable, fixture, run_case
 
 # What the refactor changed on purpose in the ``server`` diagnostics (nothing else may differ):
-# FedAvg-BBT no longer reports a CMA-ES generation counter that was always 0, and ICL no longer reports the
-# number of demonstrations as a server scalar (it is the length of the exchanged ``demo_ids``).
-DROPPED_SERVER_FIELDS = {"fedavg-bbt-bert": {"g"}, "icl-llama": {"num_demos"}}
+# FedAvg-BBT no longer reports a CMA-ES generation counter that was always 0 (its fixture, re-recorded since, no
+# longer holds it), and ICL no longer reports the number of demonstrations as a server scalar (it is the length
+# of the exchanged ``demo_ids``).
+DROPPED_SERVER_FIELDS = {"icl-llama": {"num_demos"}}
 RELATIVE = 1e-5
 # The secant Lipschitz estimate (Alg. 1 line 3) divides two tiny differences of losses: its last-bit
 # differences between CPUs grow to ~1e-3 relative. It is a client diagnostic; the ratio it decides is compared at 1e-5.
@@ -51,13 +59,76 @@ def mismatches(got, want, path: str = "", key: str = "", messages: int = 1) -> l
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_preset_reproduces_recorded_metrics(case, tmp_path):
+def recorded(case: str) -> list[dict]:
     want = json.loads(fixture(case).read_text())
     for rec in want:
         for k in DROPPED_SERVER_FIELDS.get(case, ()):
             rec["server"].pop(k, None)
-    assert mismatches(comparable(run_case(case, tmp_path / case)), want) == []
+    return want
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_preset_reproduces_recorded_metrics(case, tmp_path):
+    assert mismatches(comparable(run_case(case, tmp_path / case)), recorded(case)) == []
+
+
+# Black-box cases: local CMA-ES on the clients (and the server-level one of FedBPT).
+BLACK_BOX = sorted(c for c, o in CASES.items() if o["method.name"] in ("fedbpt", "fedavg-bbt"))
+# Smallest relative gap allowed between the fitnesses that decide a CMA-ES ``tell``: float32 losses differ between
+# CPU kernels by up to ~7e-6 relative in these cases (measured against ATen's scalar kernels and MKL's compatible
+# path); the configs give >= 1e-3.
+TIE_GAP = 1e-4
+# Smallest relative gap allowed between neighbouring eigenvalues of a non-diagonal C that is decomposed: its
+# eigenbasis (the directions samples are drawn in) is then unique up to the last bits (and signs, which LAPACK's
+# code, the same on every CPU, fixes); a repeated eigenvalue leaves the basis of its eigenspace to the CPU's kernels.
+EIGEN_GAP = 1e-2
+# Relative noise put on every fitness and every decomposed non-diagonal C of the run below (an emulated other CPU):
+# the first 10x the kernels' differences and 10x below TIE_GAP; the second far above float64's last bits, far
+# below what would move the recorded numbers by 1e-5.
+FITNESS_JITTER, COV_JITTER = 1e-5, 1e-9
+
+
+@pytest.mark.parametrize("case", BLACK_BOX)
+def test_black_box_decisions_are_far_from_ties(case, tmp_path, monkeypatch):
+    """Every ranking and every eigenbasis a black-box case relies on is far from a tie, and the run reproduces
+    its fixture with all of them jittered (a flipped near-tie or an eigenbasis of a repeated eigenvalue fails).
+
+    A tell's decisive gaps: with equal weights only which candidates are the mu parents matters (the gap between
+    the mu-th and the (mu+1)-th fitness); with unequal weights their order too. (The cases use no mirrors.)
+    """
+    import numpy as np
+
+    import fedpeft.aggregators.server_cmaes as server
+    import fedpeft.trainers.cmaes as cmaes
+
+    rng = np.random.default_rng(0)
+    rank_gaps: list[float] = []
+    eigen_gaps: list[float] = []
+    tell, eig = cmaes.tell, cmaes._eig
+
+    def jittered_tell(state, k, x, fitness, covariance="full"):
+        f = np.asarray(fitness, dtype=np.float64)
+        s = np.sort(f)
+        decisive = [k.mu - 1] if np.all(k.weights == k.weights[0]) else range(k.mu)
+        rank_gaps.extend(float((s[i + 1] - s[i]) / abs(s[i + 1])) for i in decisive if i + 1 < len(s))
+        return tell(state, k, x, f * (1 + FITNESS_JITTER * rng.uniform(-1, 1, f.shape)), covariance)
+
+    def jittered_eig(cov):
+        if not np.any(cov - np.diag(np.diagonal(cov))):
+            return eig(cov)  # a diagonal C: no LAPACK, the same on every CPU
+        vals = np.linalg.eigvalsh(cov)
+        eigen_gaps.append(float(np.min(np.diff(vals) / vals[1:])))
+        noise = rng.standard_normal(cov.shape) * COV_JITTER * float(np.abs(cov).max())
+        return eig(cov + noise + noise.T)
+
+    monkeypatch.setattr(cmaes, "tell", jittered_tell)
+    monkeypatch.setattr(server, "tell", jittered_tell)
+    monkeypatch.setattr(cmaes, "_eig", jittered_eig)
+    got = comparable(run_case(case, tmp_path / case))
+    assert rank_gaps, f"{case} ran no CMA-ES"
+    assert min(rank_gaps) > TIE_GAP, f"{case}: fitnesses within {min(rank_gaps):.1e} of a tie decide a ranking"
+    assert min(eigen_gaps, default=1.0) > EIGEN_GAP, f"{case}: C has eigenvalues within {min(eigen_gaps):.1e}"
+    assert mismatches(got, recorded(case)) == []
 
 
 def test_the_comparison_catches_what_a_behaviour_change_moves():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -363,3 +364,45 @@ def test_one_round_on_a_csv_end_to_end(tiny_cfg, tmp_path: Path, one_thread) -> 
                    federation__partition__column="user")
     summary = run_embedded(cfg, tmp_path / "run")
     assert summary["rounds"] == 1 and summary["task"] == "csv" and 0.0 <= summary["final_accuracy"] <= 1.0
+
+
+# ---------------------------------------------------------------- labels that must not become classes (issue 35)
+
+
+@pytest.mark.parametrize("missing", ["NaN", "nan", "None", "null", "NULL", "n/a"])
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_labels_that_read_as_missing_are_refused_at_their_line(tmp_path: Path, fmt: str, missing: str) -> None:
+    path = write(tmp_path / f"m.{fmt}", text_rows(["pos", "neg", missing, "pos", "neg"]))
+    line = 4 if fmt == "csv" else 3  # below the CSV header
+    with pytest.raises(ConfigError, match=rf"task.label_column: .*m.{fmt} line {line} has '{missing}' in column "
+                                          r"'label', which reads as a missing value"):
+        load_task(task_cfg(path), 0)
+
+
+def test_a_stray_value_among_class_names_is_named_in_a_warning(tmp_path: Path) -> None:
+    labels = ["pos", "neg"] * 10
+    labels[7] = "2"  # a stray integer among string labels became a class of its own, silently
+    path = write(tmp_path / "s.csv", text_rows(labels))
+    with pytest.warns(UserWarning, match=r"classes with fewer than 5 rows .*'2': 1 row \(.*s.csv line 9\)"):
+        data = load_task(task_cfg(path), 0)
+    assert data.class_names == ["2", "neg", "pos"]  # still a class (the user decides), but never silently
+    with warnings.catch_warnings():  # classes named in task.label_names are what the user asked for: no warning
+        warnings.simplefilter("error")
+        load_task(task_cfg(write(tmp_path / "ok.csv", text_rows(["pos", "neg"] * 10)), label_names=["neg", "pos"]), 0)
+
+
+@pytest.mark.parametrize("readout", ["similarity", "linear", "verbalizer"])
+def test_colliding_label_words_are_an_error_for_every_readout(tmp_path: Path, readout: str) -> None:
+    path = write(tmp_path / "w.csv", text_rows(["pos", "neg"] * 5))
+    cfg = load_config(None, ["task.name=csv", f"task.path={path}", "task.label_words=[Good, good]",
+                             "model.name=tiny-llama" if readout == "verbalizer" else "model.name=tiny-bert",
+                             f"model.readout={readout}"])
+    with pytest.raises(ConfigError, match=r"task.label_words: classes 'neg' and 'pos' share 'good'"):
+        load_task(cfg.task, 0)
+
+
+def test_default_label_words_of_file_classes_are_distinct(tmp_path: Path) -> None:
+    path = write(tmp_path / "v.csv", text_rows(["very good", "very bad", "okay"] * 4))
+    data = load_task(task_cfg(path), 0)
+    assert data.class_names == ["okay", "very bad", "very good"]
+    assert data.label_words == ["okay", "bad", "good"]  # first words collide ('very'): the last words

@@ -3,6 +3,7 @@ renders it without console errors."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -136,7 +137,7 @@ def test_report_flag_changes_no_resume_check(tiny_cfg, tmp_path, one_thread):
 def test_an_unfinished_run_with_gaps_still_renders(tmp_path):
     """No summary.json yet, rounds without evaluation (None), NaN loss, no local evaluation, no server keys."""
     run = RunDir(tmp_path / "r")
-    run.prepare("seed: 3\nmethod: {name: fedbpt}\n", resume=False)
+    run.write_config("seed: 3\nmethod: {name: fedbpt}\n")
     for rnd, acc in ((1, None), (2, 0.5), (3, None)):
         run.append_metrics({"round": rnd, "accuracy": acc, "loss": float("nan"), "bytes_up": 10 ** rnd,
                             "bytes_down": 5, "train_loss": None, "local_accuracy": {}, "server": {"sigma": 0.1 * rnd},
@@ -226,6 +227,66 @@ def test_heatmap_svg_scale_gaps_and_empty_data():
     assert ">round 2, head 1: 2<" in svg.replace("<title>", ">") and ">2<" in svg  # hover value, colour-bar max
     assert "no data" in heatmap("plot-heatmap-y", "t", "x", "y", [])
     assert "no data" in heatmap("plot-heatmap-z", "t", "x", "y", [("1", [None])])
+
+
+def _hand_run(path: Path, rounds: int, vectors=None, summary: dict | None = None, seed: int = 0,
+              method: str = "headprune") -> Path:
+    """A run directory written by hand: records for rounds 0..rounds (round 0: the initial evaluation)."""
+    run = RunDir(path)
+    run.write_config(f"seed: {seed}\nmethod: {{name: {method}}}\n")
+    for rnd in range(rounds + 1):
+        run.append_metrics({"round": rnd, "accuracy": 0.5 + 0.1 * rnd, "loss": 1.0, "bytes_up": 10 * rnd,
+                            "bytes_down": 5, "local_accuracy": {}, "wall_seconds": 1.0,
+                            **({"server_vectors": vectors(rnd)} if vectors else {})})
+    if summary is not None:
+        run.write_summary(summary)
+    return path
+
+
+def _comparison_rows(html: str) -> list[list[str]]:
+    table = ET.fromstring(re.search(r'<table id="comparison">.*?</table>', html, re.S).group(0))
+    return [["".join(c.itertext()) for c in tr] for tr in table]
+
+
+def test_comparison_rounds_are_training_rounds_not_round_zero(tmp_path):
+    """Round 0 (the initial evaluation) is no training round: a 2-round run shows 2, as summary.json says."""
+    _hand_run(tmp_path / "done", 2, summary={"rounds": 2, "final_accuracy": 0.7})
+    _hand_run(tmp_path / "unfinished", 2)  # no summary.json: the records past round 0
+    for name in ("done", "unfinished"):
+        header, row = _comparison_rows(write_report(tmp_path / name).read_text())
+        assert row[header.index("rounds")] == "2"
+    _hand_run(tmp_path / "odd", 3, summary={"rounds": 5})  # the summary's count wins where there is one
+    header, row = _comparison_rows(write_report(tmp_path / "odd").read_text())
+    assert row[header.index("rounds")] == "5"
+
+
+def test_comparison_best_accuracy_leaves_out_round_zero(tmp_path):
+    """The initial model (round 0) is no result of training: "best accuracy" is summary.json's, else the best
+    training round's, even where round 0 scored higher."""
+    run = _hand_run(tmp_path / "r", 2)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    first = json.loads(lines[0]) | {"accuracy": 0.9}
+    (run / "metrics.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    header, row = _comparison_rows(write_report(run).read_text())
+    assert row[header.index("best accuracy")] == "0.7000"
+    RunDir(run).write_summary({"rounds": 2, "best_accuracy": 0.65})
+    header, row = _comparison_rows(write_report(run).read_text())
+    assert row[header.index("best accuracy")] == "0.6500"
+
+
+def test_heatmaps_only_for_vectors_whose_values_vary(tmp_path):
+    """A dense run's head counters are the same everywhere: no heatmap (its colour bar would read 1 / 1 / 1)."""
+    def vec(rnd: int) -> dict:
+        return {"head_kept": [2, 2, 2, 2], "head_importance": [0.1 * rnd, 0.2, 0.3, 0.0],
+                "selected_layers": [1.0, None, float("nan"), 1.0]}  # gaps do not count as variation
+
+    svgs = _svgs(write_report(_hand_run(tmp_path / "dense", 2, vec)).read_text())
+    assert "plot-heatmap-head_importance" in svgs
+    assert "plot-heatmap-head_kept" not in svgs and "plot-heatmap-selected_layers" not in svgs
+    # one rule over all groups together: constant in one configuration, varying in the other -> drawn
+    _hand_run(tmp_path / "other", 2, lambda rnd: {"head_kept": [rnd, 2, 2, 2]}, method="fedavg-lora")
+    svgs = _svgs(write_report([tmp_path / "dense", tmp_path / "other"], tmp_path / "cmp.html").read_text())
+    assert "plot-heatmap-head_kept" in svgs and "plot-heatmap-selected_layers" not in svgs
 
 
 # ---------------------------------------------------------------- headless Chromium

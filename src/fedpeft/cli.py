@@ -25,6 +25,18 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+def _setup_logging(verbose: bool) -> None:
+    """Warnings and errors on the terminal; the run's INFO lines too only with progress shown (run.log always
+    keeps them). Quiet also silences the libraries' own progress bars (transformers' weight loading)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(logging.INFO if verbose else logging.WARNING)
+    if not verbose:
+        from fedpeft.backbones.loading import quiet_libraries
+
+        quiet_libraries()
+
+
 def _warn(msg: str) -> None:
     from rich.markup import escape
 
@@ -44,6 +56,8 @@ def _run_target(config: Optional[Path], out: Optional[Path], resume: bool) -> tu
         if out is None:
             _fail("--resume needs the run directory: fedpeft run --resume RUN_DIR")
         return out / "config.yaml", out
+    if resume and out is None and not config.exists():
+        _fail(f"--resume: {config} holds no run (no such folder); check the path")
     return config, out
 
 
@@ -82,7 +96,7 @@ def run(
     for note in cfg.notes:
         _warn(note)
     out_dir = out or Path("runs") / (cfg.name or cfg.default_name())
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _setup_logging(cfg.runtime.progress and not dry_run)
     if dry_run:
         _dry_run(cfg, out_dir)
         return
@@ -193,7 +207,7 @@ def export(
 def _open_model(run_dir: Path, client: Optional[str], best: bool):
     from fedpeft.predict import open_model
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _setup_logging(False)
     model = open_model(run_dir, client, best)
     Console(stderr=True).print(f"predicting with {model.describe()}", highlight=False, markup=False)
     return model

@@ -226,6 +226,13 @@ class EvaluationConfig(_Strict):
     reuse_global: bool = Field(True, description="where every client would score exactly the global tensors, take "
                                                  "its local metrics from the global test predictions (one pass) "
                                                  "instead of evaluating its shard again")
+    keep_best: bool = Field(False, description="hold out a validation split of the training data (never the test "
+                                               "set), score the global model on it whenever it is evaluated, and "
+                                               "keep the checkpoint of the best round (validation accuracy) in "
+                                               "checkpoint-best/ for predict/export/evaluate --best")
+    validation_fraction: float = Field(0.1, gt=0, lt=1, description="with keep_best: the share of the training "
+                                                                    "examples held out as the validation split "
+                                                                    "(seeded, stratified, before partitioning)")
 
 
 class RuntimeConfig(_Strict):

@@ -17,13 +17,14 @@ from fedpeft.adapters import ADAPTERS, AdapterContext
 from fedpeft.attacks.backdoor import asr_examples, malicious_ids, poisoned_copies
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded, concat, text_budget
-from fedpeft.backbones.loading import Backbone, load_backbone, resolve_device
+from fedpeft.backbones.loading import Backbone, check_model_name, load_backbone, resolve_device
 from fedpeft.clients import ClientContext
 from fedpeft.config import ExperimentConfig
 from fedpeft.data import groups_of, label_histogram, load_task, partition, pool_small_groups, split_by_group, split_like
 from fedpeft.data.fingerprint import data_fingerprint
 from fedpeft.data.participants import non_participants
-from fedpeft.data.types import TaskData
+from fedpeft.data.tasks.base import stratified_split
+from fedpeft.data.types import Example, TaskData
 from fedpeft.rng import SERVER, numpy_rng
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class Experiment:
     groups: list[str] | None = None  # each client's group (partition scheme 'by_column'/'domains'), for reporting
     non_participants: frozenset[int] = frozenset()  # clients that never train, only evaluated
     malicious: frozenset[int] = frozenset()         # clients that poison their data (``attack``)
+    validation: list[Example] = field(default_factory=list)  # held out of training (``evaluation.keep_best``)
     _encoded: dict[str, Encoded] = field(default_factory=dict)
 
     @property
@@ -56,6 +58,13 @@ class Experiment:
         if "test" not in self._encoded:
             self._encoded["test"] = self.classifier.encode(self.task.test)
         return self._encoded["test"]
+
+    @property
+    def validation_encoded(self) -> Encoded:
+        """The validation split held out of the training data (``evaluation.keep_best``), encoded once."""
+        if "validation" not in self._encoded:
+            self._encoded["validation"] = self.classifier.encode(self.validation)
+        return self._encoded["validation"]
 
     def _train_encoded(self) -> Encoded:
         if "train" not in self._encoded:
@@ -211,8 +220,12 @@ def build_experiment(cfg: ExperimentConfig, saved: TaskOnly | None = None) -> Ex
     """Load the task, split it among clients (seeded), and attach the process's shared backbone.
 
     With ``saved`` no data is read: the experiment scores new texts as the run did; its clients hold no examples."""
+    check_model_name(cfg.model.name)  # a typo fails here, before the data are read
+    validation: list[Example] = []
     if saved is None:
         task = load_task(cfg.task, cfg.seed, cfg.federation.partition.column)
+        if cfg.evaluation.keep_best:
+            task.train, validation = hold_out(task.train, cfg.evaluation.validation_fraction, cfg.seed)
         train_parts, test_parts, groups = split_clients(task, cfg)
     else:
         task, groups = saved.task, saved.groups
@@ -227,6 +240,44 @@ def build_experiment(cfg: ExperimentConfig, saved: TaskOnly | None = None) -> Ex
     clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length,
                      cfg.runtime.autocast, calibration=cfg.model.calibration, pooling=cfg.model.pooling)
     adapter.bind(AdapterContext(cfg.seed, task, clf.readout, backbone))
+    for note in ignored_options(cfg, clf.readout, backbone.family):
+        log.warning("%s", note)
     if bad:
         log.info("malicious clients (backdoor, target class %d, trigger %r): %s", a.target, a.trigger, sorted(bad))
-    return Experiment(cfg, task, backbone, clf, train_parts, test_parts, groups, idle, bad)
+    return Experiment(cfg, task, backbone, clf, train_parts, test_parts, groups, idle, bad, validation)
+
+
+# option -> (the readouts that read it, on which backbone families; None: any)
+READOUT_OPTIONS = {"task.label_words": ({"verbalizer"}, None), "task.label_descriptions": ({"similarity"}, None),
+                   "task.template": ({"verbalizer"}, {"mlm"}), "task.causal_template": ({"verbalizer"}, {"causal"}),
+                   "model.similarity_scale": ({"similarity"}, None)}
+
+
+def ignored_options(cfg: ExperimentConfig, readout: str, family: str) -> list[str]:
+    """A line for each option the config sets that the resolved readout never reads (``task.label_words`` under the
+    similarity readout, a masked-LM ``task.template`` on a causal LM, ...), so that a setting never silently does
+    nothing."""
+    out = []
+    for option, (readouts, families) in READOUT_OPTIONS.items():
+        section, key = option.split(".")
+        model = getattr(cfg, section)
+        if getattr(model, key) == type(model).model_fields[key].default:
+            continue
+        if readout not in readouts or (families is not None and family not in families):
+            out.append(f"{option} is set, but the {readout} readout on this {family} model does not read it "
+                       f"(it is read by: {', '.join(sorted(readouts))}"
+                       + (f" on {', '.join(sorted(families))} models" if families else "") + ")")
+    return out
+
+
+def hold_out(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """(training, validation): a seeded stratified ``fraction`` of ``examples`` held out for model selection
+    (``evaluation.keep_best``); unstratified where a class is too rare to stratify."""
+    rng_seed = int(numpy_rng(seed, 0, SERVER, "validation").integers(2**31))
+    try:
+        return stratified_split(examples, fraction, rng_seed)
+    except ValueError:
+        order = np.random.default_rng(rng_seed).permutation(len(examples))
+        k = max(1, round(fraction * len(examples)))
+        val, train = sorted(order[:k]), sorted(order[k:])
+        return [examples[i] for i in train], [examples[i] for i in val]

@@ -34,14 +34,16 @@ def _probe(folder: Path, option: str, target: Path) -> None:
     os.unlink(name)
 
 
-def check_output_dir(path: str | Path, option: str) -> Path:
-    """``path`` can be used as (or created as) a folder to write in; OutputError naming ``option`` otherwise."""
+def check_output_dir(path: str | Path, option: str, target: Path | None = None) -> Path:
+    """``path`` can be used as (or created as) a folder to write in; OutputError naming ``option`` and ``target``
+    (what is to be written there, default ``path``) otherwise."""
     path = Path(path).expanduser()
+    target = target or path
     base = _nearest_existing(path.absolute())
     if not base.is_dir():
         what = "is a file, not a folder" if base == path.absolute() else "is a file, so nothing can be created under it"
-        raise OutputError(f"{option}: cannot write {path}: {base} {what}")
-    _probe(base, option, path)
+        raise OutputError(f"{option}: cannot write {target}: {base} {what}")
+    _probe(base, option, target)
     return path
 
 
@@ -52,7 +54,7 @@ def check_output_file(path: str | Path, option: str) -> Path:
         raise OutputError(f"{option}: cannot write {path}: it is a folder; give a file name")
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"{option}: cannot write {path}: the file is not writable")
-    check_output_dir(path.parent, option)
+    check_output_dir(path.parent, option, path)
     return path
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from fedpeft.backbones.encoding import Encoded, encode_examples
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example, TaskData
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-import torch
+
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 SERVER = -1  # client id used for server-side streams
 SHARED = -2  # client id of streams that every client draws alike (common random numbers)

@@ -1,6 +1,8 @@
 """Small fixed runs of every preset whose ``metrics.jsonl`` (timing fields removed) was recorded before the
 composable-core refactor; ``tests/test_golden.py`` checks that the refactored code reproduces them (up to the last
-bits of float32, which differ between CPUs).
+bits of float32, which differ between CPUs). The configs keep every discrete decision that floats feed (which
+CMA-ES candidates are parents, which eigenbasis samples are drawn in) far from a tie, so that those last bits
+cannot send a run down another path on another CPU (``_BPT``; re-recordings listed at ``ADDED_SERVER_FIELDS``).
 
 ``python tests/golden/cases.py`` re-records the fixtures (only when a change of numbers is intended).
 """
@@ -20,7 +22,17 @@ _TINY = {"task.name": "synthetic-sentiment", "task.num_examples": 96, "task.max_
 _GRAD = {"method.trainer.max_steps": 3, "method.trainer.batch_size": 8}
 _PEP = {"method.adapter.num_tokens": 3, "federation.rounds": 3, "federation.num_clients": 4,
         "federation.clients_per_round": 3, **_GRAD}
-_BPT = {"method.adapter.num_tokens": 4, "method.adapter.intrinsic_dim": 12, "method.trainer.iterations": 2}
+# Black-box (CMA-ES) cases turn floats into discrete decisions, which must sit far from ties to be portable across
+# CPUs (``test_golden.test_black_box_decisions_are_far_from_ties`` checks it): (1) which candidates are parents,
+# a ranking of their losses: the similarity readout with a logit scale of 200 spreads the tiny models' losses (the
+# llama case reads out by similarity too; its verbalizer logits barely move with the prompt) so that the decisive
+# gaps are >= 1e-3 relative, against float32 differences between CPU kernels of <= 7e-6; (2) with a full C, the
+# eigenbasis the samples are drawn in (y = B D z): C_0 = I plus a rank-mu update has eigenvalue 1 - c_1 - c_mu
+# with multiplicity d - mu, whose basis is whatever the CPU's LAPACK kernels return, so the full-C cases use
+# d = 2 (server mu = 1 of 3 clients, local mu = 2 of 5 candidates): every C they decompose has distinct eigenvalues.
+_BPT = {"method.adapter.num_tokens": 4, "method.adapter.intrinsic_dim": 12, "method.trainer.iterations": 2,
+        "model.similarity_scale": 200}
+_FULL_C = {"method.adapter.intrinsic_dim": 2}
 
 # case name -> overrides (method.name and model.name included)
 CASES: dict[str, dict[str, object]] = {
@@ -35,10 +47,10 @@ CASES: dict[str, dict[str, object]] = {
     "fedprompt-uniform-fp16": {"method.name": "fedprompt", "model.name": "tiny-bert", "method.adapter.num_tokens": 4,
                                "method.aggregator.name": "uniform", "method.codec.dtype": "float16", **_GRAD},
     "fedavg-full-bert": {"method.name": "fedavg-full", "model.name": "tiny-bert", **_GRAD},
-    "fedbpt-bert": {"method.name": "fedbpt", "model.name": "tiny-bert", **_BPT},
+    "fedbpt-bert": {"method.name": "fedbpt", "model.name": "tiny-bert", **_BPT, **_FULL_C},
     "fedbpt-llama-diag": {"method.name": "fedbpt", "model.name": "tiny-llama", "method.trainer.covariance": "diagonal",
-                          "method.trainer.server_fitness": "ratio", **_BPT},
-    "fedavg-bbt-bert": {"method.name": "fedavg-bbt", "model.name": "tiny-bert", **_BPT},
+                          "method.trainer.server_fitness": "ratio", "model.readout": "similarity", **_BPT},
+    "fedavg-bbt-bert": {"method.name": "fedavg-bbt", "model.name": "tiny-bert", **_BPT, **_FULL_C},
     "manual-prompt-llama": {"method.name": "manual-prompt", "model.name": "tiny-llama", "federation.rounds": 1},
     "icl-llama": {"method.name": "icl", "model.name": "tiny-llama", "federation.rounds": 1},
     "fedpeptao-bert": {"method.name": "fedpeptao", "model.name": "tiny-bert", "method.sharing.warmup_rounds": 1,
@@ -70,9 +82,10 @@ def strip(records: list[dict]) -> list[dict]:
     return [clean(r) for r in records]
 
 
-# Fields added since (new information, no recorded number changes): the local accuracy over participants, and
-# per-round vectors for the report's heatmaps (FedPepTAO's layer scores and selected layers).
-ADDED_FIELDS = {"local_accuracy_P", "server_vectors"}
+# Fields added since (new information, no recorded number changes): the local accuracy over participants,
+# per-round vectors for the report's heatmaps (FedPepTAO's layer scores and selected layers), and the global
+# model's macro-F1 and confusion matrix (from the same predictions as the recorded accuracy).
+ADDED_FIELDS = {"local_accuracy_P", "server_vectors", "macro_f1", "confusion"}
 # Records added since: round 0, the initial global state evaluated before any training (``evaluation.round_zero``).
 ADDED_ROUNDS = {0}
 # Fixtures re-recorded on purpose because a fix changed their numbers (bytes and every other case unchanged):
@@ -81,6 +94,12 @@ ADDED_ROUNDS = {0}
 # full after its first local iteration).
 # fedbpt-bert, fedbpt-llama-diag -- the perturbations draw from their own stream (``cmaes-perturb``), so that
 # they no longer shift the sampling noise (common random numbers with FedAvg-BBT and r_p = 0).
+# fedbpt-bert, fedavg-bbt-bert, fedbpt-llama-diag -- new configs, no code change (issue 35): the fixtures did not
+# travel to other CPUs. The full-C cases (d = 12) drew their second local iteration's samples in an eigenbasis of
+# a degenerate C that numpy's OpenBLAS picks per CPU (kernels of an AMD EPYC without AVX-512, or
+# OPENBLAS_CORETYPE=Prescott, gave other samples from the first round on), and all three ranked candidates whose
+# losses differed by as little as 7e-7 relative (llama) or 2.6e-5 (bert). Now d = 2 with a full C, and a
+# similarity readout with logit scale 200 (see ``_BPT``): decisive gaps >= 1e-3 relative, eigenvalue gaps >= 5e-2.
 # Server diagnostics added since: momentum_cv's η^r and ‖η^r m^r‖ / ‖w̄^r − w^{r−1}‖ (new information only).
 ADDED_SERVER_FIELDS = {"server_lr", "server_step_ratio"}
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import torch
-
 from fedpeft.backbones.loading import Backbone
+from fedpeft.lazy import lazy
 from fedpeft.registry import Registry
 
-Params = dict[str, torch.Tensor]
+torch = lazy("torch")
+
+Params = dict[str, "torch.Tensor"]
 # tensor name -> [(query heads it feeds (global ids layer·H + h), dim, start, end)]: the head-assignable slices
 HeadSlices = dict[str, list[tuple[tuple[int, ...], int, int, int]]]
 

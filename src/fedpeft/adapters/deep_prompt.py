@@ -17,11 +17,13 @@ code gets from ``input_ids`` (``fairseq_positions``).
 
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.base import ADAPTERS, AdapterBase, HeadSlices, Params, Prepared
 from fedpeft.backbones.loading import Backbone
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 PREFIX = "prefix."
 

@@ -8,10 +8,11 @@ names; LoRA layers another adapter injected into the shared backbone (``lora``) 
 
 from __future__ import annotations
 
-import torch
-
 from fedpeft.adapters.base import ADAPTERS, AdapterBase, Params, Prepared
 from fedpeft.backbones.loading import Backbone
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 PREFIX = "backbone."
 

@@ -9,14 +9,16 @@
 
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, Params, Prepared, insert_rows
 from fedpeft.backbones.encoding import template_for
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example, TaskData
+from fedpeft.lazy import lazy
 from fedpeft.rng import SERVER, numpy_rng
+
+torch = lazy("torch")
 
 
 @ADAPTERS.register("template_only", "no trainable tensors: the task template alone (manual prompt)")

@@ -18,11 +18,13 @@ import hashlib
 import math
 import re
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, HeadSlices, Params, Prepared
 from fedpeft.backbones.loading import Backbone
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 # default target modules per architecture: the query/key/value projections of every attention block
 DEFAULT_TARGETS = {"bert": ("query", "key", "value"), "roberta": ("query", "key", "value"),

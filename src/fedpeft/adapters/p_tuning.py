@@ -15,16 +15,18 @@ openprompt_soft_embedding=True)`` adds it to the count to reproduce Table VI.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
-from torch import nn
-from torch.func import functional_call
 
 from fedpeft.adapters.base import ADAPTERS, AdapterBase, Params, Prepared, insert_rows
 from fedpeft.backbones.loading import Backbone
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
+nn = lazy("torch.nn")
 
 PREFIX = "ptuning."
 
@@ -37,27 +39,33 @@ class PTuningSettings(BaseModel):
     init_std: float = Field(1.0, gt=0, description="new_embedding ~ N(0, init_std²) (nn.Embedding default: 1)")
 
 
-class PromptEncoder(nn.Module):
-    """OpenPrompt's new_embedding + new_lstm_head + new_mlp_head; ``forward()`` returns the m prompt rows."""
+@functools.cache
+def prompt_encoder() -> type[nn.Module]:
+    """The class ``PromptEncoder``, defined at its first use (subclassing ``nn.Module`` imports torch)."""
 
-    def __init__(self, m: int, d: int, encoder: str) -> None:
-        super().__init__()
-        self.embedding = nn.Parameter(torch.empty(m, d))
-        if encoder == "lstm":
-            self.lstm = nn.LSTM(d, d, num_layers=2, bidirectional=True, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(2 * d if encoder == "lstm" else d, d), nn.ReLU(), nn.Linear(d, d))
+    class PromptEncoder(nn.Module):
+        """OpenPrompt's new_embedding + new_lstm_head + new_mlp_head; ``forward()`` returns the m prompt rows."""
 
-    def forward(self) -> torch.Tensor:
-        x = self.embedding.unsqueeze(0)
-        if hasattr(self, "lstm"):
-            x = self.lstm(x)[0]
-        return self.mlp(x)[0]
+        def __init__(self, m: int, d: int, encoder: str) -> None:
+            super().__init__()
+            self.embedding = nn.Parameter(torch.empty(m, d))
+            if encoder == "lstm":
+                self.lstm = nn.LSTM(d, d, num_layers=2, bidirectional=True, batch_first=True)
+            self.mlp = nn.Sequential(nn.Linear(2 * d if encoder == "lstm" else d, d), nn.ReLU(), nn.Linear(d, d))
+
+        def forward(self) -> torch.Tensor:
+            x = self.embedding.unsqueeze(0)
+            if hasattr(self, "lstm"):
+                x = self.lstm(x)[0]
+            return self.mlp(x)[0]
+
+    return PromptEncoder
 
 
-def template(m: int, d: int, encoder: str) -> PromptEncoder:
+def template(m: int, d: int, encoder: str) -> nn.Module:
     """The encoder's structure on the meta device (no memory): real tensors come in through functional_call."""
     with torch.device("meta"):
-        return PromptEncoder(m, d, encoder)
+        return prompt_encoder()(m, d, encoder)
 
 
 def template_shapes(d: int, m: int, encoder: str = "lstm",
@@ -84,9 +92,9 @@ class PTuning(AdapterBase):
 
     def __init__(self, cfg: PTuningSettings | None = None) -> None:
         super().__init__(cfg or PTuningSettings())
-        self._templates: dict[int, PromptEncoder] = {}
+        self._templates: dict[int, nn.Module] = {}
 
-    def _template(self, d: int) -> PromptEncoder:
+    def _template(self, d: int) -> nn.Module:
         if d not in self._templates:
             self._templates[d] = template(self.cfg.num_tokens, d, self.cfg.encoder)
         return self._templates[d]
@@ -108,7 +116,7 @@ class PTuning(AdapterBase):
     def prompt(self, params: Params, d: int) -> torch.Tensor:
         """The m prompt rows [m, d], a differentiable function of every ``ptuning.*`` tensor."""
         tensors = {k[len(PREFIX):]: v for k, v in params.items() if k.startswith(PREFIX)}
-        return functional_call(self._template(d), tensors, (), strict=True)
+        return torch.func.functional_call(self._template(d), tensors, (), strict=True)
 
     def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
         embeds = backbone.input_embeddings()(input_ids)

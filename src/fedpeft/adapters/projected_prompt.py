@@ -25,12 +25,14 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, FrozenText, Params, Prepared, insert_rows
 from fedpeft.backbones.loading import Backbone
+from fedpeft.lazy import lazy
 from fedpeft.rng import SERVER, derive_seed
+
+torch = lazy("torch")
 
 
 class ProjectedPromptSettings(BaseModel):

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.base import ADAPTERS, Params
 from fedpeft.adapters.soft_prompt import SoftPrompt, word_ids
 from fedpeft.backbones.loading import Backbone
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 
 class TokenPromptSettings(BaseModel):

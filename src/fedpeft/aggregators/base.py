@@ -18,11 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-import torch
-
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
+from fedpeft.lazy import lazy
 from fedpeft.registry import Registry
+
+torch = lazy("torch")
 
 PARAMS, DISTRIBUTION, NONE = "params", "distribution", "none"
 SEP = "::"

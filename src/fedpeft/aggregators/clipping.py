@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import WRAPPERS, AggregatorWrapper, Params, flatten, unflatten
 from fedpeft.comm.update import Update
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 CLIPPED = "clipped"
 

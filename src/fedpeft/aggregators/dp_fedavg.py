@@ -20,15 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import WRAPPERS, AggregatorWrapper, Params
 from fedpeft.aggregators.clipping import clip_updates
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
+from fedpeft.lazy import lazy
 from fedpeft.privacy import gaussian_epsilon
 from fedpeft.rng import SHARED, torch_rng
+
+torch = lazy("torch")
 
 
 class DpFedAvgSettings(BaseModel):

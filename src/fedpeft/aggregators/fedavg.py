@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from fedpeft.aggregators.base import AGGREGATORS, DISTRIBUTION, PARAMS, AggregatorBase, Params, weights_of
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 
 def weighted_mean(updates: Sequence[Params], weights: Sequence[float]) -> Params:

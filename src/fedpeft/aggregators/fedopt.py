@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import (
@@ -45,6 +44,9 @@ from fedpeft.aggregators.base import (
 )
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 Rule = Literal["adam", "yogi", "adagrad"]
 BiasCorrection = Literal["flower", "standard", "none"]

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import AGGREGATORS, AggregatorBase, Params, deltas, weights_of
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 ALPHA = "head_alpha"
 

@@ -19,13 +19,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import AGGREGATORS, PARAMS, AggregatorBase, AggregatorContext, Params, flatten
 from fedpeft.aggregators.fedavg import weighted_mean
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 
 class KrumSettings(BaseModel):

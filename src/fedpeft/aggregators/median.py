@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from fedpeft.aggregators.base import AGGREGATORS, PARAMS, AggregatorBase, Params
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 
 def sorted_stack(values: Sequence[torch.Tensor]) -> torch.Tensor:

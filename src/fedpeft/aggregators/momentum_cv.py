@@ -35,13 +35,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import AGGREGATORS, SEP, AggregatorBase, slot, slot_tensors
 from fedpeft.comm.codec import Message
+from fedpeft.lazy import lazy
 
-Params = dict[str, torch.Tensor]
+torch = lazy("torch")
+
+Params = dict[str, "torch.Tensor"]
 
 
 class MomentumCVSettings(BaseModel):

@@ -16,11 +16,13 @@ import logging
 from collections.abc import Sequence
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import WRAPPERS, AggregatorWrapper, Params
 from fedpeft.comm.update import Update
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 log = logging.getLogger(__name__)
 FILTERED = "filtered"

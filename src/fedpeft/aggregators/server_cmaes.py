@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import AGGREGATORS, DISTRIBUTION, AggregatorBase, Params
 from fedpeft.comm.codec import Message
+from fedpeft.lazy import lazy
 from fedpeft.trainers.cmaes import CMAState, Covariance, cma_constants, parent_weights, tell
+
+torch = lazy("torch")
 
 SigmaRule = Literal["eq16", "eq17", "code", "raw"]
 Z = "z"  # the projected prompt's tensor: the global mean

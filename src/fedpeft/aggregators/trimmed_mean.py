@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.aggregators.base import AGGREGATORS, PARAMS, AggregatorBase, Params
 from fedpeft.aggregators.median import sorted_stack
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 
 class TrimmedMeanSettings(BaseModel):

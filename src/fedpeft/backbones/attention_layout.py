@@ -13,9 +13,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import torch
-
 from fedpeft.backbones.loading import Backbone
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 # per architecture: (query, key, value, output) module names relative to a layer's attention block
 LAYOUTS = {"bert": ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"),

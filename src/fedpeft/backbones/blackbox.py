@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
+from fedpeft.lazy import inference_mode, lazy
+
+torch = lazy("torch")
+F = lazy("torch.nn.functional")
 
 if TYPE_CHECKING:
     from fedpeft.backbones.gather import ForwardGather
@@ -69,7 +71,7 @@ class BlackBox:
     def num_classes(self) -> int:
         return self.__clf.task.num_classes
 
-    @torch.inference_mode()
+    @inference_mode
     def logits(self, z: torch.Tensor, data: Encoded) -> torch.Tensor:
         """Class logits [P, n, C] of every candidate of ``z`` (one candidate, or P stacked on a leading axis)."""
         zz = z.unsqueeze(0) if z.dim() == self.param_dims else z

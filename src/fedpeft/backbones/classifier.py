@@ -28,14 +28,14 @@ from collections import OrderedDict
 from types import SimpleNamespace
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch.func import functional_call
-
 from fedpeft.adapters.base import Adapter, FrozenText, Params, Prepared, text_mask
 from fedpeft.backbones.encoding import Encoded, collate, encode_examples
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example, TaskData
+from fedpeft.lazy import lazy, lazy_dict, no_grad
+
+torch = lazy("torch")
+F = lazy("torch.nn.functional")
 
 
 def resolve_readout(readout: str, family: str) -> str:
@@ -63,7 +63,7 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
 
 
-AUTOCAST = {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTOCAST = lazy_dict(lambda: {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16})
 TEXT_KV = "text_kv"  # Backbone.cache key of the kept frozen-text key/value caches
 
 
@@ -169,7 +169,7 @@ class Classifier:
     def encode(self, examples: list[Example]) -> Encoded:
         return encode_examples(self.backbone, self.task, examples, self.max_length, self.readout)
 
-    @torch.no_grad()
+    @no_grad
     def show(self, example: Example, params: Params) -> str:
         """One example as the model sees it: its tokens after the template, with the rows the adapter inserts marked
         where they go, and the frozen text some adapters run first (``fedpeft run --dry-run``)."""
@@ -234,7 +234,7 @@ class Classifier:
                 out = SimpleNamespace(**_sorted_forward(model, prep.embeds, prep.attention_mask, passes,
                                                         "output_hidden_states" in kwargs))
             else:
-                out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
+                out = torch.func.functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
         return out, prep, params
 
     def _population_passes(self, prep: Prepared, batch: dict[str, torch.Tensor]) -> int:
@@ -261,7 +261,7 @@ class Classifier:
         layers = kept.pop(key, None) if reuse else None
         if layers is None:
             kwargs = {"input_ids": text.input_ids, "attention_mask": text.attention_mask, "use_cache": True}
-            out = functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
+            out = torch.func.functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
             if any(out.past_key_values.is_sliding):
                 raise ValueError(f"method.adapter.kv_cache: {self.backbone.name} has sliding-window attention layers; "
                                  "a shared text cache needs full attention (set kv_cache=false)")
@@ -279,7 +279,7 @@ class Classifier:
         prefix = name + "."
         over = {k[len(prefix):]: v for k, v in (self.adapter.overrides(params) or {}).items()
                 if k.startswith(prefix)}
-        return functional_call(head, over, args=(hidden,), strict=False) if over else head(hidden)
+        return torch.func.functional_call(head, over, args=(hidden,), strict=False) if over else head(hidden)
 
     def logits(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None = None) -> torch.Tensor:
         """Class logits [batch, num_classes] of the adapted frozen model (float32); ``static`` replaces backbone
@@ -383,7 +383,7 @@ class Classifier:
         log_pcf = torch.logsumexp(logp[:, n:], dim=1, keepdim=True) - math.log(k)  # log mean_cf softmax
         return (logp[:, :n] - log_pcf).reshape(-1, logp.shape[-1])
 
-    @torch.no_grad()
+    @no_grad
     def attentions(self, params: Params, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], Prepared]:
         """Each layer's attention probabilities [n, H, T, T] with the adapter applied (eager attention)."""
         model = self.backbone.model
@@ -438,7 +438,7 @@ class Classifier:
         return b
 
 
-@torch.no_grad()
+@no_grad
 def evaluate(clf: Classifier, params: Params, enc: Encoded, batch_size: int = 64,
              predictions: bool = False) -> dict[str, Any]:
     """Accuracy and mean cross-entropy of ``params`` on an encoded split (with ``predictions``: also each

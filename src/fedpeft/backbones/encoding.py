@@ -11,10 +11,12 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example, TaskData
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 _FIELD = re.compile(r"\{(text_a|text_b|mask)\}")
 

@@ -24,10 +24,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from fedpeft.backbones.classifier import Classifier
 from fedpeft.comm.update import Params
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 
 @dataclass

@@ -7,21 +7,25 @@ how many times a model was actually built, so tests and logs can show it is neve
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
+import socket
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-from torch import nn
-
+from fedpeft.lazy import lazy
 from fedpeft.registry import Registry
+
+torch = lazy("torch")
+nn = lazy("torch.nn")
 
 log = logging.getLogger(__name__)
 Family = Literal["encoder", "mlm", "causal"]
@@ -227,17 +231,70 @@ BACKBONES.add("tiny-roberta-mlm", lambda: _tiny("mlm", "roberta"), "tiny random 
 BACKBONES.add("tiny-llama", lambda: _tiny("causal", "llama"), "tiny random LLaMA-style causal LM for tests")
 
 
+def quiet_libraries() -> None:
+    """No progress bars or advisory lines from transformers and the Hugging Face hub (``runtime.progress: false``,
+    ``--quiet``): set before they are imported, and applied to them where they already are."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+
 class ModelLoadError(ValueError):
     """``model.name`` is no built-in model and neither loads as a local directory nor as a hub id."""
 
 
-def _load_failure(name: str, err: BaseException) -> str:
-    """One line naming ``model.name``, what was tried, and the first line of the loader's reason."""
+def _load_failure(name: str, err: BaseException | str) -> str:
+    """One line naming ``model.name``, what was tried, the first line of the loader's reason, and the built-in
+    names it may be a typo of."""
     reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
     if Path(name).expanduser().exists():
         return f"model.name: '{name}' is a local path but not a loadable Hugging Face model ({reason})"
-    return (f"model.name: '{name}' is not a built-in model ({', '.join(BACKBONES.names())}; see `fedpeft models`), "
-            f"not an existing local path, and not a loadable Hugging Face model id ({reason})")
+    close = difflib.get_close_matches(name, BACKBONES.names(), n=2)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return (f"model.name: '{name}' is not a built-in model ({hint}{', '.join(BACKBONES.names())}; see `fedpeft "
+            f"models`), not an existing local path, and not a loadable Hugging Face model id ({reason})")
+
+
+def _in_hub_cache(name: str) -> bool:
+    """Whether the Hugging Face cache already holds ``name``'s config (then it loads without a network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repo id: not cached
+        return False
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers at all (one TCP connection, ``timeout`` seconds at most); False in
+    offline mode (``HF_HUB_OFFLINE``). Checked before a hub id is looked up, so that a mistyped model name fails at
+    once on a machine without a network instead of after the hub client's retries."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def check_model_name(name: str) -> None:
+    """ModelLoadError, before anything loads, for a ``model.name`` that is no built-in model, no local path, not in
+    the hub cache, while the hub cannot be reached to look it up (a typo on an offline machine)."""
+    if name in BACKBONES or Path(name).expanduser().exists() or _in_hub_cache(name) or hub_reachable():
+        return
+    raise ModelLoadError(_load_failure(name, "the Hugging Face hub is not reachable from here, and the id is not in "
+                                             "its local cache"))
 
 
 def _from_hub_or_path(name: str, trust_remote_code: bool = False) -> Backbone:
@@ -246,6 +303,7 @@ def _from_hub_or_path(name: str, trust_remote_code: bool = False) -> Backbone:
     from transformers import AutoConfig, AutoTokenizer
 
     trust = {"trust_remote_code": trust_remote_code}
+    check_model_name(name)
     try:
         config = AutoConfig.from_pretrained(name, **trust)
         family = _family_of(config)

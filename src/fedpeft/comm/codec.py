@@ -10,15 +10,18 @@ for one tensor and a few scalars is ~150-300 bytes (see ``framing_overhead``).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
-WIRE_DTYPES: dict[str, torch.dtype] = {
+from fedpeft.lazy import lazy, lazy_dict
+
+st = lazy("safetensors.torch")
+torch = lazy("torch")
+
+WIRE_DTYPES: Mapping[str, torch.dtype] = lazy_dict(lambda: {
     "float32": torch.float32,
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -28,7 +31,7 @@ WIRE_DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64,
     "uint8": torch.uint8,
     "uint16": torch.uint16,
-}
+})
 _META_KEY = "fedpeft"
 
 
@@ -67,7 +70,7 @@ def encode(msg: Message, spec: WireSpec = WireSpec()) -> bytes:
         k: v.detach().to("cpu", spec.dtype_for(k, v)).contiguous() for k, v in sorted(msg.tensors.items())
     }
     meta = {_META_KEY: json.dumps(msg.scalars, sort_keys=True, allow_nan=False)}
-    return st_save(tensors, metadata=meta)
+    return st.save(tensors, metadata=meta)
 
 
 class UndecodableMessage(ValueError):
@@ -93,7 +96,7 @@ def decode(data: bytes, max_bytes: int | None = None) -> Message:
                                  f"({max_bytes:,})")
     header = _header(data)
     try:
-        tensors = st_load(data)
+        tensors = st.load(data)
     except Exception as e:  # noqa: BLE001 - safetensors' own checks (offsets, sizes, alignment)
         raise UndecodableMessage(f"not a safetensors message: {e}") from None
     try:

@@ -11,8 +11,10 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import torch
-from sklearn.linear_model import Lasso
+
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 LASSO_MAX_ITER = 10_000
 LASSO_TOL = 1e-6
@@ -24,6 +26,8 @@ def _sparse_fit(a: np.ndarray, b: np.ndarray, alpha: float) -> np.ndarray:
     alpha' = alpha / (2D). alpha == 0 is plain minimum-norm least squares."""
     if alpha == 0:
         return np.linalg.lstsq(a, b, rcond=None)[0]
+    from sklearn.linear_model import Lasso
+
     model = Lasso(alpha=alpha / (2 * a.shape[0]), fit_intercept=False, max_iter=LASSO_MAX_ITER,
                   tol=LASSO_TOL, selection="cyclic")
     return model.fit(np.asfortranarray(a), b).coef_

@@ -6,7 +6,9 @@ c; unchanged rows travel as the sentinel |V|, and the server copies them from th
 
 from __future__ import annotations
 
-import torch
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 
 def index_dtype(vocab_size: int) -> torch.dtype:

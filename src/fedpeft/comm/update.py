@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
-
 from fedpeft.comm.codec import Message
+from fedpeft.lazy import lazy
 
-Params = dict[str, torch.Tensor]
+torch = lazy("torch")
+
+Params = dict[str, "torch.Tensor"]
 WEIGHT = "num_examples"
 
 

@@ -12,7 +12,6 @@ import warnings
 from typing import Protocol
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from fedpeft.config import ConfigError, PartitionConfig
 from fedpeft.registry import Registry
@@ -206,6 +205,8 @@ def stratified_subsample(labels: np.ndarray, size: int, rng: np.random.Generator
     Falls back to a plain random sample, with a warning, where stratification is impossible
     (a class with a single example, or ``size`` below the number of classes).
     """
+    from sklearn.model_selection import train_test_split
+
     labels = _check_labels(labels)
     _check_int("size", size, 1)
     if size >= labels.size:

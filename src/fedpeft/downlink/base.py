@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
-
 from fedpeft.comm.update import Params
+from fedpeft.lazy import lazy
 from fedpeft.registry import Registry
+
+torch = lazy("torch")
 
 SEP = "::"  # message tensor names: <global tensor>::<part>
 

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.comm.prompt_compression import pca_basis, pca_compress, pca_reconstruct
 from fedpeft.comm.update import Params
 from fedpeft.downlink.base import DOWNLINKS, SEP, DownlinkBase, DownlinkContext
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 PROMPT = "prompt"
 CODED = PROMPT + SEP + "pca"

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params
 from fedpeft.downlink.base import SEP
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 LAST = "last"
 FULL, FIRST, UPTO = "full", "dl_first", "dl_last"   # whole-p' fallback; scalars: rounds the chain covers

@@ -22,8 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
-
 from fedpeft.adapters import ADAPTERS
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS, AggregatorContext
 from fedpeft.clients import ClientContext, sub_state, with_sub_state
@@ -32,6 +30,7 @@ from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpac
 from fedpeft.config import ExperimentConfig
 from fedpeft.downlink import DOWNLINKS, DownlinkContext, sync
 from fedpeft.downlink.base import SEP
+from fedpeft.lazy import lazy
 from fedpeft.metrics import class_metrics
 from fedpeft.post_tuning import POST_TUNING, PostTuningContext
 from fedpeft.privacy import sampling_rate
@@ -42,6 +41,8 @@ from fedpeft.trainers import TRAINERS, TrainerContext
 from fedpeft.trainers.base import floats
 from fedpeft.transforms import TRANSFORMS
 from fedpeft.transforms.scale_delta import ScaleDelta, ScaleDeltaSettings
+
+torch = lazy("torch")
 
 AGG, SHARE, DOWN = "agg/", "share/", "dl/"  # server-state prefixes
 OPT, PRIVATE = "opt/", "u/"                 # client-state prefixes (and DOWN)

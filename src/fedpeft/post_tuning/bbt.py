@@ -10,15 +10,17 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.projected_prompt import build_projection, projection_std
 from fedpeft.backbones.blackbox import BlackBox
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.comm.update import Params
+from fedpeft.lazy import lazy
 from fedpeft.post_tuning.base import POST_TUNING, PostTuningBase, few_shot_split
 from fedpeft.trainers.cmaes import CMAState, cma_constants, parent_weights, sample, tell
+
+torch = lazy("torch")
 
 
 class BBTSettings(BaseModel):

@@ -12,7 +12,7 @@ from fedpeft.report.data import expand_run_dirs, final_accuracy, group_runs, loa
 from fedpeft.report.html import page
 from fedpeft.report.plots import all_plots
 
-__all__ = ["default_target", "write_report"]
+__all__ = ["default_target", "report_path", "write_report"]
 
 
 def default_target(runs) -> float:
@@ -21,13 +21,25 @@ def default_target(runs) -> float:
     return 0.95 * max(finals) if finals else 0.0
 
 
+def _run_paths(run_dirs) -> list[Path]:
+    return expand_run_dirs([Path(p) for p in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)])
+
+
+def report_path(run_dirs, out: str | Path | None = None) -> Path:
+    """Where the report goes: ``out``, else ``RUN_DIR/report.html`` for one run, ``report.html`` in the working
+    directory for several."""
+    if out is not None:
+        return Path(out)
+    paths = _run_paths(run_dirs)
+    return paths[0] / "report.html" if len(paths) == 1 else Path("report.html")
+
+
 def write_report(run_dirs, out: str | Path | None = None, target: float | None = None) -> Path:
-    """Write the report of ``run_dirs`` (a folder holding run directories stands for them) to ``out``
-    (default: ``RUN_DIR/report.html`` for one run, ``report.html`` in the working directory for several)."""
-    paths = expand_run_dirs([Path(p) for p in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)])
+    """Write the report of ``run_dirs`` (a folder holding run directories stands for them) to ``report_path``."""
+    paths = _run_paths(run_dirs)
     runs = [load_run(p) for p in paths]
     groups = group_runs(runs)
-    out = Path(out) if out is not None else (paths[0] / "report.html" if len(paths) == 1 else Path("report.html"))
+    out = report_path(paths, out)
     html = page(groups, default_target(runs) if target is None else target, all_plots(groups))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -184,6 +184,19 @@ def last_local(run: Run) -> dict[str, float]:
     return {}
 
 
+def varies(values) -> bool:
+    """Whether some finite value differs from the others (a chart of constant data shows nothing)."""
+    return len({v for v in map(_num, values) if v is not None}) > 1
+
+
+def training_rounds(run: Run) -> int:
+    """Training rounds: the summary's ``rounds``, else the records past round 0 (the initial evaluation)."""
+    n = (run.summary or {}).get("rounds")
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n
+    return sum(1 for r in run.records if (_num(r.get("round")) or 0) > 0)
+
+
 def final_accuracy(run: Run) -> float | None:
     if run.summary and _num(run.summary.get("final_accuracy")) is not None:
         return run.summary["final_accuracy"]
@@ -192,8 +205,100 @@ def final_accuracy(run: Run) -> float | None:
 
 
 def best_accuracy(run: Run) -> float | None:
-    accs = [r["accuracy"] for r in run.records if _num(r.get("accuracy")) is not None]
+    """The summary's ``best_accuracy``, else the best of the training rounds (round 0, the initial model, aside)."""
+    if run.summary and _num(run.summary.get("best_accuracy")) is not None:
+        return run.summary["best_accuracy"]
+    accs = [r["accuracy"] for r in run.records if _num(r.get("accuracy")) is not None and r.get("round", 0) > 0]
     return max(accs) if accs else None
+
+
+def final_macro_f1(run: Run) -> float | None:
+    """The summary's ``macro_f1`` (global model, last evaluated round), else the last record's."""
+    if run.summary and _num(run.summary.get("macro_f1")) is not None:
+        return float(run.summary["macro_f1"])
+    return next((v for v in (_num(r.get("macro_f1")) for r in reversed(run.records)) if v is not None), None)
+
+
+def client_names(runs: list[Run]) -> dict[str, str]:
+    """Client id -> name from the summaries' ``client_names`` (natural clients); ids the runs name differently
+    are left out."""
+    seen: dict[str, set[str]] = {}
+    for run in runs:
+        names = (run.summary or {}).get("client_names")
+        if isinstance(names, dict):
+            for k, v in names.items():
+                seen.setdefault(str(k), set()).add(str(v))
+    return {k: next(iter(v)) for k, v in seen.items() if len(v) == 1}
+
+
+@dataclass
+class ClassReport:
+    """The global model per class at one evaluated round (``summary.json``, else the last record with a
+    ``confusion``): ``per_class`` maps class name -> precision, recall, f1, support."""
+    round: int | None
+    names: list[str]
+    per_class: dict[str, dict[str, float]]
+    macro_f1: float | None
+    confusion: list[list[int]] | None  # rows true class, columns predicted; None when absent or malformed
+
+    def occurring(self) -> list[dict[str, Any]]:
+        """The per-class entries of the classes that occur as a label or a prediction (without a confusion
+        matrix: as a label), which scikit-learn's macro average runs over."""
+        entries = list(self.per_class.values())
+        m = self.confusion
+        if m is not None and len(m) == len(entries):
+            return [e for i, e in enumerate(entries) if sum(m[i]) or sum(row[i] for row in m)]
+        return [e for e in entries if (_num(e.get("support")) or 0) > 0]
+
+    def macro(self, key: str) -> float | None:
+        """Unweighted mean of ``key`` over the occurring classes; for ``f1`` the recorded ``macro_f1`` first."""
+        if key == "f1" and self.macro_f1 is not None:
+            return self.macro_f1
+        vals = [_num(e.get(key)) for e in self.occurring()]
+        return statistics.fmean(vals) if vals and None not in vals else None
+
+
+def _square(m: Any) -> list[list[int]] | None:
+    if not (isinstance(m, list) and m and all(isinstance(row, list) and len(row) == len(m) for row in m)):
+        return None
+    vals = [[_num(v) for v in row] for row in m]
+    return None if any(v is None for row in vals for v in row) else [[int(v) for v in row] for row in vals]
+
+
+def _from_confusion(names: list[str], m: list[list[int]]) -> dict[str, dict[str, float]]:
+    """Precision, recall, F1 and support per class from a confusion matrix (0 where undefined)."""
+    out = {}
+    for i, name in enumerate(names):
+        tp, support, predicted = m[i][i], sum(m[i]), sum(row[i] for row in m)
+        p = tp / predicted if predicted else 0.0
+        r = tp / support if support else 0.0
+        out[name] = {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0, "support": support}
+    return out
+
+
+def class_report(run: Run) -> ClassReport | None:
+    s = run.summary or {}
+    per_class = s.get("per_class") if isinstance(s.get("per_class"), dict) and s.get("per_class") else None
+    confusion, rnd = _square(s.get("confusion")), s.get("confusion_round")
+    recs = [r for r in run.records if _square(r.get("confusion")) is not None]
+    if confusion is None and recs:  # the record of the summary's round, else the last
+        rec = next((r for r in recs if r.get("round") == rnd), recs[-1]) if per_class else recs[-1]
+        confusion, rnd = _square(rec["confusion"]), rec.get("round")
+    if per_class is None and confusion is None:
+        return None
+    n = len(confusion) if confusion is not None else len(per_class)
+    given = s.get("class_names")
+    if isinstance(given, list) and len(given) == n:
+        names = [str(c) for c in given]
+    elif per_class is not None and len(per_class) == n:
+        names = [str(c) for c in per_class]
+    else:
+        names = [str(i) for i in range(n)]
+    if per_class is None:
+        per_class = _from_confusion(names, confusion)
+    return ClassReport(rnd if isinstance(rnd, int) and not isinstance(rnd, bool) else None, names,
+                       {str(k): (v if isinstance(v, dict) else {}) for k, v in per_class.items()},
+                       _num(s.get("macro_f1")) if "per_class" in s else None, confusion)
 
 
 def bytes_to_target(run: Run, target: float) -> float | None:

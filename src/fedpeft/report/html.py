@@ -8,8 +8,9 @@ import statistics
 from html import escape
 from typing import Any
 
-from fedpeft.report.data import (Group, Run, best_accuracy, bytes_to_target, final_accuracy, flatten,
-                                 wall_seconds)
+from fedpeft.report.data import (ClassReport, Group, Run, _num, best_accuracy, bytes_to_target, class_report,
+                                 final_accuracy, final_macro_f1, flatten, training_rounds, wall_seconds)
+from fedpeft.report.plots import confusion
 from fedpeft.report.svg import fmt_bytes
 
 CSS = """
@@ -55,10 +56,63 @@ def _table(table_id: str, header: list[str], rows: list[list[Any]], diff: list[b
     return "\n".join(out) + "</table></div>"
 
 
+def _plain(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return ", ".join(map(_plain, v)) if v else "–"
+    if isinstance(v, dict):
+        return "; ".join(f"{k}: {_plain(x)}" for k, x in v.items())
+    return str(v)
+
+
+COMPONENT_ORDER = ("adapter", "trainer", "aggregator", "selector", "sharing", "downlink", "post_tuning", "transforms",
+                   "wrappers")
+
+
+def components(resolved: Any) -> str | None:
+    """``method_resolved`` in one line, in the order a round runs them: ``adapter=lora, trainer=adamw, ...,
+    transforms=ldp+clip`` (empty lists left out; keys not known here last)."""
+    if not isinstance(resolved, dict) or not resolved:
+        return None
+    parts = []
+    rank = {k: i for i, k in enumerate(COMPONENT_ORDER)}
+    for k, v in sorted(resolved.items(), key=lambda kv: rank.get(kv[0], len(rank))):
+        if isinstance(v, list):
+            if v:
+                parts.append(f"{k}={'+'.join(map(str, v))}")
+        else:
+            parts.append(f"{k}={_plain(v)}")
+    return ", ".join(parts)
+
+
+def method_label(method: Any, summary: dict[str, Any] | None) -> str:
+    """The preset's name, marked with the sections the run's config set apart from the preset
+    (``preset_overrides``): ``fedavg-lora (sharing, aggregator from config)``."""
+    over = (summary or {}).get("preset_overrides")
+    if isinstance(over, list) and over:
+        return f"{method} ({', '.join(map(str, over))} from config)"
+    return method
+
+
+# summary.json keys whose dict values are written as text rather than JSON (older keys keep their JSON)
+READABLE = {
+    "method_resolved": lambda v: components(v) or "–",
+    "client_names": lambda v: ", ".join(f"{k} {n}" for k, n in v.items()),
+    "per_class": lambda v: "; ".join(
+        f"{c}: " + ", ".join(f"{k} {_plain(x)}" for k, x in m.items()) if isinstance(m, dict) else f"{c}: {m}"
+        for c, m in v.items()),
+}
+
+
 def comparison(groups: list[Group], target: float) -> str:
     def pct(v: float) -> str:
         return f"{v:.4f}"
 
+    runs = [r for g in groups for r in g.runs]
+    with_components = any(components((r.summary or {}).get("method_resolved")) for r in runs)
+    with_f1 = any(final_macro_f1(r) is not None for r in runs)
+    with_best = any(_num((r.summary or {}).get("accuracy_at_best_round")) is not None for r in runs)
     rows = []
     for g in groups:
         cfg = g.runs[0].config
@@ -69,13 +123,94 @@ def comparison(groups: list[Group], target: float) -> str:
         to_target = _mean_std(reach, fmt_bytes)
         if reached < len(reach):
             to_target += f" ({reached}/{len(reach)} reached)"
-        rows.append([g.label, len(g.runs), s["method"], s["task"], s["model"], max(len(r.records) for r in g.runs),
-                     _mean_std([final_accuracy(r) for r in g.runs], pct),
-                     _mean_std([best_accuracy(r) for r in g.runs], pct), to_target,
-                     _mean_std([wall_seconds(r) for r in g.runs], lambda v: f"{v:.1f} s")])
-    header = ["run", "runs", "method", "task", "model", "rounds", "final accuracy", "best accuracy",
-              f"bytes up to reach {target:.4f}", "wall time"]
+        row = [g.label, len(g.runs), method_label(s["method"], g.runs[0].summary)]
+        if with_components:
+            row.append(next((c for c in (components((r.summary or {}).get("method_resolved")) for r in g.runs) if c),
+                            "–"))
+        row += [s["task"], s["model"], max(training_rounds(r) for r in g.runs),
+                _mean_std([final_accuracy(r) for r in g.runs], pct)]
+        if with_f1:
+            row.append(_mean_std([final_macro_f1(r) for r in g.runs], pct))
+        row.append(_mean_std([best_accuracy(r) for r in g.runs], pct))
+        if with_best:
+            at = [(r.summary or {}).get("accuracy_at_best_round") for r in g.runs]
+            best = [(r.summary or {}).get("best_round") for r in g.runs]
+            cell = _mean_std([_num(v) for v in at], pct)
+            known = [str(b) for b in sorted({b for b in best if isinstance(b, int) and not isinstance(b, bool)})]
+            row.append(cell + (f" (round{'s' if len(known) > 1 else ''} {', '.join(known)})" if known else ""))
+        row += [to_target, _mean_std([wall_seconds(r) for r in g.runs], lambda v: f"{v:.1f} s")]
+        rows.append(row)
+    header = (["run", "runs", "method"] + (["components"] if with_components else [])
+              + ["task", "model", "rounds", "final accuracy"] + (["final macro-F1"] if with_f1 else [])
+              + ["best accuracy"] + (["accuracy at best validation round"] if with_best else [])
+              + [f"bytes up to reach {target:.4f}", "wall time"])
     return _table("comparison", header, rows)
+
+
+def _group_classes(g: Group) -> tuple[list[ClassReport], list[list[int]] | None, str] | None:
+    """The group's per-class report: its runs' reports and confusion matrices where they agree (classes, shape),
+    else the first run's alone; the matrix to draw and what the numbers are (for the caption)."""
+    reports = [(r, c) for r in g.runs if (c := class_report(r)) is not None]
+    if not reports:
+        return None
+    first = reports[0][1]
+    same = [(r, c) for r, c in reports if c.names == first.names and list(c.per_class) == list(first.per_class)]
+    if len(same) == 1:
+        what = ("" if len(g.runs) == 1 else
+                f"The first run with per-class results ({same[0][0].path.name}, seed {same[0][0].seed}). ")
+        return [first], first.confusion, what
+    mats = [c.confusion for _, c in same]
+    summed = None
+    if all(m is not None and len(m) == len(mats[0]) for m in mats):
+        summed = [[sum(m[i][j] for m in mats) for j in range(len(mats[0]))] for i in range(len(mats[0]))]
+    what = (f"{len(same)} runs (seeds {', '.join(str(r.seed) for r, _ in same)}): precision, recall and F1 are "
+            f"means ± std over the runs; support{' and the confusion matrix' if summed else ''} summed over them. ")
+    if summed is None and first.confusion is not None:
+        what += f"The confusion matrix is the first run's ({same[0][0].path.name}), the others have none. "
+    return [c for _, c in same], summed, what
+
+
+def per_class_sections(groups: list[Group]) -> str:
+    """Per configuration group with per-class results: a table (precision, recall, F1, support, macro average)
+    and the confusion-matrix heatmap (rows true class, columns predicted)."""
+    out = []
+    for i, g in enumerate(groups):
+        found = _group_classes(g)
+        if found is None:
+            continue
+        reports, matrix, what = found
+        first = reports[0]
+        rounds = sorted({c.round for c in reports if c.round is not None})
+        when = (f", round {rounds[0]}" if len(rounds) == 1 else
+                f", rounds {', '.join(map(str, rounds))}" if rounds else "")
+        head = f"Per class (global model{when})" + ("" if len(groups) == 1 else f": {g.label}")
+
+        def metric(name: str, key: str, reports=reports) -> str:
+            return _mean_std([_num(c.per_class.get(name, {}).get(key)) for c in reports], lambda v: f"{v:.4f}")
+
+        def support(name: str, reports=reports) -> str:
+            vals = [_num(c.per_class.get(name, {}).get("support")) for c in reports]
+            return "–" if None in vals else f"{sum(vals):.0f}"
+
+        rows = [[name, metric(name, "precision"), metric(name, "recall"), metric(name, "f1"), support(name)]
+                for name in first.per_class]
+        avg = [_mean_std([c.macro(key) for c in reports], lambda v: f"{v:.4f}")
+               for key in ("precision", "recall", "f1")]
+        totals = [sum(_num(m.get("support")) or 0 for m in c.per_class.values()) for c in reports]
+        rows.append(["macro average", *avg, f"{sum(totals):.0f}"])
+        svg = confusion(f"plot-confusion-{i}", first, matrix)
+        if svg is None and matrix is not None:
+            note = "No confusion-matrix heatmap: its row shares do not vary. "
+        elif svg is None:
+            note = "No confusion matrix recorded. "
+        else:
+            note = ("Confusion matrix: cell colour is the share of the true class's examples (row-normalised), "
+                    "the number the count. ")
+        out.append(f"<h2>{escape(head)}</h2>\n<p class=\"meta\">{escape(what + note)}Macro average: unweighted "
+                   f"mean over the classes that occur as a label or a prediction (scikit-learn's macro average).</p>\n"
+                   + _table(f"per-class-{i}", ["class", "precision", "recall", "F1", "support"], rows)
+                   + (f'\n<div class="plots">\n{svg}\n</div>' if svg else "") + "\n")
+    return "".join(out)
 
 
 def config_tables(runs: list[Run]) -> str:
@@ -97,7 +232,10 @@ def summary_table(runs: list[Run]) -> str:
     keys = list(dict.fromkeys(k for r in runs for k in (r.summary or {})))
     if not keys:
         return "<p>no summary.json (run unfinished)</p>"
-    rows = [[k] + [(r.summary or {}).get(k, "–") for r in runs] for k in keys]
+    def value(k: str, v: Any) -> Any:
+        return READABLE[k](v) if k in READABLE and isinstance(v, dict) and v else v
+
+    rows = [[k] + [value(k, (r.summary or {}).get(k, "–")) for r in runs] for k in keys]
     return _table("summary", ["key"] + [r.path.name for r in runs], rows)
 
 
@@ -123,7 +261,7 @@ def page(groups: list[Group], target: float, plots: list[str]) -> str:
 <div class="plots">
 {chr(10).join(plots)}
 </div>
-<h2>Summary (summary.json)</h2>
+{per_class_sections(groups)}<h2>Summary (summary.json)</h2>
 {summary_table(runs)}
 <h2>Resolved config (config.yaml)</h2>
 {config_tables(runs)}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import statistics
 
-from fedpeft.report.data import (Group, aggregate, cumulative, last_local, per_round, server_keys, vector_keys,
-                                 vector_rows)
+from fedpeft.report.data import (ClassReport, Group, aggregate, client_names, cumulative, last_local, per_round,
+                                 server_keys, varies, vector_keys, vector_rows)
 from fedpeft.report.svg import PALETTE, Series, bar_chart, fmt_bytes, heatmap, line_chart, wants_log
 
 GREY = "#555"
@@ -43,7 +43,9 @@ def accuracy(groups: list[Group]) -> str:
     kinds = [("global", "solid", lambda r: r.get("accuracy")),
              ("local mean", "dashed", lambda r: r.get("local_accuracy_mean")),
              ("local P", "dotted", lambda r: r.get("local_accuracy_P")),
-             ("local NP", "dashdot", lambda r: r.get("local_accuracy_NP"))]
+             ("local NP", "dashdot", lambda r: r.get("local_accuracy_NP")),
+             ("global macro-F1", "longdash", lambda r: r.get("macro_f1")),
+             ("validation accuracy", "dashdotdot", lambda r: r.get("val_accuracy"))]
     series, used = _lines(groups, kinds)
     if len(groups) == 1:  # the spread over clients as a band around the local mean
         g = groups[0]
@@ -95,13 +97,15 @@ def clients(groups: list[Group]) -> str:
             vals.append(statistics.fmean(v) if v else None)
             errs.append(statistics.stdev(v) if len(v) > 1 else None)
         bars.append((g.short, vals, errs))
+    names = client_names([r for g in groups for r in g.runs])  # natural clients: "3 alice", still in id order
     return bar_chart("plot-clients", "Local accuracy per client (last evaluated round)", "client", "accuracy",
-                     cats, bars, ybounds=(0, 1))
+                     [f"{c} {names[c]}" if c in names else c for c in cats], bars, ybounds=(0, 1))
 
 
 def loss(groups: list[Group]) -> str:
     series, used = _lines(groups, [("train loss", "solid", lambda r: r.get("train_loss")),
-                                   ("test loss", "dashed", lambda r: r.get("loss"))])
+                                   ("test loss", "dashed", lambda r: r.get("loss")),
+                                   ("validation loss", "dotted", lambda r: r.get("val_loss"))])
     return line_chart("plot-loss", "Loss per round", "round", "loss", series, xint=True,
                       legend=_legend(groups, series, used))
 
@@ -122,15 +126,38 @@ VECTORS = {  # key -> (title, column label); other keys: "Per-round vector: <key
 }
 
 
-def vectors(groups: list[Group], key: str) -> str:
-    """Heatmap of a ``server_vectors`` key: rounds × elements (several groups: their rows one after another)."""
+def _heatmap(plot_id: str, title: str, xlabel: str, ylabel: str, rows: list[tuple[str, list[float | None]]],
+             **kwargs) -> str | None:
+    """Every heatmap of the report is drawn here: none (None) where its data do not vary, since one colour
+    everywhere (a colour bar reading 1 / 1 / 1) shows nothing."""
+    if not varies(v for _, vs in rows for v in vs):
+        return None
+    return heatmap(plot_id, title, xlabel, ylabel, rows, **kwargs)
+
+
+def vectors(groups: list[Group], key: str) -> str | None:
+    """Heatmap of a ``server_vectors`` key: rounds × elements (several groups: their rows one after another);
+    None where the values do not vary (a dense run's head counters, say)."""
     rows = []
     for g in groups:
         for rnd, vals in vector_rows(g.runs, key).items():
             rows.append((str(rnd) if len(groups) == 1 else f"{g.short} {rnd}", vals))
     title, xlabel = VECTORS.get(key, (f"Per-round vector: {key}", "index"))
     slug = re.sub(r"[^A-Za-z0-9_-]+", "-", key)
-    return heatmap(f"plot-heatmap-{slug}", title, xlabel, "round", rows)
+    return _heatmap(f"plot-heatmap-{slug}", title, xlabel, "round", rows)
+
+
+def confusion(plot_id: str, report: ClassReport, matrix: list[list[int]] | None = None) -> str | None:
+    """Confusion matrix of the global model: rows true class, columns predicted, colour the share of the true
+    class's examples (row-normalised), the counts written in the cells; ``matrix`` replaces the report's (a
+    group's summed matrix). None where it has no matrix or the shares do not vary."""
+    m = matrix if matrix is not None else report.confusion
+    if m is None:
+        return None
+    rows = [(name, [v / sum(row) if sum(row) else None for v in row]) for name, row in zip(report.names, m)]
+    return _heatmap(plot_id, "Confusion matrix (rows: true class, columns: predicted)", "predicted", "true", rows,
+                    col_labels=report.names, cell_text=[[str(v) for v in row] for row in m], vrange=(0.0, 1.0),
+                    vfmt=lambda f: f"{100 * f:.0f} %")
 
 
 def asr(groups: list[Group]) -> str:
@@ -143,7 +170,7 @@ def all_plots(groups: list[Group]) -> list[str]:
     runs = [r for g in groups for r in g.runs]
     out = [accuracy(groups), bytes_(groups), acc_vs_bytes(groups), clients(groups), loss(groups)]
     out += [server(groups, k) for k in server_keys(runs)]
-    out += [vectors(groups, k) for k in vector_keys(runs)]
+    out += [svg for svg in (vectors(groups, k) for k in vector_keys(runs)) if svg is not None]
     if any(rec.get("asr") is not None for r in runs for rec in r.records):
         out.append(asr(groups))
     return out

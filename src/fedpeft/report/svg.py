@@ -10,7 +10,8 @@ from html import escape
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
-DASHES = {"solid": "", "dashed": "7 4", "dotted": "2 3", "dashdot": "9 3 2 3"}
+DASHES = {"solid": "", "dashed": "7 4", "dotted": "2 3", "dashdot": "9 3 2 3", "longdash": "14 4",
+          "dashdotdot": "9 3 2 3 2 3"}
 W, H = 800, 340  # viewBox
 L, R, T, B = 82, 570, 40, 290  # plot area (left, right, top, bottom)
 Fmt = Callable[[float], str]
@@ -43,6 +44,12 @@ def fmt_bytes(v: float) -> str:
         if abs(v) >= size:
             return f"{v / size:.3g} {unit}"
     return f"{v:.3g} B"
+
+
+def fit(label: str, px: float, min_chars: int = 3) -> str:
+    """``label`` shortened (with an ellipsis) to about ``px`` pixels of 11 px tick text."""
+    room = max(min_chars, int(px / 6.5))
+    return label if len(label) <= room else label[:room - 1] + "…"
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -202,8 +209,9 @@ def bar_chart(plot_id: str, title: str, xlabel: str, ylabel: str, categories: li
                 cx = x + width / 2
                 body.append(f'<line x1="{cx:.1f}" y1="{sy(v - e):.1f}" x2="{cx:.1f}" y2="{sy(v + e):.1f}" '
                             f'stroke="#333"/>')
-    every = max(1, math.ceil(len(categories) / 25))
-    xticks = [(L + (c + 0.5) * slot, cat) for c, cat in enumerate(categories) if c % every == 0]
+    every = max(1, math.ceil(len(categories) / 25))  # labels other than plain ids are shortened to their room
+    xticks = [(L + (c + 0.5) * slot, cat if cat.isdigit() else fit(cat, slot * every))
+              for c, cat in enumerate(categories) if c % every == 0]
     return _frame(plot_id, title, xlabel, ylabel, xticks, [(sy(t), yfmt(t)) for t in sy.ticks], body,
                   [(label, PALETTE[g % len(PALETTE)], "solid", True) for g, (label, _, _) in enumerate(groups)])
 
@@ -219,26 +227,44 @@ def heat_color(f: float) -> str:
 
 
 def heatmap(plot_id: str, title: str, xlabel: str, ylabel: str, rows: list[tuple[str, list[float | None]]], *,
-            vfmt: Fmt = fmt_num) -> str:
+            vfmt: Fmt = fmt_num, col_labels: Sequence[str] | None = None,
+            cell_text: Sequence[Sequence[str]] | None = None, vrange: tuple[float, float] | None = None) -> str:
     """A grid of rects, one row per ``(label, values)`` (top first), one column per index, coloured on a
-    sequential scale from the smallest to the largest value (colour bar on the right; missing values grey)."""
+    sequential scale from the smallest to the largest value (colour bar on the right; missing values grey).
+
+    ``col_labels`` name the columns (categorical axes: tick labels are shortened to fit, full in the tooltips);
+    ``cell_text`` is written in the cells (where they are large enough) and leads their tooltips; ``vrange``
+    fixes the colour scale's ends."""
     vals = [v for _, vs in rows for v in vs if v is not None and math.isfinite(v)]
     ncols = max((len(vs) for _, vs in rows), default=0)
     if not vals or not ncols:
         return empty_chart(plot_id, title, "no data")
-    lo, hi = min(vals), max(vals)
+    lo, hi = vrange if vrange is not None else (min(vals), max(vals))
     span = hi - lo or 1.0
     cw, ch = (R - L) / ncols, (B - T) / len(rows)
     key = plot_id.removeprefix("plot-")
-    body = [f'<g id="cells-{escape(key)}">']
+    col = (lambda j: col_labels[j] if j < len(col_labels) else str(j)) if col_labels is not None else str
+    body, texts = [f'<g id="cells-{escape(key)}">'], []
+    size = min(12.0, ch * 0.45, cw / (0.62 * max((len(t) for r in (cell_text or []) for t in r), default=1) + 0.5))
     for i, (label, vs) in enumerate(rows):
         for j, v in enumerate(vs):
             ok = v is not None and math.isfinite(v)
             fill = heat_color((v - lo) / span) if ok else "#ddd"
+            shown = escape(vfmt(v)) if ok else "–"
+            text = cell_text[i][j] if cell_text is not None and j < len(cell_text[i]) else None
+            if text is not None:
+                shown = f"{escape(text)} ({shown})"
             body.append(f'<rect x="{L + j * cw:.2f}" y="{T + i * ch:.2f}" width="{cw:.2f}" height="{ch:.2f}" '
-                        f'fill="{fill}"><title>{escape(ylabel)} {escape(label)}, {escape(xlabel)} {j}: '
-                        f'{escape(vfmt(v)) if ok else "–"}</title></rect>')
+                        f'fill="{fill}"><title>{escape(ylabel)} {escape(label)}, {escape(xlabel)} {escape(col(j))}: '
+                        f'{shown}</title></rect>')
+            if text is not None and size >= 7:
+                dark = ok and (v - lo) / span > 0.55
+                texts.append(f'<text x="{L + (j + 0.5) * cw:.2f}" y="{T + (i + 0.5) * ch + size * 0.35:.2f}" '
+                             f'text-anchor="middle" font-size="{size:.1f}" fill="{"#fff" if dark else "#222"}" '
+                             f'pointer-events="none">{escape(text)}</text>')
     body.append("</g>")
+    if texts:
+        body += [f'<g id="text-{escape(key)}">', *texts, "</g>"]
     # colour bar (in the legend column), with the smallest, middle and largest value
     bx, steps = R + 20, 24
     for k in range(steps):
@@ -250,7 +276,9 @@ def heatmap(plot_id: str, title: str, xlabel: str, ylabel: str, rows: list[tuple
         y = B - f * (B - T)
         body.append(f'<text class="tick" x="{bx + 22}" y="{y + 4:.1f}">{escape(vfmt(lo + f * (hi - lo)))}</text>')
     every = max(1, math.ceil(ncols / 16))
-    xticks = [(L + (j + 0.5) * cw, str(j)) for j in range(ncols) if j % every == 0]
+    xticks = [(L + (j + 0.5) * cw, str(j) if col_labels is None else fit(col(j), cw * every))
+              for j in range(ncols) if j % every == 0]
     every = max(1, math.ceil(len(rows) / 12))
-    yticks = [(T + (i + 0.5) * ch, label) for i, (label, _) in enumerate(rows) if i % every == 0]
+    yticks = [(T + (i + 0.5) * ch, label if col_labels is None else fit(label, L - 12))
+              for i, (label, _) in enumerate(rows) if i % every == 0]
     return _frame(plot_id, title, xlabel, ylabel, xticks, yticks, body, [])

@@ -9,6 +9,7 @@ state plus per-client records. Byte counts are the lengths of the real encoded m
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +37,9 @@ class RoundPlan:
 
 
 class RoundDriver:
-    def __init__(self, cfg: ExperimentConfig, method: Method) -> None:
+    def __init__(self, cfg: ExperimentConfig, method: Method, name: Callable[[int], str] | None = None) -> None:
         self.cfg, self.method = cfg, method
+        self.name = name or (lambda cid: f"client {cid}")  # how logs name a client (natural clients by their value)
         self.last_tensor_bytes: float | None = None  # mean tensor bytes of the last round's accepted replies
 
     def plan_round(self, state: Message, round: int) -> RoundPlan:
@@ -63,7 +65,7 @@ class RoundDriver:
             if isinstance(res, BaseException):
                 rec["status"] = "failed"
                 rec["error"] = f"{type(res).__name__}: {res}"
-                log.warning("round %d: client %d failed: %s", plan.round, cid, rec["error"])
+                log.warning("round %d: %s failed: %s", plan.round, self.name(cid), rec["error"])
             else:
                 rec["bytes_up"] = len(res) if isinstance(res, (bytes, bytearray)) else 0
                 try:
@@ -72,7 +74,7 @@ class RoundDriver:
                 except Exception as e:  # noqa: BLE001 - untrusted bytes: whatever fails, the reply is not used
                     rec["status"] = "rejected"
                     rec["error"] = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
-                    log.warning("round %d: rejected reply of client %d: %s", plan.round, cid, rec["error"])
+                    log.warning("round %d: rejected reply of %s: %s", plan.round, self.name(cid), rec["error"])
                 else:
                     rec["status"] = "ok"
                     rec.update({k: v for k, v in reply.scalars.items() if isinstance(v, (int, float))})
@@ -113,5 +115,5 @@ class RoundDriver:
                     raise res
                 out[cid] = validate_metrics(decode(res, self.cfg.federation.max_message_bytes)) | {"bytes_up": len(res)}
             except Exception as e:  # noqa: BLE001 - a client's evaluation never stops the run
-                log.warning("round %d: evaluation on client %d failed: %s", round, cid, e)
+                log.warning("round %d: evaluation on %s failed: %s", round, self.name(cid), e)
         return out

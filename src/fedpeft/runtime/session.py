@@ -73,29 +73,35 @@ class NoRunError(FileNotFoundError):
 
 @contextlib.contextmanager
 def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterator[RunDir]:
-    """Lock the run directory for this process, create it (or check it, on resume) and write config.yaml.
-
-    The config.yaml written records the data paths made absolute, so that the run can be resumed from any folder.
-    On resume the config must describe the run (``config_changes``); the one change allowed is a larger
-    ``federation.rounds``, which extends a run (finished or not) to that many rounds."""
+    """Lock the run directory for this process and check it: a new run must not overwrite one; on resume the
+    config must describe the run (``config_changes``), where the one change allowed is a larger
+    ``federation.rounds``, which extends the run (finished or not) to that many rounds. Nothing is written here:
+    ``run_rounds`` writes config.yaml once the data are checked too (``commit_config``)."""
     run = RunDir(out_dir)
     if resume and run.saved_config() is None:
         raise NoRunError(f"--resume: {out_dir} holds no run (no config.yaml); check the path, or drop --resume to "
                          "start a new run there")
     run.lock()
     try:
-        recorded = cfg.with_absolute_paths()
-        config_yaml = dump_config(recorded)
         saved = run.saved_config()
-        if resume and saved is not None and saved != config_yaml:
-            changes = config_changes(saved, recorded)
-            check_resumable(out_dir, changes)
-            if changes:  # federation.rounds grew: the run is unfinished again until it reaches them
-                run.unfinish()
-        run.prepare(config_yaml, resume)
+        if not resume:
+            run.check_free()
+        elif saved != dump_config(cfg.with_absolute_paths()):
+            check_resumable(out_dir, config_changes(saved, cfg.with_absolute_paths()))
         yield run
     finally:
         run.unlock()
+
+
+def commit_config(run: RunDir, cfg: ExperimentConfig) -> None:
+    """Write config.yaml, with the data paths made absolute so that the run can be resumed from any folder. A run
+    extended past its end (``federation.rounds`` grew) is unfinished again: its summary.json goes until the new
+    last round writes one."""
+    config_yaml = dump_config(cfg.with_absolute_paths())
+    saved = run.saved_config()
+    if saved is not None and saved != config_yaml and config_changes(saved, cfg.with_absolute_paths()):
+        run.unfinish()
+    run.write_config(config_yaml)
 
 
 # keys that change no number: a resumed run may differ from its config.yaml in them
@@ -161,9 +167,10 @@ def progress(enabled: bool) -> Progress:
 def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Method, transport: Transport,
                resume: bool, stop_after_round: int | None = None, bar: Progress | None = None) -> dict[str, Any]:
     """Resume if asked, run the remaining rounds through ``transport``, write metrics/checkpoints/summary."""
-    driver = RoundDriver(cfg, method)
+    driver = RoundDriver(cfg, method, exp.client_label)
     checksum = exp.backbone.checksum()
     keep_record(run, exp.record(exp.backbone.fingerprint()), resume)
+    commit_config(run, cfg)
     start, state = 1, method.server_init()
     ckpt = run.load_checkpoint() if resume else None
     if ckpt is not None:
@@ -207,6 +214,8 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
                            exp.non_participants)
         if failed is not None:
             rec["round_failed"] = failed
+        if scored and cfg.evaluation.keep_best:
+            keep_if_best(rnd, rec)
         rec.update(transport.round_extra())
         rec["server"] = method.diagnostics(state)
         vectors = method.vectors(state) if hasattr(method, "vectors") else {}
@@ -215,6 +224,20 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         records.append(rec)
         run.append_metrics(rec)
         return rec
+
+    best = max((r["val_accuracy"] for r in records if r.get("val_accuracy") is not None), default=-1.0)
+
+    def keep_if_best(rnd: int, rec: dict[str, Any]) -> None:
+        """``evaluation.keep_best``: score ``state`` on the validation split; a new best (strictly: the earliest of
+        equal rounds wins) is checkpointed in ``checkpoint-best/``."""
+        nonlocal best
+        val = method.evaluate_on(state, exp.validation_encoded)
+        rec.update({"val_accuracy": val.get("accuracy"), "val_loss": val.get("loss"),
+                    "val_macro_f1": val.get("macro_f1")})
+        if rec["val_accuracy"] is not None and rec["val_accuracy"] > best:
+            best = rec["val_accuracy"]
+            run.save_checkpoint(rnd, state, transport.client_states(), best=True)
+            log.info("round %d: best validation accuracy so far (%.4f), kept in %s", rnd, best, run.best_ckpt)
 
     if start == 1 and cfg.evaluation.round_zero and not any(r["round"] == 0 for r in records):
         rec = score(0, [], time.perf_counter())  # the initial global state, before any training

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import ReplySchema
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 
 class InvalidReply(ValueError):

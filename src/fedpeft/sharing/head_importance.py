@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
 
 
 def key_token_ids(input_ids: torch.Tensor, num_keys: int, insert_at: int = 0, inserted: int = 0) -> torch.Tensor:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.base import HeadSlices
@@ -26,9 +25,12 @@ from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
 from fedpeft.costs import client_ops
+from fedpeft.lazy import lazy, lazy_dict
 from fedpeft.rng import torch_rng
 from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, Shapes
 from fedpeft.sharing.head_importance import head_confidence, key_token_ids
+
+torch = lazy("torch")
 
 HEADS, ALPHA = "heads", "head_alpha"  # reply tensors: kept head ids, their importances
 
@@ -66,7 +68,7 @@ def _take(t: torch.Tensor, spec: list[tuple], idx: list[int]) -> torch.Tensor:
                   "pruned heads' slices frozen and not uploaded", HeadPruningSettings)
 class HeadPruning(ShareAll):
     adapters = frozenset({"lora", "deep_prompt"})
-    dtypes = {HEADS: torch.int32}
+    dtypes = lazy_dict(lambda: {HEADS: torch.int32})
     provides = frozenset({HEADS, ALPHA})
 
     @classmethod

@@ -34,19 +34,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
+from fedpeft.lazy import lazy
 from fedpeft.registry import Registry
 
-LossFn = Callable[[torch.Tensor], torch.Tensor]
-Hvp = Callable[[torch.Tensor], torch.Tensor]
+attention = lazy("torch.nn.attention")
+torch = lazy("torch")
+
+LossFn = Callable[["torch.Tensor"], "torch.Tensor"]
+Hvp = Callable[["torch.Tensor"], "torch.Tensor"]
 
 
 def gradient(loss_fn: LossFn, theta: torch.Tensor) -> torch.Tensor:
     """∇F(θ) as a detached float64 vector."""
     x = theta.detach().float().clone().requires_grad_(True)
-    with sdpa_kernel(SDPBackend.MATH):
+    with attention.sdpa_kernel(attention.SDPBackend.MATH):
         (g,) = torch.autograd.grad(loss_fn(x), x)
     return g.double()
 
@@ -56,14 +57,14 @@ class HessianOperator:
 
     def __init__(self, loss_fn: LossFn, theta: torch.Tensor) -> None:
         self.x = theta.detach().float().clone().requires_grad_(True)
-        with sdpa_kernel(SDPBackend.MATH):
+        with attention.sdpa_kernel(attention.SDPBackend.MATH):
             (self.g,) = torch.autograd.grad(loss_fn(self.x), self.x, create_graph=True)
         self.dim = self.x.numel()
         self.calls = 0
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         self.calls += 1
-        with sdpa_kernel(SDPBackend.MATH):
+        with attention.sdpa_kernel(attention.SDPBackend.MATH):
             (hv,) = torch.autograd.grad(self.g, self.x, grad_outputs=v.to(self.g.dtype), retain_graph=True)
         return hv.double()
 
@@ -232,7 +233,7 @@ def _fixed(loss_fn, theta, theta0, s: RatioSettings, generator) -> RatioResult:
     return RatioResult(s.keep_ratio)
 
 
-Estimator = Callable[[LossFn, torch.Tensor, torch.Tensor, RatioSettings, torch.Generator], RatioResult]
+Estimator = Callable[[LossFn, "torch.Tensor", "torch.Tensor", RatioSettings, "torch.Generator"], RatioResult]
 RATIO_ESTIMATORS: Registry[Estimator] = Registry("ratio estimator")
 RATIO_ESTIMATORS.add("fixed", _fixed, "r = keep_ratio (0.5 in every published run); nothing computed on clients")
 RATIO_ESTIMATORS.add("hessian_gap", _hessian_gap, "paper Alg. 1: first Hessian eigen-gap > 4·Lipschitz (secant)")

@@ -10,11 +10,13 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
+from fedpeft.lazy import lazy
 from fedpeft.registry import Registry
 
-Order = Callable[[torch.Tensor, np.random.Generator], list[int]]
+torch = lazy("torch")
+
+Order = Callable[["torch.Tensor", np.random.Generator], list[int]]
 
 
 def num_selected(ratio: float, num_layers: int) -> int:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-import torch.nn.functional as F
+from fedpeft.lazy import lazy
+
+torch = lazy("torch")
+F = lazy("torch.nn.functional")
 
 
 def cosine_kernel(h: torch.Tensor) -> torch.Tensor:

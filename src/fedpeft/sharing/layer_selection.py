@@ -16,20 +16,22 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedpeft.adapters.deep_prompt import PREFIX, layer_of
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
+from fedpeft.lazy import lazy, no_grad
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
 from fedpeft.sharing.base import SHARING, Shapes
 from fedpeft.sharing.hessian_ratio import RATIO_ESTIMATORS, RatioSettings
 from fedpeft.sharing.layer_orders import LAYER_ORDERS, select_layers
 from fedpeft.sharing.layer_scores import aggregate_weighted, layer_scores
 from fedpeft.sharing.private import PrivateLayers
+
+torch = lazy("torch")
+F = lazy("torch.nn.functional")
 
 SCORES = "peptao/layer_scores"  # reply tensor of the selection round
 RATIO = "peptao_ratio"          # reply scalar of the selection round
@@ -150,7 +152,7 @@ class LayerSelection(PrivateLayers):
             scalars["peptao_spectrum_max"] = res.spectrum_max
         return tensors, scalars
 
-    @torch.no_grad()
+    @no_grad
     def layer_scores(self, params: Params, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-layer scores of one batch: hidden states of every layer's output with the prompts attached."""
         hidden = self.ctx.classifier.hidden_states(params, batch)

@@ -65,10 +65,13 @@ class RunDir:
             self._lock.close()
             self._lock = None
 
-    def prepare(self, config_yaml: str, resume: bool) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        if not resume and (self.metrics_path.exists() or self.ckpt.exists()):
+    def check_free(self) -> None:
+        """FileExistsError if the directory already holds a run (a new run must not overwrite one)."""
+        if self.metrics_path.exists() or self.ckpt.exists():
             raise FileExistsError(f"{self.root} already holds a run; use --resume or another --out")
+
+    def write_config(self, config_yaml: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "config.yaml").write_text(config_yaml)
 
     def write_record(self, record: dict[str, Any]) -> None:

@@ -15,15 +15,17 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from fedpeft.backbones.classifier import Classifier, evaluate
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
+from fedpeft.lazy import lazy, no_grad
 from fedpeft.registry import Registry
+
+torch = lazy("torch")
+F = lazy("torch.nn.functional")
 
 PARAMS, DISTRIBUTION, NONE = "params", "distribution", "none"
 Shapes = dict[str, tuple[int, ...]]
@@ -94,7 +96,7 @@ def floats(p: Params) -> Params:
     return {k: v.float() if v.is_floating_point() else v for k, v in p.items()}
 
 
-@torch.no_grad()
+@no_grad
 def predict(clf: Classifier, params: Params, data: Encoded, batch_size: int) -> torch.Tensor:
     """Class logits [n, C] of ``params`` on ``data``, computed in the batches ``classifier.evaluate`` uses."""
     return torch.cat([clf.logits(params, clf.batch(data, list(range(s, min(s + batch_size, len(data))))))

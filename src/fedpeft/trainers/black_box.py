@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from fedpeft.backbones.blackbox import BlackBox
@@ -21,10 +20,13 @@ from fedpeft.backbones.encoding import Encoded
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
+from fedpeft.lazy import lazy
 from fedpeft.perturbation import replacement_vocab, text_span
 from fedpeft.rng import SHARED, numpy_rng
 from fedpeft.trainers.base import DISTRIBUTION, TRAINERS, Shapes, TrainerBase, TrainerContext
 from fedpeft.trainers.cmaes import CMAESSettings, CMAState, Covariance, LocalResult, local_cmaes
+
+torch = lazy("torch")
 
 Noise = Literal["independent", "shared", "shared_round"]
 Z = "z"  # the projected prompt's tensor

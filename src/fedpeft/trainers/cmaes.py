@@ -25,12 +25,14 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.backbones.blackbox import BlackBox
 from fedpeft.backbones.encoding import Encoded
+from fedpeft.lazy import lazy
 from fedpeft.perturbation import TextSpan, perturb, ratio_fitness
+
+torch = lazy("torch")
 
 Covariance = Literal["full", "diagonal", "none"]
 

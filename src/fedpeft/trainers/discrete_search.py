@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.backbones.blackbox import BlackBox
@@ -24,8 +23,11 @@ from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.token_index import decode_tokens, encode_tokens, index_dtype
 from fedpeft.comm.update import Params, Update
+from fedpeft.lazy import lazy
 from fedpeft.rng import numpy_rng
 from fedpeft.trainers.base import PARAMS, TRAINERS, Shapes, TrainerBase, TrainerContext
+
+torch = lazy("torch")
 
 PROMPT, TOKENS = "prompt", "tokens"
 

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.backbones.classifier import Classifier
@@ -25,8 +23,12 @@ from fedpeft.backbones.gather import ForwardGather
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
+from fedpeft.lazy import lazy
 from fedpeft.rng import torch_rng
 from fedpeft.trainers.base import PARAMS, TRAINERS, TrainerBase
+
+torch = lazy("torch")
+F = lazy("torch.nn.functional")
 
 
 class GradientSettings(BaseModel):
@@ -52,7 +54,7 @@ class TrainResult:
     optimizer_state: dict[str, torch.Tensor] | None
 
 
-Optimizer = Callable[[list[torch.Tensor], GradientSettings], torch.optim.Optimizer]
+Optimizer = Callable[[list["torch.Tensor"], GradientSettings], "torch.optim.Optimizer"]
 OPTIMIZERS: dict[str, Optimizer] = {
     "adam": lambda ts, s: torch.optim.Adam(ts, lr=s.lr, weight_decay=s.weight_decay),
     "adamw": lambda ts, s: torch.optim.AdamW(ts, lr=s.lr, weight_decay=s.weight_decay),

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import torch
-
 from fedpeft.comm.update import Params, Update
+from fedpeft.lazy import lazy
 from fedpeft.registry import Registry
+
+torch = lazy("torch")
 
 
 class UpdateTransform(Protocol):

@@ -20,12 +20,14 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.comm.update import Params, Update
+from fedpeft.lazy import lazy
 from fedpeft.privacy import gaussian_epsilon, gaussian_sigma, laplace_epsilon, sampling_rate
 from fedpeft.transforms.base import TRANSFORMS, TransformBase
+
+torch = lazy("torch")
 
 
 class LdpSettings(BaseModel):

@@ -6,11 +6,13 @@ gamma < 1 damps a client's contribution. Applies to every update tensor the clie
 
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.comm.update import Params, Update
+from fedpeft.lazy import lazy
 from fedpeft.transforms.base import TRANSFORMS, TransformBase
+
+torch = lazy("torch")
 
 
 class ScaleDeltaSettings(BaseModel):

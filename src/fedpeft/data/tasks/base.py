@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from fedpeft.config import TaskConfig
 from fedpeft.data.paths import DataNotFoundError, shared_data_dir
@@ -157,6 +156,8 @@ def stratified_split(
     examples: list[Example], test_fraction: float, seed: int = SPLIT_SEED
 ) -> tuple[list[Example], list[Example]]:
     """Stratified train/test split of a task that ships without one."""
+    from sklearn.model_selection import train_test_split
+
     train_idx, test_idx = train_test_split(
         np.arange(len(examples)), test_size=test_fraction, stratify=labels_of(examples), random_state=seed
     )

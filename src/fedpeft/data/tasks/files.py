@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from fedpeft.config import ConfigError, TaskConfig
 from fedpeft.data.tasks.base import PAIR_TEMPLATE, SPLIT_SEED, TASKS, default_label_words, stratified_split
@@ -226,6 +225,8 @@ def _class_names(labels: list[str], cfg: TaskConfig) -> tuple[list[str], dict[st
 
 def _split(examples: list[Example], cfg: TaskConfig, path: Path) -> tuple[list[Example], list[Example]]:
     """Seeded stratified ``task.test_fraction`` split; a plain seeded split, with a warning, if a class is too rare."""
+    from sklearn.model_selection import train_test_split
+
     try:
         return stratified_split(examples, cfg.test_fraction)
     except ValueError as err:

@@ -8,9 +8,11 @@ deprecated in favour of ``flwr run`` but is the in-process API that lets ``fedpe
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,22 @@ from fedpeft.config import ExperimentConfig
 from fedpeft.runtime.session import StopAfterRound
 
 log = logging.getLogger("fedpeft.flower")
+
+
+@contextlib.contextmanager
+def flower_logging(quiet: bool) -> Iterator[None]:
+    """Flower's lines once (its own handler, not also ours), and with ``runtime.progress: false`` only its errors:
+    no deprecation notices, no actor chatter (Ray's worker output is not forwarded either)."""
+    flwr = logging.getLogger("flwr")
+    old = flwr.level, flwr.propagate
+    flwr.propagate = False
+    if quiet:
+        flwr.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        flwr.setLevel(old[0])
+        flwr.propagate = old[1]
 
 
 def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
@@ -40,10 +58,13 @@ def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
                                join_timeout=120.0)
 
     cpus = num_actors or min(cfg.federation.num_clients, os.cpu_count() or 1)
+    quiet = not cfg.runtime.progress
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-               "init_args": {"num_cpus": cpus, "include_dashboard": False}}
-    with warnings.catch_warnings():
+               "init_args": {"num_cpus": cpus, "include_dashboard": False} | ({"log_to_driver": False} if quiet
+                                                                              else {})}
+    with warnings.catch_warnings(), flower_logging(quiet):
         warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning, module="ray")  # Ray's advice on GPU env vars
         try:
             run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.federation.num_clients,
                            backend_config=backend)
