@@ -235,7 +235,7 @@ def test_bad_model_name_is_one_line_naming_the_field(tmp_path):
         assert res.exit_code == 2, res.output
         lines = res.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: model.name: 'no/such/model'"), res.output
-        assert "tiny-bert" in lines[0] and "local path" in lines[0] and "Repo id" in lines[0]
+        assert "tiny-bert" in lines[0] and "local path" in lines[0] and "hub is not reachable" in lines[0]
         assert "Traceback" not in res.output
 
 

@@ -128,6 +128,9 @@ def _dry_run(cfg, out_dir: Path) -> None:
         table.add_row(name, f"{train:,}", f"{test:,}")
     table.add_row("all", f"{sum(c[1] for c in d.classes):,}", f"{sum(c[2] for c in d.classes):,}")
     console.print(table)
+    if d.validation:
+        console.print(f"validation: {d.validation:,} training examples held out (evaluation.keep_best)",
+                      highlight=False)
     console.print("clients:\n  " + "\n  ".join(d.clients), highlight=False, markup=False)
     if d.example:
         console.print(f"the first training example as the model sees it (readout {d.readout}, label "

@@ -321,10 +321,10 @@ class ExperimentConfig(_Strict):
 
     def default_name(self) -> str:
         """``<method>-<task>-<model>-<hash>-s<seed>``, the run directory's default name: the hash (6 hex digits of
-        the resolved config, seed, name and display settings aside) keeps two different configs apart, and the
-        seeds of one config side by side."""
+        the resolved config; seed, name, display settings and ``federation.rounds`` aside) keeps two different
+        configs apart and the seeds of one config side by side, and a run extended to more rounds keeps its name."""
         body = self.with_absolute_paths().model_dump(mode="json")
-        for section, key in (("runtime", "progress"), ("evaluation", "report")):
+        for section, key in (("runtime", "progress"), ("evaluation", "report"), ("federation", "rounds")):
             body[section].pop(key)
         body.pop("seed"), body.pop("name")
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:6]

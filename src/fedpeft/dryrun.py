@@ -43,6 +43,7 @@ class DryRun:
     readout: str = ""
     example: str = ""           # the first training example as the model sees it
     example_label: str = ""
+    validation: int = 0         # examples held out of training (evaluation.keep_best)
 
 
 def dry_run(cfg: ExperimentConfig) -> DryRun:
@@ -79,4 +80,4 @@ def dry_run(cfg: ExperimentConfig) -> DryRun:
                   payload_bytes(msg, method.wire), up, up_tensors, up - up_tensors, variable, counts,
                   exp.describe_clients(), exp.classifier.readout,
                   exp.classifier.show(first, method.initial_params()) if first else "",
-                  task.class_names[first.label] if first else "")
+                  task.class_names[first.label] if first else "", len(exp.validation))

@@ -26,10 +26,22 @@ class Run:
     config: dict[str, Any]
     summary: dict[str, Any] | None
     records: list[Record]
+    model: dict[str, Any] | None = None  # model.json: the task's classes and the clients' names, also while unfinished
 
     @property
     def seed(self) -> Any:
         return self.config.get("seed", (self.summary or {}).get("seed"))
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return (self.summary or {}).get("class_names") or ((self.model or {}).get("task") or {}).get("class_names")
+
+    @property
+    def client_names(self) -> dict[str, str] | None:
+        """Natural clients' names by id (``summary.json``, else ``model.json``)."""
+        names = (self.summary or {}).get("client_names")
+        listed = ((self.model or {}).get("clients") or {}).get("names")
+        return names if isinstance(names, dict) else dict(enumerate(listed)) if isinstance(listed, list) else None
 
 
 @dataclass
@@ -58,7 +70,8 @@ def load_run(path: Path) -> Run:
     cfg_path, summary_path = path / "config.yaml", path / "summary.json"
     text = cfg_path.read_text() if cfg_path.exists() else ""
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    return Run(path, text, yaml.safe_load(text) or {}, summary, RunDir(path).read_metrics())
+    run = RunDir(path)
+    return Run(path, text, yaml.safe_load(text) or {}, summary, run.read_metrics(), run.read_record())
 
 
 def _group_key(run: Run) -> str:
@@ -224,7 +237,7 @@ def client_names(runs: list[Run]) -> dict[str, str]:
     are left out."""
     seen: dict[str, set[str]] = {}
     for run in runs:
-        names = (run.summary or {}).get("client_names")
+        names = run.client_names
         if isinstance(names, dict):
             for k, v in names.items():
                 seen.setdefault(str(k), set()).add(str(v))
@@ -287,7 +300,7 @@ def class_report(run: Run) -> ClassReport | None:
     if per_class is None and confusion is None:
         return None
     n = len(confusion) if confusion is not None else len(per_class)
-    given = s.get("class_names")
+    given = run.class_names
     if isinstance(given, list) and len(given) == n:
         names = [str(c) for c in given]
     elif per_class is not None and len(per_class) == n:
