@@ -263,3 +263,26 @@ def test_diagonal_model_keeps_C_diagonal_and_none_keeps_I():
     np.testing.assert_allclose(sample(st, 4, np.random.default_rng(1)),
                                st.mean + st.sigma * np.sqrt(np.diagonal(st.cov))
                                * np.random.default_rng(1).standard_normal((4, d)), rtol=1e-12)
+
+
+def test_draws_do_not_depend_on_the_eigensolvers_basis(monkeypatch):
+    """With repeated eigenvalues (C = I plus a rank-2 update, as after a first CMA-ES step) the eigenbasis within
+    the repeated eigenspace, and every eigenvector's sign, are the eigensolver's choice, which differs between CPU
+    kernels (issue 35). Sampling through the symmetric root B D B^T draws the same candidates from any basis."""
+    d = 6
+    rng = np.random.default_rng(0)
+    u, v = rng.standard_normal(d), rng.standard_normal(d)
+    cov = np.eye(d) + 0.3 * np.outer(u, u) + 0.2 * np.outer(v, v)
+    st = CMAState(np.arange(d, dtype=float), 0.7, cov)
+    vals, vecs = np.linalg.eigh(cov)
+    assert np.sum(np.isclose(vals, 1.0)) == d - 2  # a 4-fold eigenvalue
+    # another valid eigenbasis: rotate within the repeated eigenspace and flip the other vectors' signs
+    q, _ = np.linalg.qr(rng.standard_normal((d - 2, d - 2)))
+    rep = np.isclose(vals, 1.0)
+    other = vecs.copy()
+    other[:, rep] = vecs[:, rep] @ q
+    other[:, ~rep] *= -1
+    np.testing.assert_allclose(other @ np.diag(vals) @ other.T, cov, atol=1e-12)
+    want = sample(st, 5, np.random.default_rng(3))
+    monkeypatch.setattr(np.linalg, "eigh", lambda a: (vals, other))
+    np.testing.assert_allclose(sample(st, 5, np.random.default_rng(3)), want, atol=1e-12)

@@ -124,11 +124,15 @@ def sample(state: CMAState, lam: int, rng: np.random.Generator, injected: np.nda
     (``cma/evolution_strategy.py``): a dx whose Mahalanobis length |C^{-1/2} dx|/sigma exceeds sqrt(n) is
     rescaled to the length |N(0, I)| of a fresh draw (``CMA_injections_threshold_keep_len = 1``); the
     remaining lam - k candidates are drawn as usual. Without ``injected`` the draws are unchanged.
+
+    y = C^{1/2} z with the symmetric root B D B^T (pycma: B D z; the same N(0, C)): it is unique where C has
+    repeated eigenvalues or the eigensolver picks other signs, which an eigenbasis is not, so a run draws the same
+    candidates on every CPU (numpy's LAPACK kernels differ in the basis they return).
     """
     b, d = _eig(state.cov)
     n = state.mean.shape[0]
     kept = [] if injected is None else [_injection(dx, b, d, state.sigma, rng) for dx in injected]
-    y = (rng.standard_normal((lam - len(kept), n)) * d) @ b.T
+    y = ((rng.standard_normal((lam - len(kept), n)) @ b) * d) @ b.T
     return np.vstack([state.mean + np.reshape(kept, (-1, n)), state.mean + state.sigma * y])
 
 
