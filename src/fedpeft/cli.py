@@ -535,6 +535,7 @@ def flower_run(
     """Submit an experiment to a SuperLink with `flwr run` and wait for it (runtime.name=flower): TLS with
     --root-certificates, or --insecure."""
     from fedpeft.config import ConfigError
+    from fedpeft.outputs import check_output_dir, os_error_line
     from fedpeft.resolve import load_config
     from fedpeft.runtime.flower.deployment import run_flower
 
@@ -542,12 +543,17 @@ def flower_run(
         cfg = load_config(config, list(set_) + ["runtime.name=flower"])
     except ConfigError as e:
         _fail(str(e))
+    for note in cfg.notes:
+        _warn(note)
     out_dir = out or Path("runs") / (cfg.name or cfg.default_name())
     try:
+        check_output_dir(out_dir, "--out")
         summary = run_flower(cfg, out_dir, resume=resume, superlink=superlink, round_timeout=round_timeout or None,
                              rejoin_wait=rejoin_wait, root_cert=root_certificates, insecure=insecure)
     except (FileExistsError, FileNotFoundError, RuntimeError, ValueError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(os_error_line(e))
     _print_table(out_dir, summary)
 
 
