@@ -23,7 +23,7 @@ from fedpeft.config import ExperimentConfig
 from fedpeft.data import groups_of, label_histogram, load_task, partition, pool_small_groups, split_by_group, split_like
 from fedpeft.data.fingerprint import data_fingerprint
 from fedpeft.data.participants import non_participants
-from fedpeft.data.tasks.base import stratified_split
+from fedpeft.data.tasks.base import plain_split, stratified_split
 from fedpeft.data.types import Example, TaskData
 from fedpeft.rng import SERVER, numpy_rng
 
@@ -277,7 +277,4 @@ def hold_out(examples: list[Example], fraction: float, seed: int) -> tuple[list[
     try:
         return stratified_split(examples, fraction, rng_seed)
     except ValueError:
-        order = np.random.default_rng(rng_seed).permutation(len(examples))
-        k = max(1, round(fraction * len(examples)))
-        val, train = sorted(order[:k]), sorted(order[k:])
-        return [examples[i] for i in train], [examples[i] for i in val]
+        return plain_split(examples, fraction, rng_seed)

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from fedpeft.metrics import per_class as per_class_of
 from fedpeft.tracking.rundir import RunDir
 
 Record = dict[str, Any]
@@ -278,17 +279,6 @@ def _square(m: Any) -> list[list[int]] | None:
     return None if any(v is None for row in vals for v in row) else [[int(v) for v in row] for row in vals]
 
 
-def _from_confusion(names: list[str], m: list[list[int]]) -> dict[str, dict[str, float]]:
-    """Precision, recall, F1 and support per class from a confusion matrix (0 where undefined)."""
-    out = {}
-    for i, name in enumerate(names):
-        tp, support, predicted = m[i][i], sum(m[i]), sum(row[i] for row in m)
-        p = tp / predicted if predicted else 0.0
-        r = tp / support if support else 0.0
-        out[name] = {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0, "support": support}
-    return out
-
-
 def class_report(run: Run) -> ClassReport | None:
     s = run.summary or {}
     per_class = s.get("per_class") if isinstance(s.get("per_class"), dict) and s.get("per_class") else None
@@ -308,7 +298,7 @@ def class_report(run: Run) -> ClassReport | None:
     else:
         names = [str(i) for i in range(n)]
     if per_class is None:
-        per_class = _from_confusion(names, confusion)
+        per_class = per_class_of(confusion, names)
     return ClassReport(rnd if isinstance(rnd, int) and not isinstance(rnd, bool) else None, names,
                        {str(k): (v if isinstance(v, dict) else {}) for k, v in per_class.items()},
                        _num(s.get("macro_f1")) if "per_class" in s else None, confusion)

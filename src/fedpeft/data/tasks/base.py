@@ -164,3 +164,12 @@ def stratified_split(
     return [examples[i] for i in sorted(train_idx)], [examples[i] for i in sorted(test_idx)]
 
 
+def plain_split(examples: list[Example], test_fraction: float, seed: int = SPLIT_SEED) -> tuple[list[Example],
+                                                                                                 list[Example]]:
+    """Seeded train/test split without stratification (where a class is too rare to stratify)."""
+    from sklearn.model_selection import train_test_split
+
+    train_idx, test_idx = train_test_split(np.arange(len(examples)), test_size=test_fraction, random_state=seed)
+    return [examples[i] for i in sorted(train_idx)], [examples[i] for i in sorted(test_idx)]
+
+

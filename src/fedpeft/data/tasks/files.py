@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fedpeft.config import ConfigError, TaskConfig
-from fedpeft.data.tasks.base import PAIR_TEMPLATE, SPLIT_SEED, TASKS, default_label_words, stratified_split
+from fedpeft.data.tasks.base import PAIR_TEMPLATE, TASKS, default_label_words, plain_split, stratified_split
 from fedpeft.data.types import Example, TaskData
 
 FORMATS = ("csv", "tsv", "jsonl", "parquet")
@@ -225,20 +225,18 @@ def _class_names(labels: list[str], cfg: TaskConfig) -> tuple[list[str], dict[st
 
 def _split(examples: list[Example], cfg: TaskConfig, path: Path) -> tuple[list[Example], list[Example]]:
     """Seeded stratified ``task.test_fraction`` split; a plain seeded split, with a warning, if a class is too rare."""
-    from sklearn.model_selection import train_test_split
-
     try:
         return stratified_split(examples, cfg.test_fraction)
     except ValueError as err:
         strat_err = err
     try:
-        tr, te = train_test_split(np.arange(len(examples)), test_size=cfg.test_fraction, random_state=SPLIT_SEED)
+        split = plain_split(examples, cfg.test_fraction)
     except ValueError as err:
         raise ConfigError(f"task.test_fraction: cannot split the {len(examples)} rows of {path} ({err}); add rows "
                           "or give task.test_path") from None
     warnings.warn(f"{path}: stratified train/test split impossible ({strat_err}); split without stratification",
                   stacklevel=2)
-    return [examples[i] for i in sorted(tr)], [examples[i] for i in sorted(te)]
+    return split
 
 
 # ---------------------------------------------------------------- the task
