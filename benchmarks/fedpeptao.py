@@ -159,7 +159,7 @@ def validity(run_dir: Path) -> dict:
     initial value) and the accuracy of every subset of |SL| = L/2 layers kept (the others reset)."""
     import torch
 
-    from fedpeft.backbones.classifier import evaluate
+    from fedpeft.model.classifier import evaluate
     from fedpeft.build import build
     from fedpeft.predict import adapter_params, load_run
 

@@ -85,7 +85,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fedpeft.backbones.blackbox import BlackBox
+from fedpeft.model.blackbox import BlackBox
 from fedpeft.backbones.encoding import collate
 from fedpeft.build import build
 from fedpeft.comm.codec import decode

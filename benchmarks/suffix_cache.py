@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from fedpeft.adapters.projected_prompt import ProjectedPrompt, ProjectedPromptSettings
-from fedpeft.backbones.blackbox import BlackBox
-from fedpeft.backbones.classifier import Classifier
+from fedpeft.model.blackbox import BlackBox
+from fedpeft.model.classifier import Classifier
 from fedpeft.backbones.loading import load_backbone
 from fedpeft.data import load_task
 from fedpeft.resolve import load_config

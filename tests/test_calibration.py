@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from fedpeft.adapters.projected_prompt import ProjectedPrompt, ProjectedPromptSettings
 from fedpeft.adapters.soft_prompt import SoftPrompt, SoftPromptSettings
-from fedpeft.backbones.blackbox import BlackBox
-from fedpeft.backbones.classifier import Classifier, evaluate
+from fedpeft.model.blackbox import BlackBox
+from fedpeft.model.classifier import Classifier, evaluate
 from fedpeft.backbones.loading import load_backbone
 from fedpeft.data.types import Example, TaskData
 from fedpeft.experiment import build_experiment

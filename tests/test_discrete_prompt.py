@@ -16,7 +16,7 @@ from conftest import tiny_overrides
 
 import fedpeft.trainers.discrete_search as ds
 from fedpeft.adapters.token_prompt import candidate_ids
-from fedpeft.backbones.blackbox import BlackBox
+from fedpeft.model.blackbox import BlackBox
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.build import build_method
 from fedpeft.clients import sub_state

@@ -16,8 +16,8 @@ from fedpeft.adapters.projected_prompt import (
     ProjectedPromptSettings,
     projection_std,
 )
-from fedpeft.backbones.blackbox import BlackBox
-from fedpeft.backbones.classifier import Classifier
+from fedpeft.model.blackbox import BlackBox
+from fedpeft.model.classifier import Classifier
 from fedpeft.backbones.loading import load_backbone
 from fedpeft.comm.codec import decode, encode, framing_overhead, payload_bytes
 from fedpeft.build import build_method

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedpeft.backbones.classifier import evaluate
+from fedpeft.model.classifier import evaluate
 from fedpeft.resolve import load_config
 from fedpeft.data import shared_data_dir
 from fedpeft.experiment import build_experiment

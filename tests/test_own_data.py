@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedpeft.backbones.classifier import Classifier
+from fedpeft.model.classifier import Classifier
 from fedpeft.backbones.loading import load_backbone
 from fedpeft.config import ConfigError, ExperimentConfig, TaskConfig
 from fedpeft.data import OTHER_GROUP, load_task, partition, pool_small_groups

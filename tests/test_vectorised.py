@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import tiny_overrides
 
-from fedpeft.backbones.classifier import Classifier
-from fedpeft.backbones.gather import ForwardGather
+from fedpeft.model.classifier import Classifier
+from fedpeft.model.gather import ForwardGather
 from fedpeft.build import build
 from fedpeft.config import ConfigError
 from fedpeft.resolve import load_config

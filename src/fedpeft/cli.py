@@ -269,6 +269,38 @@ def predict(
 
 
 @app.command()
+def generate(
+    run_dir: Annotated[Path, typer.Argument(help="a generation run's directory (finished or checkpointed)")],
+    prompt: Annotated[list[str], typer.Option("--prompt", help="an instruction to complete (repeatable)")] = [],
+    file: Annotated[Optional[Path], typer.Option("--file", help="instructions, one per line")] = None,
+    client: Annotated[Optional[str], _CLIENT] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(min=1, help="most tokens per completion (default: the "
+                                                                      "run's evaluation.max_new_tokens)")] = None,
+    best: Annotated[bool, _BEST] = False,
+) -> None:
+    """Greedy completions from a generation run's global adapter (or client K's personalised one), with the
+    prompt format the run trained with (the model's chat template, or task.prompt_template)."""
+    from rich.markup import escape
+
+    from fedpeft.outputs import os_error_line
+
+    prompts = list(prompt)
+    try:
+        if file is not None:
+            prompts += [line.rstrip("\n") for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            _fail("no prompts: give --prompt or --file")
+        model = _open_model(run_dir, client, best)
+        for text, completion in zip(prompts, model.generate(prompts, max_new_tokens)):
+            console.print(f"[bold]> {escape(text)}[/bold]")
+            console.print(completion, highlight=False, markup=False)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(os_error_line(e))
+
+
+@app.command()
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="a finished (or checkpointed) run directory")],
     file: Annotated[Path, typer.Option("--file", help="a labelled .csv/.tsv/.jsonl/.parquet file with the run's "

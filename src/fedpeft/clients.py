@@ -9,7 +9,7 @@ from fedpeft.backbones.encoding import Encoded
 from fedpeft.comm.codec import Message
 
 if TYPE_CHECKING:
-    from fedpeft.backbones.gather import ForwardGather
+    from fedpeft.model.gather import ForwardGather
 
 
 @dataclass

@@ -33,7 +33,8 @@ class TaskConfig(_Strict):
     max_train: int | None = Field(None, gt=0, description="cap on training examples (seeded stratified sample)")
     max_test: int | None = Field(None, gt=0, description="cap on test examples (seeded stratified sample)")
     few_shot: int | None = Field(None, gt=0, description="k training examples per class, drawn before partitioning")
-    max_length: int = Field(128, ge=8, description="tokens per input, prompt excluded")
+    max_length: int = Field(128, ge=8, description="tokens per input, prompt excluded (generation: prompt + "
+                                                   "response)")
     num_examples: int = Field(600, gt=0, description="size of synthetic tasks")
     domains: list[str] | None = Field(None, min_length=1, description="domain tasks: which domains to load, "
                                                                        "default all")
@@ -54,6 +55,42 @@ class TaskConfig(_Strict):
                                                                  "(and {text_b} for pairs)")
     causal_template: str | None = Field(None, min_length=1, description="causal-LM template; the label word "
                                                                         "follows it")
+    # generation (instruction tuning): see fedpeft.data.tasks.generation and fedpeft.data.tasks.files
+    kind: Literal["auto", "classification", "generation"] = Field(
+        "auto", description="task kind; auto: file tasks are generation when response_column is set, built-in "
+                            "tasks have their own kind")
+    instruction_column: str = Field("instruction", min_length=1, description="file tasks, generation: column of "
+                                                                              "the instruction")
+    input_column: str | None = Field(None, min_length=1, description="file tasks, generation: optional column of "
+                                                                     "the input/context")
+    response_column: str | None = Field(None, min_length=1, description="file tasks: column of the response; "
+                                                                        "setting it makes the task generation")
+    references_column: str | None = Field(None, min_length=1, description="file tasks, generation: several "
+                                                                          "reference texts (a list, in csv/tsv a "
+                                                                          "JSON array; a string is one)")
+    prompt_template: str | None = Field(None, min_length=1, description="generation: user prompt with "
+                                                                        "{instruction} (and optionally {input}); "
+                                                                        "default: the model's chat template")
+    max_response_length: int = Field(64, ge=1, description="generation: response tokens kept (longer responses "
+                                                          "are cut at the end)")
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _prompt_template(cls, value: str | None) -> str | None:
+        if value is not None and "{instruction}" not in value:
+            raise ValueError(f"task.prompt_template {value!r} lacks {{instruction}} (the instruction's place; "
+                             "{input} is optional)")
+        return value
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> TaskConfig:
+        if self.kind == "classification" and self.response_column is not None:
+            raise ValueError("task.response_column is set, which makes a generation task, but task.kind is "
+                             "'classification'; unset one of them")
+        if self.kind == "generation" and self.max_response_length >= self.max_length:
+            raise ValueError(f"task.max_response_length ({self.max_response_length}) must be below task.max_length "
+                             f"({self.max_length}), which holds prompt and response")
+        return self
 
 
 class ModelConfig(_Strict):
@@ -65,6 +102,9 @@ class ModelConfig(_Strict):
     pooling: Literal["all", "text"] = Field(
         "all", description="mean pooling of the similarity/linear readouts: every attended row, or the text rows "
                            "only (the adapter's inserted prompt rows left out; not with the verbalizer)")
+    quantization: Literal["none", "4bit", "8bit"] = Field(
+        "none", description="load the frozen weights quantized with bitsandbytes (QLoRA: 4bit NF4, bf16 compute); "
+                            "CUDA only")
     calibration: Literal["none", "contextual"] = Field(
         "none", description="contextual calibration (Zhao et al. 2021) of the verbalizer/similarity readout: "
                             "log p(y|x) - log p_cf(y), p_cf the mean class probabilities of content-free "
@@ -233,6 +273,17 @@ class EvaluationConfig(_Strict):
     validation_fraction: float = Field(0.1, gt=0, lt=1, description="with keep_best: the share of the training "
                                                                     "examples held out as the validation split "
                                                                     "(seeded, stratified, before partitioning)")
+    generate_every: int = Field(0, ge=0, description="generation tasks: every k rounds (and after the last) decode "
+                                                     "the test prompts greedily and record BLEU, chrF, ROUGE-L and "
+                                                     "exact match; 0: never (loss and perplexity are recorded at "
+                                                     "every evaluation)")
+    max_new_tokens: int = Field(64, ge=1, description="generation tasks: most tokens decoded per prompt")
+    generate_examples: int | None = Field(200, ge=1, description="generation tasks: test examples decoded for "
+                                                                 "the generation metrics (a seeded sample, the same "
+                                                                 "every round; each natural client's share kept); "
+                                                                 "unset: all")
+    show_examples: int = Field(3, ge=0, description="generation tasks: fixed test prompts whose generations are "
+                                                    "kept at each generating round (report.html table)")
 
 
 class RuntimeConfig(_Strict):
@@ -241,6 +292,9 @@ class RuntimeConfig(_Strict):
     device: str = Field("cpu", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     autocast: Literal["none", "bfloat16", "float16"] = Field(
         "none", description="mixed-precision forward passes on CUDA (the wire format is unchanged)")
+    gradient_checkpointing: bool = Field(False, description="recompute the frozen model's activations in the "
+                                                            "backward pass instead of keeping them (less memory, "
+                                                            "about a third more compute; gradient trainers)")
     progress: bool = True
     checkpoint_every: int = Field(1, ge=1)
     client_workers: int = Field(1, ge=1, description="embedded runtime, CPU: processes that train a round's clients "

@@ -15,16 +15,16 @@ import numpy as np
 
 from fedpeft.adapters import ADAPTERS, AdapterContext
 from fedpeft.attacks.backdoor import asr_examples, malicious_ids, poisoned_copies
-from fedpeft.backbones.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded, concat, text_budget
 from fedpeft.backbones.loading import Backbone, check_model_name, load_backbone, resolve_device
 from fedpeft.clients import ClientContext
-from fedpeft.config import ExperimentConfig
+from fedpeft.config import ConfigError, ExperimentConfig
 from fedpeft.data import groups_of, label_histogram, load_task, partition, pool_small_groups, split_by_group, split_like
 from fedpeft.data.fingerprint import data_fingerprint
 from fedpeft.data.participants import non_participants
 from fedpeft.data.tasks.base import plain_split, stratified_split
 from fedpeft.data.types import Example, TaskData
+from fedpeft.model import OBJECTIVES, Classifier, LanguageModel
 from fedpeft.rng import SERVER, numpy_rng
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class Experiment:
     cfg: ExperimentConfig
     task: TaskData
     backbone: Backbone
-    classifier: Classifier
+    classifier: Classifier | LanguageModel  # the objective: what the forward pass is scored by (task.kind)
     train_parts: list[np.ndarray]
     test_parts: list[np.ndarray]
     groups: list[str] | None = None  # each client's group (partition scheme 'by_column'/'domains'), for reporting
@@ -148,7 +148,7 @@ class Experiment:
         hist, names = self.label_histograms(), self.task.class_names
         lines = []
         for c in range(self.num_clients):
-            labels = ", ".join(f"{names[k]} {n}" for k, n in enumerate(hist["train"][c]) if n)
+            labels = ", ".join(f"{names[k]} {n}" for k, n in enumerate(hist["train"][c]) if n) if names else "text"
             role = " (never trains)" if c in self.non_participants else ""
             lines.append(f"{self.client_label(c)}{role}: {len(self.train_parts[c])} train ({labels or 'none'}), "
                          f"{len(self.test_parts[c])} test")
@@ -165,7 +165,8 @@ class Experiment:
                 "data": data_fingerprint(self.task)}
 
     def label_histograms(self) -> dict[str, list[list[int]]]:
-        c = self.task.num_classes
+        """Per client, examples per class in train and test (one column, all examples, on generation tasks)."""
+        c = max(self.task.num_classes, 1)
         train_labels = np.array([e.label for e in self.task.train])
         test_labels = np.array([e.label for e in self.task.test])
         return {
@@ -184,12 +185,15 @@ def split_clients(
     train_labels = np.array([e.label for e in task.train])
     test_labels = np.array([e.label for e in task.test])
     fed = cfg.federation
+    if task.is_generation and fed.partition.scheme == "dirichlet":
+        raise ConfigError("federation.partition.scheme: 'dirichlet' skews class labels, which a generation task has "
+                          "none of; use iid, dirichlet_quantity or by_column (natural clients)")
     train_groups, test_groups = groups_of(task.train), groups_of(task.test)
     if fed.partition.by_groups and train_groups is not None:
         if test_groups is None:
             raise ValueError(f"task '{task.name}' has groups in train but not in test")
         train_groups, test_groups = pool_small_groups(fed.partition.min_size * fed.partition.clients_per_domain,
-                                                      train_groups, test_groups)
+                                                      train_groups, test_groups, pool_unseen=not task.is_generation)
     train_parts = partition(train_labels, fed.num_clients, fed.partition, numpy_rng(cfg.seed, 0, SERVER, "partition"),
                             groups=train_groups)
     test_rng = numpy_rng(cfg.seed, 0, SERVER, "test-partition")
@@ -237,8 +241,7 @@ def build_experiment(cfg: ExperimentConfig, saved: TaskOnly | None = None) -> Ex
                         numpy_rng(cfg.seed, 0, SERVER, "malicious")) if a.active and saved is None else frozenset()
     backbone = load_backbone(cfg.model.name, cfg.model.trust_remote_code).to(resolve_device(cfg.runtime.device))
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
-    clf = Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length,
-                     cfg.runtime.autocast, calibration=cfg.model.calibration, pooling=cfg.model.pooling)
+    clf = OBJECTIVES.get(task.kind)(backbone, adapter, task, cfg)
     adapter.bind(AdapterContext(cfg.seed, task, clf.readout, backbone))
     for note in ignored_options(cfg, clf.readout, backbone.family):
         log.warning("%s", note)

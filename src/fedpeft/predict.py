@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from fedpeft.backbones.classifier import Classifier
+from fedpeft.model.classifier import Classifier
 from fedpeft.build import build
 from fedpeft.clients import sub_state
 from fedpeft.comm.codec import Message
@@ -94,6 +94,21 @@ class TrainedModel:
             batch = clf.batch(enc, list(range(start, min(start + bs, len(enc)))))
             out.append(torch.softmax(clf.logits(params, batch).float(), dim=-1).cpu())
         return torch.cat(out) if out else torch.empty(0, clf.task.num_classes)
+
+
+    def generate(self, prompts: Sequence[str | Example], max_new_tokens: int | None = None,
+                 batch_size: int | None = None) -> list[str]:
+        """Greedy completions of ``prompts`` (instructions, or examples with an input) with this adapter, as the
+        run's evaluation writes them (``LanguageModel.generate``)."""
+        lm = self.classifier
+        if getattr(lm, "kind", "classification") != "generation":
+            raise ValueError(f"{self.run_dir}: the run trained a classifier (task '{lm.task.name}'); generate needs a "
+                             "generation task's run (use predict)")
+        examples = [p if isinstance(p, Example) else Example(p, 0) for p in prompts]
+        params = {k: v.float() if v.is_floating_point() else v for k, v in self.params.items()}
+        ids = lm.generate(params, lm.encode_prompts(examples), max_new_tokens or self.cfg.evaluation.max_new_tokens,
+                          batch_size or self.cfg.evaluation.batch_size)
+        return [lm.backbone.tokenizer.decode(t, skip_special_tokens=True).strip() for t in ids]
 
 
 def open_model(run_dir: str | Path, client: int | str | None = None, best: bool = False) -> TrainedModel:

@@ -23,19 +23,22 @@ _FIELD = re.compile(r"\{(text_a|text_b|mask)\}")
 
 @dataclass
 class Encoded:
-    """Token ids of a dataset split for one backbone; ``mask_index`` is -1 when unused."""
+    """Token ids of a dataset split for one backbone; ``mask_index`` is -1 when unused; ``response_start`` (generation
+    tasks) is each row's first response position (its length for prompts alone), None for classification."""
 
     input_ids: list[list[int]]
     labels: np.ndarray
     mask_index: np.ndarray
     lead: int
+    response_start: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     def subset(self, idx: np.ndarray | list[int]) -> Encoded:
         idx = list(map(int, idx))
-        return Encoded([self.input_ids[i] for i in idx], self.labels[idx], self.mask_index[idx], self.lead)
+        starts = None if self.response_start is None else self.response_start[idx]
+        return Encoded([self.input_ids[i] for i in idx], self.labels[idx], self.mask_index[idx], self.lead, starts)
 
 
 def special_tokens(tokenizer, family: str) -> tuple[list[int], list[int]]:
@@ -98,8 +101,9 @@ def text_budget(backbone: Backbone, task: TaskData, max_length: int, readout: st
 
 def concat(a: Encoded, b: Encoded) -> Encoded:
     """The examples of ``a`` followed by those of ``b`` (same template and lead)."""
+    starts = None if a.response_start is None else np.concatenate([a.response_start, b.response_start])
     return Encoded(list(a.input_ids) + list(b.input_ids), np.concatenate([a.labels, b.labels]),
-                   np.concatenate([a.mask_index, b.mask_index]), a.lead)
+                   np.concatenate([a.mask_index, b.mask_index]), a.lead, starts)
 
 
 def encode_examples(
@@ -144,9 +148,13 @@ def collate(enc: Encoded, idx: np.ndarray | list[int], pad_id: int) -> dict[str,
     for j, r in enumerate(rows):
         ids[j, : len(r)] = torch.tensor(r)
         att[j, : len(r)] = 1
-    return {
+    rows_idx = list(map(int, idx))
+    out = {
         "input_ids": ids,
         "attention_mask": att,
-        "mask_index": torch.as_tensor(enc.mask_index[list(map(int, idx))]),
-        "labels": torch.as_tensor(enc.labels[list(map(int, idx))]),
+        "mask_index": torch.as_tensor(enc.mask_index[rows_idx]),
+        "labels": torch.as_tensor(enc.labels[rows_idx]),
     }
+    if enc.response_start is not None:
+        out["response_start"] = torch.as_tensor(enc.response_start[rows_idx])
+    return out

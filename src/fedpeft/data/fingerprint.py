@@ -2,8 +2,8 @@
 
 A run directory keeps them (``task.json``) so that ``--resume`` can refuse to continue on data that changed
 since the run started, naming the file, instead of silently training the rest of the run on something else.
-The examples' hash covers every task kind (benchmark files, BBC, Hugging Face datasets, synthetic tasks): the
-splits after sampling, in order, with their labels, groups and the class names.
+The examples' hash covers every task kind (benchmark files, BBC, Hugging Face datasets, synthetic tasks, generation
+tasks): the splits after sampling, in order, with their labels, groups, responses and references and the class names.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedpeft.data.types import TaskData
+from fedpeft.data.types import Example, TaskData
 
 _CHUNK = 1 << 20
 
@@ -28,13 +28,23 @@ def file_fingerprint(path: str | Path) -> dict[str, Any]:
     return {"path": str(path), "size": path.stat().st_size, "sha256": h.hexdigest()}
 
 
+def _example_fields(e: Example) -> list[Any]:
+    """What the hash covers of one example; response and references only where set, so that the hash of a
+    classification example (no target, no references) stays what it was before generation tasks existed."""
+    fields: list[Any] = [e.text_a, e.text_b, e.label, e.group]
+    if e.target is not None or e.references:
+        fields += [e.target, list(e.references)]
+    return fields
+
+
 def examples_sha256(task: TaskData) -> str:
-    """SHA-256 over the class names and every example of both splits (text, pair text, label, group)."""
+    """SHA-256 over the class names and every example of both splits (text, pair text, label, group, and for
+    generation the response and references)."""
     h = hashlib.sha256(json.dumps(task.class_names).encode())
     for split in (task.train, task.test):
         h.update(b"\x1e")
         for e in split:
-            h.update(json.dumps([e.text_a, e.text_b, e.label, e.group], ensure_ascii=False).encode())
+            h.update(json.dumps(_example_fields(e), ensure_ascii=False).encode())
     return h.hexdigest()
 
 

@@ -156,18 +156,28 @@ def group_order(groups: np.ndarray | list[str]) -> list[str]:
     return sorted({str(g) for g in groups}, key=lambda g: (g == OTHER_GROUP, g))
 
 
-def pool_small_groups(min_count: int, train_groups: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+def pool_small_groups(min_count: int, train_groups: np.ndarray, *others: np.ndarray,
+                      pool_unseen: bool = True) -> list[np.ndarray]:
     """Rename every group with fewer than ``min_count`` examples in ``train_groups`` to ``OTHER_GROUP``, in
-    ``train_groups`` and each of ``others`` (groups absent from training count 0); idempotent."""
+    ``train_groups`` and each of ``others``; idempotent. Groups absent from training count 0 (pooled) unless
+    ``pool_unseen`` is False: then they keep their names, so that ``split_by_group`` gives them to no client
+    (generation tasks whose test set holds unseen categories, such as WebNLG's, keep them out of every shard)."""
     train_groups = _check_groups(train_groups, "train_groups").astype(str)
     names, counts = np.unique(train_groups, return_counts=True)
     small = [str(g) for g, c in zip(names, counts, strict=True) if c < min_count]
     out = []
     for arr in (train_groups, *others):
         arr = np.asarray(arr).astype(str)
-        known = np.isin(arr, names)
-        out.append(np.where(np.isin(arr, small) | ~known, OTHER_GROUP, arr).astype(str))
+        unseen = ~np.isin(arr, names) if pool_unseen else np.zeros(arr.shape, dtype=bool)
+        out.append(np.where(np.isin(arr, small) | unseen, OTHER_GROUP, arr).astype(str))
     return out
+
+
+def unseen_groups(train_groups: np.ndarray, test_groups: np.ndarray) -> list[str]:
+    """The test groups that occur nowhere in training, sorted (WebNLG's unseen categories): by_column gives them to
+    no client, and they stay in the global test set only."""
+    seen = set(np.asarray(train_groups).astype(str).tolist())
+    return sorted(set(np.asarray(test_groups).astype(str).tolist()) - seen)
 
 
 def group_partition(groups: np.ndarray, clients_per_group: int, rng: np.random.Generator) -> list[np.ndarray]:

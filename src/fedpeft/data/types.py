@@ -9,25 +9,41 @@ from typing import Any
 @dataclass(frozen=True)
 class Example:
     """One labelled example; ``text_b`` is set for sentence-pair tasks, ``group`` (a domain, user, site, ...)
-    for tasks split into natural clients by the ``by_column`` partition scheme."""
+    for tasks split into natural clients by the ``by_column`` partition scheme.
+
+    Generation tasks: ``text_a`` is the instruction, ``text_b`` the input/context (None when empty), ``label`` 0,
+    ``target`` the response the model learns to write and ``references`` every reference text (empty: just target).
+    """
 
     text_a: str
     label: int
     text_b: str | None = None
     group: str | None = None
+    target: str | None = None
+    references: tuple[str, ...] = ()
 
     @property
     def domain(self) -> str | None:
         """Alias of ``group`` (the name used by multi-domain tasks)."""
         return self.group
 
+    @property
+    def refs(self) -> tuple[str, ...]:
+        """The reference texts metrics compare against: ``references``, else ``(target,)``, else none."""
+        if self.references:
+            return self.references
+        return () if self.target is None else (self.target,)
+
 
 @dataclass
 class TaskData:
-    """A loaded classification task: splits plus everything a readout needs to score classes.
+    """A loaded task: splits plus everything a readout needs to score classes (or, generation, to build prompts).
 
     ``template`` is for masked LMs and must contain ``{mask}``; ``causal_template`` ends where the
     label word is predicted as the next token. Both use ``{text_a}`` and, for pairs, ``{text_b}``.
+    ``kind`` is "classification" or "generation"; a generation task has no classes (empty class names, label
+    words and descriptions) and its ``prompt_template`` (``{instruction}``, ``{input}``; None: the model's chat
+    template or the built-in default) frames each example's instruction and input.
     """
 
     name: str
@@ -41,13 +57,20 @@ class TaskData:
     is_pair: bool = False
     info: dict[str, str] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)  # the user's data files read (fingerprinted by a run)
+    kind: str = "classification"  # or "generation"
+    prompt_template: str | None = None  # generation: user prompt with {instruction} and {input}
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    @property
+    def is_generation(self) -> bool:
+        """True for instruction/response tasks (causal-LM fine-tuning), False for classification."""
+        return self.kind == "generation"
+
     SPEC_FIELDS = ("name", "class_names", "label_words", "label_descriptions", "template", "causal_template",
-                   "is_pair")
+                   "is_pair", "kind", "prompt_template")
 
     def spec(self) -> dict[str, Any]:
         """Everything a readout needs to score classes, without the examples (a run keeps it in ``task.json``)."""
@@ -55,5 +78,6 @@ class TaskData:
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> TaskData:
-        """The task of ``spec()`` with empty splits: enough to classify new texts as the run did."""
-        return cls(**{k: spec[k] for k in cls.SPEC_FIELDS}, train=[], test=[])
+        """The task of ``spec()`` with empty splits: enough to classify new texts as the run did. A key missing
+        from an older spec (``kind``, ``prompt_template``) takes its default."""
+        return cls(**{k: spec[k] for k in cls.SPEC_FIELDS if k in spec}, train=[], test=[])

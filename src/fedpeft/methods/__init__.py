@@ -3,6 +3,6 @@
 from fedpeft.methods.base import PRESETS, ClientContext, Method, Preset, ReplySchema
 from fedpeft.methods.compat import check_combination
 from fedpeft.methods.composed import ComposedMethod
-from fedpeft.methods import discrete_prompt, fedbpt, fedpeptao, fedprompt, headprune  # noqa: F401  (registration)
+from fedpeft.methods import discrete_prompt, fedbpt, fedit, fedpeptao, fedprompt, headprune  # noqa: F401  (registration)
 
 __all__ = ["PRESETS", "ClientContext", "ComposedMethod", "Method", "Preset", "ReplySchema", "check_combination"]

@@ -30,6 +30,7 @@ from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpac
 from fedpeft.config import ExperimentConfig
 from fedpeft.downlink import DOWNLINKS, DownlinkContext, sync
 from fedpeft.downlink.base import SEP
+from fedpeft.generation_eval import by_group, generation_metrics, sample_rows
 from fedpeft.lazy import lazy
 from fedpeft.metrics import class_metrics
 from fedpeft.post_tuning import POST_TUNING, PostTuningContext
@@ -202,18 +203,44 @@ class ComposedMethod:
 
     def evaluate_global(self, state: Message) -> dict[str, Any]:
         """Test accuracy, loss, macro-F1 and confusion matrix of the global tensors (and the attack success rate
-        when it is measured)."""
-        return self.evaluate_on(state, self.exp.test_encoded) | self._asr(ServerState.from_message(state).glob)
+        when it is measured); on a generation task the loss and perplexity per response token, per natural client,
+        and in the generating rounds (``evaluation.generate_every``) what the model writes."""
+        st = ServerState.from_message(state)
+        return self.evaluate_on(state, self.exp.test_encoded) | self._asr(st.glob) | self._generation(st)
+
+    def _generating(self, round: int) -> bool:
+        every = self.cfg.evaluation.generate_every
+        return self.clf.kind == "generation" and every > 0 and (
+            round % every == 0 or round == self.cfg.federation.rounds)
+
+    def _generation(self, st: ServerState) -> dict[str, Any]:
+        """Greedy generations of the global tensors on the fixed test sample, scored (``generation_eval``)."""
+        if not self._generating(st.round):
+            return {}
+        ev = self.cfg.evaluation
+        rows = sample_rows(self.exp.task.test, ev.generate_examples, self.seed)
+        return {"generation": generation_metrics(self.clf, floats(st.glob), self.exp.task.test, rows,
+                                                 self._seen_groups(), ev.max_new_tokens, ev.batch_size,
+                                                 ev.show_examples)}
+
+    def _seen_groups(self) -> set[str]:
+        return {e.group for e in self.exp.task.train if e.group is not None}
 
     def evaluate_on(self, state: Message, data: Any) -> dict[str, Any]:
         """The global tensors' accuracy, loss, macro-F1 and confusion matrix on labelled encoded ``data``."""
         metrics = self.trainer.evaluate(ServerState.from_message(state).glob, data, predictions=True)
-        return self._with_classes(metrics, data.labels)
+        return self._with_classes(metrics, data)
 
-    def _with_classes(self, metrics: dict[str, Any], labels: Any) -> dict[str, Any]:
-        """``metrics`` with its ``predictions`` replaced by the macro-F1 and confusion matrix they give."""
+    def _with_classes(self, metrics: dict[str, Any], data: Any) -> dict[str, Any]:
+        """``metrics`` with its ``predictions`` replaced by the macro-F1 and confusion matrix they give (generation
+        tasks: by the loss per natural client of the test set)."""
         preds = metrics.pop("predictions", None)
-        return metrics if preds is None else metrics | class_metrics(labels, preds, self.clf.task.num_classes)
+        if preds is None:
+            return metrics
+        if self.clf.kind == "generation":
+            test = data is self.exp.test_encoded
+            return metrics | (by_group(self.clf, preds, self.exp.task.test, self._seen_groups()) if test else {})
+        return metrics | class_metrics(data.labels, preds, self.clf.task.num_classes)
 
     def _asr(self, glob: Params) -> dict[str, float]:
         asr_test = getattr(self.exp, "asr_test", None)
@@ -234,7 +261,8 @@ class ComposedMethod:
         if parts is None:
             return None
         whole, local = parts
-        return self._with_classes(whole, self.exp.test_encoded.labels) | self._asr(st.glob), dict(zip(clients, local))
+        return (self._with_classes(whole, self.exp.test_encoded) | self._asr(st.glob) | self._generation(st),
+                dict(zip(clients, local)))
 
     def _scores_global(self, st: ServerState, round: int) -> bool:
         """Whether every client's evaluation after ``round`` scores exactly the global tensors: no post-tuning now,

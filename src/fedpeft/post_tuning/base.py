@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedpeft.backbones.classifier import Classifier
+from fedpeft.model.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.comm.update import Params
 from fedpeft.registry import Registry

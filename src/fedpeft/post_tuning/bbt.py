@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.projected_prompt import build_projection, projection_std
-from fedpeft.backbones.blackbox import BlackBox
+from fedpeft.model.blackbox import BlackBox
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.comm.update import Params
 from fedpeft.lazy import lazy

@@ -11,7 +11,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedpeft.backbones.classifier import evaluate
+from fedpeft.model.classifier import evaluate
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.comm.update import Params
 from fedpeft.post_tuning.base import POST_TUNING, PostTuningBase, few_shot_split

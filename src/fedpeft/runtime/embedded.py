@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.progress import Progress
 
-from fedpeft.backbones.gather import ForwardGather
+from fedpeft.model.gather import ForwardGather
 from fedpeft.build import build
 from fedpeft.comm.codec import Message, decode
 from fedpeft.config import ExperimentConfig

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fedpeft.adapters.base import HeadSlices
-from fedpeft.backbones.classifier import Classifier
+from fedpeft.model.classifier import Classifier
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update

@@ -26,6 +26,10 @@ def role_means(scored: dict[int, dict[str, Any]], non_participants: frozenset[in
     return out
 
 
+# generation tasks: perplexity and token counts, loss per natural client (seen/unseen), what the model writes
+GENERATION_KEYS = ("perplexity", "num_tokens", "by_group", "seen", "unseen", "generation")
+
+
 def round_record(round: int, global_metrics: dict[str, float], clients: list[dict[str, Any]],
                  local_eval: dict[int, dict[str, Any]], eval_bytes_down: int, wall_seconds: float,
                  non_participants: frozenset[int] = frozenset()) -> dict[str, Any]:
@@ -43,6 +47,9 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
         "macro_f1": global_metrics.get("macro_f1"),
         **({"confusion": global_metrics["confusion"]} if "confusion" in global_metrics else {}),
         **({"asr": global_metrics["asr"]} if "asr" in global_metrics else {}),
+        **{k: global_metrics[k] for k in GENERATION_KEYS if k in global_metrics},
+        **({"local_loss": {str(k): v.get("loss") for k, v in sorted(local_eval.items())}}
+           if "perplexity" in global_metrics else {}),
         "local_accuracy_mean": statistics.fmean(local_acc) if local_acc else None,
         "local_accuracy_min": min(local_acc) if local_acc else None,
         "local_accuracy_max": max(local_acc) if local_acc else None,

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from fedpeft.backbones.classifier import Classifier, evaluate
+from fedpeft.model.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
@@ -33,7 +33,8 @@ Shapes = dict[str, tuple[int, ...]]
 
 @dataclass(frozen=True)
 class TrainerContext:
-    """What a trainer may use: the shared classifier, the run's experiment, and what the aggregator reads."""
+    """What a trainer may use: the shared objective (a ``Classifier`` or a ``LanguageModel``; the field keeps its
+    name), the run's experiment, and what the aggregator reads."""
 
     classifier: Classifier
     experiment: Any                       # fedpeft.experiment.Experiment (task, backbone, max_length)
@@ -155,7 +156,7 @@ class TrainerBase:
     def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
         if len(data) == 0:
             return {"num_examples": 0}
-        return evaluate(self.clf, floats(params), data, self.ctx.eval_batch, predictions)
+        return self.clf.evaluate(floats(params), data, self.ctx.eval_batch, predictions)
 
     def evaluate_parts(self, params: Params, data: Encoded,
                        parts: list[np.ndarray]) -> tuple[dict[str, float], list[dict[str, float]]] | None:
@@ -169,6 +170,8 @@ class TrainerBase:
         if type(self).evaluate is not TrainerBase.evaluate:
             return None
         bs = self.ctx.eval_batch
+        if self.clf.kind != "classification":  # per-example token sums: parts are exact sub-sums
+            return self.clf.evaluate_parts(floats(params), data, parts, bs)
         logits = predict(self.clf, floats(params), data, bs) if len(data) else torch.empty(0)
         labels = torch.as_tensor(data.labels).to(logits.device)
         rows = [torch.as_tensor(np.asarray(p, dtype=np.int64), device=logits.device) for p in parts]

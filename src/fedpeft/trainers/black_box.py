@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from fedpeft.backbones.blackbox import BlackBox
+from fedpeft.model.blackbox import BlackBox
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
@@ -190,12 +190,7 @@ class CMAESTrainer(TrainerBase):
     # ---------------------------------------------------------------- evaluation through the black box
 
     def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
-        if len(data) == 0:
-            return {"num_examples": 0}
-        box = BlackBox(self.clf, max_rows=self.ctx.eval_batch)
-        acc, loss, preds = box.accuracy(params[Z].float(), data)
-        return {"accuracy": acc, "loss": loss, "num_examples": len(data)} | ({"predictions": preds} if predictions
-                                                                                else {})
+        return BlackBox(self.clf, max_rows=self.ctx.eval_batch).metrics(params[Z].float(), data, predictions)
 
     def diagnostics(self, glob: Params) -> dict[str, float]:
         return {"sigma": float(glob["sigma"][0])} if "sigma" in glob else {}

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.backbones.blackbox import BlackBox
+from fedpeft.model.blackbox import BlackBox
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
@@ -168,8 +168,4 @@ class DiscreteSearchTrainer(TrainerBase):
     # ---------------------------------------------------------------- evaluation through the black box
 
     def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
-        if len(data) == 0:
-            return {"num_examples": 0}
-        acc, loss, preds = self._box(self.ctx.eval_batch).accuracy(params[PROMPT].float(), data)
-        return {"accuracy": acc, "loss": loss, "num_examples": len(data)} | ({"predictions": preds} if predictions
-                                                                                else {})
+        return self._box(self.ctx.eval_batch).metrics(params[PROMPT].float(), data, predictions)

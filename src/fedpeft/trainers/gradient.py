@@ -17,9 +17,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.backbones.classifier import Classifier
+from fedpeft.model.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
-from fedpeft.backbones.gather import ForwardGather
+from fedpeft.model.gather import ForwardGather
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
@@ -112,15 +112,15 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
         idx, order = order[: min(cfg.batch_size, n)], order[min(cfg.batch_size, n):]
         batch = clf.batch(data, idx.tolist())
 
-        def loss_of(logits: torch.Tensor, labels: torch.Tensor = batch["labels"]) -> torch.Tensor:
-            loss = F.cross_entropy(logits.float(), labels)
+        def loss_of(outputs, b: dict[str, torch.Tensor] = batch) -> torch.Tensor:
+            loss = clf.loss(outputs, b)
             if anchor is not None:  # FedProx Eq. 2
                 loss = loss + 0.5 * cfg.prox_mu * sum(((work[k] - anchor[k]) ** 2).sum() for k in names)
             return loss
 
         opt.zero_grad(set_to_none=True)
         if together is None:
-            loss = loss_of(clf.logits(work, batch, static))
+            loss = loss_of(clf.outputs(work, batch, static))
             loss.backward()
             loss = loss.item()
         else:

@@ -6,6 +6,10 @@ standard quoting; TSV is one row per line, fields split at tabs, no quoting; JSO
 Parquet is read with pyarrow. Every value is read as text: labels are strings or integers, and the classes are
 ``task.label_names`` or the distinct labels found (integers in numeric order, else strings sorted). Problems
 raise ``ConfigError`` naming the field and the file, and the line (row for parquet) where one applies.
+
+Generation (instruction-tuning) files: ``task.response_column`` set (or ``task.kind: generation``) reads
+``task.instruction_column``, optionally ``task.input_column`` and ``task.references_column``, instead of text and
+label columns; the test split is then a plain seeded one (there are no classes to stratify).
 """
 
 from __future__ import annotations
@@ -239,6 +243,112 @@ def _split(examples: list[Example], cfg: TaskConfig, path: Path) -> tuple[list[E
     return split
 
 
+# ---------------------------------------------------------------- generation rows
+
+
+def is_generation(cfg: TaskConfig) -> bool:
+    """Whether a file task is a generation task: ``task.kind`` generation, or auto with a response column."""
+    return cfg.kind == "generation" or (cfg.kind == "auto" and cfg.response_column is not None)
+
+
+_CLASSIFICATION_KEYS = ("text_column", "text_pair_column", "label_column", "label_names")
+_GENERATION_KEYS = ("instruction_column", "input_column", "references_column")
+
+
+def check_file_kind(cfg: TaskConfig) -> None:
+    """ConfigError for keys of the other kind: classification columns on a generation file task and vice versa."""
+    defaults = TaskConfig.model_fields
+    generation = is_generation(cfg)
+    if cfg.kind == "generation" and cfg.response_column is None:
+        raise ConfigError(f"task.response_column: task.kind is 'generation' but no response column is set; name the "
+                          f"column of the responses in the {cfg.name} file(s)")
+    for key in _CLASSIFICATION_KEYS if generation else _GENERATION_KEYS:
+        if getattr(cfg, key) != defaults[key].default:
+            what, hint = (("classification", "leave it unset (task.response_column makes this a generation task)")
+                          if generation else ("generation", "set task.response_column to make this a generation "
+                                              "task"))
+            raise ConfigError(f"task.{key} applies to {what} file tasks; {hint}")
+
+
+def _references(value: object, col: str, where: str) -> tuple[str, ...]:
+    """Reference texts of one cell: a list of texts (jsonl, parquet), a JSON array string (csv, tsv) or one text;
+    empty for a missing value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ()
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.startswith("[") and text.endswith("]")):
+            return (text,) if text else ()
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"task.references_column: {where}: column '{col}' holds {text[:40]!r}, which looks "
+                              f"like a JSON array but is not valid JSON ({err.msg})") from None
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, list | tuple) or not all(isinstance(r, str) for r in value):
+        kind = type(value).__name__ if not isinstance(value, list | tuple) else "a list holding " + ", ".join(
+            sorted({type(r).__name__ for r in value if not isinstance(r, str)}))
+        raise ConfigError(f"task.references_column: {where}: column '{col}' must hold a text or a list of texts, "
+                          f"got {kind}")
+    refs = tuple(r.strip() for r in value)
+    if any(not r for r in refs):
+        raise ConfigError(f"task.references_column: {where}: empty reference in column '{col}'; remove it")
+    return refs
+
+
+def _generation_examples(table: Table, cfg: TaskConfig, group_column: str | None) -> list[Example]:
+    """One example per row (instruction, input or None, response, references, group); ConfigError naming the key,
+    the file and the line for a missing column, an empty instruction or response, or bad references."""
+    assert cfg.response_column is not None
+    _need_columns(table, {"task.instruction_column": cfg.instruction_column, "task.input_column": cfg.input_column,
+                          "task.response_column": cfg.response_column,
+                          "task.references_column": cfg.references_column,
+                          "federation.partition.column": group_column})
+    out = []
+    for where, row in table.rows:
+        texts = {}
+        for key, col, what in (("instruction_column", cfg.instruction_column, "instruction"),
+                               ("response_column", cfg.response_column, "response")):
+            v = _cell(row.get(col))
+            if not v:
+                raise ConfigError(f"task.{key}: {where}: empty {what} in column '{col}'; fill it in or remove the row")
+            texts[what] = v
+        context = None if cfg.input_column is None else (_cell(row.get(cfg.input_column)) or None)
+        refs = () if cfg.references_column is None else _references(row.get(cfg.references_column),
+                                                                    cfg.references_column, where)
+        group = None
+        if group_column is not None:
+            group = _cell(row.get(group_column))
+            if not group:
+                raise ConfigError(f"federation.partition.column: {where} has no value in column '{group_column}'; "
+                                  "fill it in or remove the row")
+            check_not_missing(group, "federation.partition.column", group_column, where)
+        out.append(Example(texts["instruction"], 0, context, group, target=texts["response"], references=refs))
+    return out
+
+
+def _load_generation(cfg: TaskConfig, tables: list[Table], test_p: Path | None,
+                     group_column: str | None) -> TaskData:
+    """The generation task of the files read: the test file's rows, else a plain seeded test_fraction split."""
+    splits = [_generation_examples(t, cfg, group_column) for t in tables]
+    train_p = tables[0].path
+    if len(splits) == 2:
+        train, test = splits
+    else:
+        try:
+            train, test = plain_split(splits[0], cfg.test_fraction)
+        except ValueError as err:
+            raise ConfigError(f"task.test_fraction: cannot split the {len(splits[0])} rows of {train_p} ({err}); "
+                              "add rows or give task.test_path") from None
+    columns = [cfg.instruction_column, cfg.input_column, cfg.response_column, cfg.references_column]
+    return TaskData(name=cfg.name, class_names=[], train=train, test=test, label_words=[], label_descriptions=[],
+                    kind="generation", prompt_template=cfg.prompt_template,
+                    info={"source": str(train_p), "test": str(test_p) if test_p else f"split {cfg.test_fraction}",
+                          "columns": json.dumps(columns), "kind": "generation"},
+                    files=[str(t.path.absolute()) for t in tables])
+
+
 # ---------------------------------------------------------------- the task
 
 
@@ -273,14 +383,18 @@ def _defaults(names: list[str], words: list[str], pair: bool) -> tuple[list[str]
 
 
 def load_file_task(cfg: TaskConfig, group_column: str | None = None) -> TaskData:
-    """Load a csv/tsv/jsonl/parquet task; ``group_column`` (``federation.partition.column``) sets ``Example.group``."""
+    """Load a csv/tsv/jsonl/parquet task (classification, or generation with ``task.response_column``);
+    ``group_column`` (``federation.partition.column``) sets ``Example.group``."""
     fmt = cfg.name
     try:
         codecs.lookup(cfg.encoding)
     except LookupError:
         raise ConfigError(f"task.encoding: unknown encoding '{cfg.encoding}' (e.g. utf-8, latin-1, cp1252)") from None
+    check_file_kind(cfg)
     train_p, test_p = file_paths(cfg)
     tables = [read_table(p, fmt, cfg.encoding) for p in (train_p, test_p) if p is not None]
+    if is_generation(cfg):
+        return _load_generation(cfg, tables, test_p, group_column)
     raw = [list(_raw_examples(t, cfg, group_column)) for t in tables]
     if cfg.label_names is None:
         warn_rare_classes([(lab, where) for rows in raw for _, lab, where in rows])
@@ -302,4 +416,5 @@ def load_file_task(cfg: TaskConfig, group_column: str | None = None) -> TaskData
 
 for _fmt in FORMATS:
     TASKS.add(_fmt, lambda cfg, seed: load_file_task(cfg), f"your own {_fmt} file(s): task.path, task.text_column, "
-              "task.label_column (see README 'Your own data'); by_column partitions by any column")
+              "task.label_column (see README 'Your own data'), or for generation task.instruction_column, "
+              "task.response_column; by_column partitions by any column")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedpeft.backbones.classifier import Classifier
+from fedpeft.model.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.lazy import inference_mode, lazy
 
@@ -29,7 +29,7 @@ torch = lazy("torch")
 F = lazy("torch.nn.functional")
 
 if TYPE_CHECKING:
-    from fedpeft.backbones.gather import ForwardGather
+    from fedpeft.model.gather import ForwardGather
 
 
 @dataclass
@@ -103,7 +103,10 @@ class BlackBox:
         return int(getattr(cfg, "num_tokens", 0) or 0)
 
     def sample_losses(self, z: torch.Tensor, data: Encoded) -> torch.Tensor:
-        """Per-example cross-entropy over the label words, [P, n]."""
+        """Per-example cross-entropy over the label words, [P, n]; on a generation task each example's mean
+        response-token cross-entropy (``LanguageModel.example_losses``)."""
+        if self.__clf.kind == "generation":
+            return self._example_losses(z, data)
         logits = self.logits(z, data)
         labels = torch.as_tensor(data.labels).long()
         p, n, c = logits.shape
@@ -112,6 +115,36 @@ class BlackBox:
     def losses(self, z: torch.Tensor, data: Encoded) -> torch.Tensor:
         """Mean cross-entropy on the whole local set per candidate, [P] (spec A5: mean, not sum)."""
         return self.sample_losses(z, data).mean(dim=1)
+
+    @inference_mode
+    def _example_losses(self, z: torch.Tensor, data: Encoded) -> torch.Tensor:
+        """[P, n] example losses of a generation objective, all candidates stacked in one forward per chunk."""
+        zz = z.unsqueeze(0) if z.dim() == self.param_dims else z
+        pop, n = zz.shape[0], len(data)
+        out = torch.empty(pop, n)
+        chunk = max(1, self.max_rows // pop)
+        for start in range(0, n, chunk):
+            idx = list(range(start, min(start + chunk, n)))
+            batch = self.__clf.batch(data, idx)
+            scores = self.__clf.outputs({self.param_name: zz.float()}, batch)
+            out[:, start:start + len(idx)] = self.__clf.example_losses(scores).view(pop, len(idx)).cpu()
+            self.usage.queries += 1
+            self.usage.examples += pop * len(idx)
+            self.usage.tokens += pop * (int(batch["attention_mask"].sum()) + self._inserted() * len(idx))
+        self.usage.candidates += pop
+        return out
+
+    def metrics(self, z: torch.Tensor, data: Encoded, predictions: bool = False) -> dict:
+        """A trainer's ``evaluate`` metrics of one prompt vector on ``data``: accuracy, mean loss (and each
+        example's predicted class) on classification; the objective's loss, perplexity and token accuracy on
+        generation."""
+        if len(data) == 0:
+            return {"num_examples": 0}
+        if self.__clf.kind == "generation":
+            return self.__clf.evaluate({self.param_name: z.float()}, data, self.max_rows, predictions)
+        acc, loss, preds = self.accuracy(z, data)
+        return {"accuracy": acc, "loss": loss, "num_examples": len(data)} | ({"predictions": preds} if predictions
+                                                                                else {})
 
     def accuracy(self, z: torch.Tensor, data: Encoded) -> tuple[float, float, np.ndarray]:
         """(accuracy, mean loss, each example's predicted class) of one prompt vector on ``data``."""

@@ -11,9 +11,6 @@
   up to float rounding; SmolLM2's full-vocabulary logits at every position were ~21 % of its FLOPs).
 - ``linear``: a trainable ``head.weight``/``head.bias`` on the pooled output; it is trained and
   exchanged with the adapter and counted in the payload.
-- An adapter may hand over a frozen text (``Prepared.text``, the projected prompt's suffix placement): it runs
-  once with a key/value cache, tiled for the candidates that share it, before the adapter's rows; caches are kept
-  per process by token ids (least recently used out) while the adapter changes no backbone weight.
 - ``calibration="contextual"`` (verbalizer/similarity; Zhao et al. 2021, "Calibrate Before Use"): logits are
   ``log softmax(raw) - log p_cf`` with p_cf the mean class softmax of content-free inputs (the template filled
   with "N/A", "" and the mask token), computed with the same params in the same forward (appended rows,
@@ -22,17 +19,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections import OrderedDict
 from types import SimpleNamespace
 from typing import Any
 
-from fedpeft.adapters.base import Adapter, FrozenText, Params, Prepared, text_mask
-from fedpeft.backbones.encoding import Encoded, collate, encode_examples
+from fedpeft.adapters.base import Adapter, Params, Prepared, text_mask
+from fedpeft.backbones.encoding import Encoded, encode_examples
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example, TaskData
-from fedpeft.lazy import lazy, lazy_dict, no_grad
+from fedpeft.lazy import lazy, no_grad
+from fedpeft.model.forward import AdaptedModel, _cut, _sorted_forward
 
 torch = lazy("torch")
 F = lazy("torch.nn.functional")
@@ -63,8 +59,6 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
 
 
-AUTOCAST = lazy_dict(lambda: {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16})
-TEXT_KV = "text_kv"  # Backbone.cache key of the kept frozen-text key/value caches
 
 
 def pooling_mask(prep: Prepared, pooling: str) -> torch.Tensor:
@@ -72,52 +66,6 @@ def pooling_mask(prep: Prepared, pooling: str) -> torch.Tensor:
     if pooling == "text":
         return text_mask(prep.attention_mask, prep.insert_at, prep.inserted)
     return prep.attention_mask
-
-
-def tile_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], repeats: int, config):
-    """A fresh ``DynamicCache`` holding every layer's keys/values tiled ``repeats`` times along the batch
-    (candidate-major: rows [c*n:(c+1)*n] are candidate c's); the kept cache is never written."""
-    from transformers import DynamicCache
-
-    return DynamicCache(ddp_cache_data=[(k.repeat(repeats, 1, 1, 1), v.repeat(repeats, 1, 1, 1)) for k, v in layers],
-                        config=config)
-
-
-def _cut(value, start: int, stop: int, cols: int):
-    """Rows ``start:stop`` and the first ``cols`` positions of a model output (a tensor or a tuple of them)."""
-    if isinstance(value, tuple):
-        return tuple(v[start:stop, :cols] for v in value)
-    return value[start:stop, :cols]
-
-
-_OUTPUTS = ("logits", "last_hidden_state", "hidden_states")
-
-
-def _sorted_forward(model, embeds: torch.Tensor, mask: torch.Tensor, passes: int,
-                    hidden_states: bool) -> dict[str, Any]:
-    """``model`` on right-padded rows [R, W, d] in ``passes`` passes over the rows sorted by length, each pass cut
-    to its longest row; the outputs put back in row order, zero beyond each pass's width (pad positions only,
-    which no readout reads)."""
-    kwargs: dict[str, Any] = {"output_hidden_states": True} if hidden_states else {}
-    if passes <= 1:
-        out = model(inputs_embeds=embeds, attention_mask=mask, **kwargs)
-        return {k: v for k, v in out.items() if k in _OUTPUTS}
-    width = mask.shape[1]
-    lengths = width - torch.flip(mask, [1]).to(torch.int64).argmax(1)  # last attended position + 1
-    order = torch.argsort(lengths, stable=True)
-    parts: dict[str, list] = {}
-    for idx in torch.tensor_split(order, min(passes, len(order))):
-        w = int(lengths[idx].max())
-        out = model(inputs_embeds=embeds[idx, :w], attention_mask=mask[idx, :w], **kwargs)
-        for k, v in out.items():
-            if k in _OUTPUTS:
-                parts.setdefault(k, []).append(v)
-    back = torch.argsort(order)
-
-    def join(pieces: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([F.pad(x, (0, 0) * (x.dim() - 2) + (0, width - x.shape[1])) for x in pieces])[back]
-
-    return {k: tuple(map(join, zip(*v))) if isinstance(v[0], tuple) else join(v) for k, v in parts.items()}
 
 
 def readout_option(field: str, value: str, choices: tuple[str, ...], readout: str, excluded: str, why: str) -> str:
@@ -130,18 +78,17 @@ def readout_option(field: str, value: str, choices: tuple[str, ...], readout: st
     return value
 
 
-class Classifier:
-    """Stateless scoring function over (adapter params, token batch); shares the frozen backbone.
+class Classifier(AdaptedModel):
+    """The classification objective: class logits of (adapter params, token batch) through the readout, and their
+    cross-entropy as the loss every trainer minimises (or, forward-only, uses as the fitness)."""
 
-    The one place where the device is applied: batches and adapter tensors are moved to the backbone's
-    device here, and forward passes run under autocast when ``autocast`` names a dtype (CUDA only).
-    """
+    kind = "classification"
 
     def __init__(self, backbone: Backbone, adapter: Adapter, task: TaskData, readout: str = "auto",
                  similarity_scale: float = 20.0, max_length: int = 128, autocast: str = "none",
                  calibration: str = "none", content_free: tuple[str, ...] | None = None,
                  pooling: str = "all") -> None:
-        self.backbone, self.adapter, self.task = backbone, adapter, task
+        super().__init__(backbone, adapter, task, max_length, autocast)
         self.readout = resolve_readout(readout, backbone.family)
         self.pooling = readout_option("model.pooling", pooling, ("all", "text"), self.readout, "verbalizer",
                                       "applies to the pooled readouts (similarity, linear); the verbalizer reads "
@@ -156,10 +103,6 @@ class Classifier:
             raise ValueError("model.calibration: contextual calibration needs at least one content-free input")
         self._cf: Encoded | None = None
         self.scale = similarity_scale
-        self.max_length = max_length
-        self.pad_id = backbone.tokenizer.pad_token_id
-        self.device = backbone.device
-        self.autocast = AUTOCAST[autocast] if self.device.type == "cuda" else None
         self.label_ids = (torch.tensor(label_token_ids(backbone, task.label_words), device=self.device)
                           if self.readout == "verbalizer" else None)
         self.anchors = self._anchors() if self.readout == "similarity" else None
@@ -203,83 +146,9 @@ class Classifier:
 
     # ---------------------------------------------------------------- forward
 
-    def _autocast(self):
-        if self.autocast is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast)
-
-    def _forward(self, params: Params, batch: dict[str, torch.Tensor], hidden_states: bool = False,
-                 attentions: bool = False, static: Params | None = None):
-        params = {k: v.to(self.device) for k, v in params.items()}
-        prep = self.adapter.prepare(self.backbone, params, batch["input_ids"], batch["attention_mask"],
-                                    int(batch["lead"]))
-        kwargs = {"inputs_embeds": prep.embeds, "attention_mask": prep.attention_mask, **prep.extra}
-        if hidden_states or self._reads_hidden_states():
-            kwargs["output_hidden_states"] = True
-        if attentions:
-            kwargs["output_attentions"] = True
-        over = self.adapter.overrides(params) or {}
-        if static:  # fixed backbone weights for this call (e.g. a client's physically pruned heads)
-            over = over | {k: v.to(self.device) for k, v in static.items()}
-        model, split = self.backbone.model, self.backbone.body_and_head
-        if split is not None:  # the body only: the verbalizer applies the LM head to the rows it reads
-            prefix = split[0] + "."
-            model = split[1]
-            over = {k[len(prefix):]: v for k, v in over.items() if k.startswith(prefix)}
-        passes = self._population_passes(prep, batch) if not (over or attentions) else 1
-        with self._autocast():
-            if prep.text is not None:
-                kwargs["past_key_values"] = self._text_cache(prep.text, model, over)
-            if passes > 1:
-                out = SimpleNamespace(**_sorted_forward(model, prep.embeds, prep.attention_mask, passes,
-                                                        "output_hidden_states" in kwargs))
-            else:
-                out = torch.func.functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
-        return out, prep, params
-
-    def _population_passes(self, prep: Prepared, batch: dict[str, torch.Tensor]) -> int:
-        """Forwards for a call whose adapter stacks several candidates over one batch (a CMA-ES population, the K
-        tokens of a search step): on CPU one per candidate over the rows sorted by length, each padded only to its
-        own longest row (the same matrix sizes as a candidate at a time, far fewer pad tokens); one otherwise."""
-        rows, n = prep.embeds.shape[0], batch["input_ids"].shape[0]
-        if self.device.type != "cpu" or rows <= n or prep.text is not None or prep.extra:
-            return 1
-        return rows // n
-
     def _reads_hidden_states(self) -> bool:
         """A decoder's pooled readouts read the last layer's hidden states (HF returns no last_hidden_state)."""
         return self.backbone.family != "encoder" and self.readout != "verbalizer"
-
-    def _text_cache(self, text: FrozenText, model, over: Params):
-        """Key/value cache of the frozen text, tiled for ``text.repeats`` candidates: computed once, and kept (up to
-        ``text.keep``, keyed by token ids, mask and autocast dtype) for later calls while no weight is overridden;
-        ``keep = 0``: neither kept nor looked up."""
-        kept = self.backbone.cache.setdefault(TEXT_KV, OrderedDict())
-        key = (str(self.autocast), tuple(text.input_ids.shape), text.input_ids.cpu().numpy().tobytes(),
-               text.attention_mask.cpu().numpy().tobytes())
-        reuse = text.keep > 0 and not over
-        layers = kept.pop(key, None) if reuse else None
-        if layers is None:
-            kwargs = {"input_ids": text.input_ids, "attention_mask": text.attention_mask, "use_cache": True}
-            out = torch.func.functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
-            if any(out.past_key_values.is_sliding):
-                raise ValueError(f"method.adapter.kv_cache: {self.backbone.name} has sliding-window attention layers; "
-                                 "a shared text cache needs full attention (set kv_cache=false)")
-            layers = [(k, v) for k, v, *_ in out.past_key_values]
-        if reuse:
-            kept[key] = layers  # now the most recently used
-            while len(kept) > text.keep:
-                kept.popitem(last=False)
-        return tile_cache(layers, text.repeats, self.backbone.model.config)
-
-    def _head_rows(self, hidden: torch.Tensor, params: Params) -> torch.Tensor:
-        """Vocabulary logits of the LM head on the read rows [n, d] only (the head's own weights, or the
-        adapter's overrides of them), instead of on every position."""
-        _, _, name, head = self.backbone.body_and_head
-        prefix = name + "."
-        over = {k[len(prefix):]: v for k, v in (self.adapter.overrides(params) or {}).items()
-                if k.startswith(prefix)}
-        return torch.func.functional_call(head, over, args=(hidden,), strict=False) if over else head(hidden)
 
     def logits(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None = None) -> torch.Tensor:
         """Class logits [batch, num_classes] of the adapted frozen model (float32); ``static`` replaces backbone
@@ -291,6 +160,18 @@ class Classifier:
         with self._autocast():
             logits = self.readout_logits(out, prep, batch, params)
         return logits.float() if self.autocast is not None else logits
+
+    def outputs(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None = None) -> torch.Tensor:
+        """What the loss scores: the class logits (the objective contract shared with ``LanguageModel``)."""
+        return self.logits(params, batch, static)
+
+    def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean cross-entropy of the batch's labels."""
+        return F.cross_entropy(logits.float(), batch["labels"])
+
+    def evaluate(self, params: Params, enc: Encoded, batch_size: int = 64, predictions: bool = False) -> dict[str, Any]:
+        """Accuracy and mean cross-entropy on ``enc`` (module-level ``evaluate``)."""
+        return evaluate(self, params, enc, batch_size, predictions)
 
     def logits_stacked(self, calls: list[tuple[Params, dict[str, torch.Tensor]]],
                        passes: int | None = None) -> list[torch.Tensor] | None:
@@ -383,23 +264,6 @@ class Classifier:
         log_pcf = torch.logsumexp(logp[:, n:], dim=1, keepdim=True) - math.log(k)  # log mean_cf softmax
         return (logp[:, :n] - log_pcf).reshape(-1, logp.shape[-1])
 
-    @no_grad
-    def attentions(self, params: Params, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], Prepared]:
-        """Each layer's attention probabilities [n, H, T, T] with the adapter applied (eager attention)."""
-        model = self.backbone.model
-        before = model.config._attn_implementation
-        model.set_attn_implementation("eager")
-        try:
-            out, prep, _ = self._forward(params, batch, attentions=True)
-        finally:
-            model.set_attn_implementation(before)
-        return list(out.attentions), prep
-
-    def hidden_states(self, params: Params, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        """Each layer's output [n, T, d] with the adapter applied (HF ``hidden_states[1:]``)."""
-        out, _, _ = self._forward(params, batch, hidden_states=True)
-        return list(out.hidden_states[1:])
-
     def readout_logits(self, out, prep, batch: dict[str, torch.Tensor], params: Params) -> torch.Tensor:
         if self.readout == "verbalizer":
             states = out.logits if self.backbone.body_and_head is None else out.last_hidden_state
@@ -430,13 +294,6 @@ class Classifier:
             hidden = out.last_hidden_state if self.backbone.family == "encoder" else out.hidden_states[-1]
             self.backbone.cache[key] = F.normalize(mean_pool(hidden, b["attention_mask"]), dim=-1)
         return self.backbone.cache[key]
-
-    def batch(self, enc: Encoded, idx) -> dict[str, torch.Tensor]:
-        """Right-padded batch tensors on the classifier's device."""
-        b = {k: v.to(self.device) for k, v in collate(enc, idx, self.pad_id).items()}
-        b["lead"] = enc.lead
-        return b
-
 
 @no_grad
 def evaluate(clf: Classifier, params: Params, enc: Encoded, batch_size: int = 64,
