@@ -72,9 +72,13 @@ def export_peft(run_dir: str | Path, out: str | Path, best: bool = False) -> tup
 def task_metadata(model: TrainedModel, record: dict[str, Any], base: str) -> dict[str, Any]:
     """``fedpeft_task.json``: what scoring classes with the exported adapter needs, as the run scored them."""
     clf, cfg = model.classifier, model.cfg
-    return {"task": clf.task.spec(), "readout": clf.readout, "similarity_scale": clf.scale, "pooling": clf.pooling,
-            "calibration": clf.calibration, "max_length": clf.max_length,
-            "task_head": "task_head.safetensors" if clf.readout == "linear" else None,
+    if clf.kind == "generation":  # what prompts looked like: the chat template, or the template given
+        scoring = {"max_response_length": clf.max_response_length, "chat_template": clf.format.chat,
+                   "end_token_id": clf.end_id}
+    else:
+        scoring = {"similarity_scale": clf.scale, "pooling": clf.pooling, "calibration": clf.calibration,
+                   "task_head": "task_head.safetensors" if clf.readout == "linear" else None}
+    return {"task": clf.task.spec(), "readout": clf.readout, "max_length": clf.max_length, **scoring,
             "backbone": {"name": cfg.model.name, "base_model_name_or_path": base, "family": clf.backbone.family,
                          "sha256": (record.get("backbone") or {}).get("sha256") or clf.backbone.fingerprint()},
             "round": model.round, "rounds": model.rounds, "best_on_validation": model.best,

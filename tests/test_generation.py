@@ -1,0 +1,275 @@
+"""Generation tasks on a tiny random LLaMA: the completion-only loss mask, greedy decoding against a loop that
+recomputes the whole sequence, learning on a memorisable set for every adapter, the forward-only fitness, the
+text metrics against sacrebleu/rouge-score, an end-to-end run, ``fedpeft generate`` and the PEFT export."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedpeft.adapters import ADAPTERS, AdapterContext
+from fedpeft.backbones.instruction_encoding import ALPACA_NO_INPUT, PromptFormat, end_token_id
+from fedpeft.backbones.loading import load_backbone
+from fedpeft.data.types import Example, TaskData
+from fedpeft.model import LanguageModel
+from fedpeft.model.blackbox import BlackBox
+from fedpeft.model.language_model import IGNORE, response_labels
+from fedpeft.text_metrics import text_metrics
+from fedpeft.trainers.gradient import GradientSettings, train_local
+
+ADAPTER_SETTINGS = {"lora": {"r": 4}, "soft_prompt": {"num_tokens": 4, "position": "before_all"},
+                    "deep_prompt": {"num_tokens": 3}, "full": {}}
+EXAMPLES = [Example("say hello", 0, None, target="hello world"),
+            Example("count on", 0, "one two", target="three four five"),
+            Example("name a colour", 0, None, target="green")]
+
+
+def _task(prompt_template: str | None = None) -> TaskData:
+    return TaskData(name="t", class_names=[], train=[], test=[], label_words=[], label_descriptions=[],
+                    kind="generation", prompt_template=prompt_template)
+
+
+def _lm(adapter: str, backbone=None, task: TaskData | None = None) -> LanguageModel:
+    backbone = backbone or load_backbone("tiny-llama")
+    task = task or _task()
+    entry = ADAPTERS.entry(adapter)
+    ad = entry.obj(entry.settings(**ADAPTER_SETTINGS[adapter]) if entry.settings else None)
+    ad.bind(AdapterContext(0, task, "lm", backbone))
+    return LanguageModel(backbone, ad, task, max_length=64, max_response_length=8)
+
+
+def _trained_params(lm: LanguageModel, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Initial tensors moved off their starting point (LoRA's B = 0 would make the adapter a no-op)."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in lm.init_params(g).items()}
+
+
+def test_loss_mask_covers_exactly_the_response_tokens() -> None:
+    lm = _lm("lora")
+    tok = lm.backbone.tokenizer
+    enc = lm.encode(EXAMPLES)
+    for i, ex in enumerate(EXAMPLES):
+        response = tok(ex.target, add_special_tokens=False)["input_ids"] + [end_token_id(tok)]
+        prompt = tok(ALPACA_NO_INPUT.split("{instruction}")[0], add_special_tokens=False)["input_ids"]
+        ids = enc.input_ids[i]
+        assert ids[int(enc.response_start[i]):] == response
+        if ex.text_b is None:
+            assert ids[1:1 + len(prompt)] == prompt  # after [CLS], the template's fixed text, untouched
+    batch = lm.batch(enc, [0, 1, 2])
+    labels = response_labels(batch)
+    for i in range(3):
+        kept = labels[i][labels[i] != IGNORE].tolist()
+        assert kept == enc.input_ids[i][int(enc.response_start[i]):]
+    scores = lm.outputs(lm.init_params(torch.Generator().manual_seed(0)), batch)
+    assert len(scores.targets) == sum(len(r) - int(s) for r, s in zip(enc.input_ids, enc.response_start))
+
+
+def test_chat_template_prompt_and_mask() -> None:
+    base = load_backbone("tiny-llama")
+    tok = copy.deepcopy(base.tokenizer)
+    tok.chat_template = ("{% for m in messages %}<user> {{ m['content'] }} </user>{% endfor %}"
+                         "{% if add_generation_prompt %} <bot> {% endif %}")
+    backbone = dataclasses.replace(base, tokenizer=tok, cache={})
+    fmt = PromptFormat.of(backbone, None)
+    assert fmt.chat and fmt.lead == []
+    ex = EXAMPLES[1]
+    rendered = tok.apply_chat_template([{"role": "user", "content": "count on\n\none two"}],
+                                       add_generation_prompt=True, tokenize=False)
+    assert fmt.prompt_text(ex) == rendered
+    lm = _lm("lora", backbone)
+    enc = lm.encode([ex])
+    start = int(enc.response_start[0])
+    assert enc.input_ids[0][start:] == tok("three four five", add_special_tokens=False)["input_ids"] + [
+        end_token_id(tok)]
+    # a user's template wins over the chat template
+    assert not PromptFormat.of(backbone, "Q: {instruction}\nA:").chat
+
+
+def test_long_prompts_are_cut_from_the_left_and_responses_at_their_limit() -> None:
+    lm = _lm("lora")
+    long = Example("word " * 200, 0, None, target="alpha beta gamma delta epsilon zeta eta theta iota kappa")
+    enc = lm.encode([long])
+    ids, start = enc.input_ids[0], int(enc.response_start[0])
+    assert len(ids) == lm.max_length and len(ids) - start == lm.max_response_length
+    with pytest.raises(ValueError, match="task.max_length"):
+        LanguageModel(lm.backbone, lm.adapter, _task(), max_length=12, max_response_length=8).encode([long])
+
+
+def _loop_greedy(lm: LanguageModel, params, prompt_ids: list[int], steps: int) -> list[int]:
+    """Greedy decoding without a cache: the whole sequence through ``outputs``' forward each step."""
+    ids, out = list(prompt_ids), []
+    for _ in range(steps):
+        batch = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+                 "lead": lm.format and len(lm.format.lead)}
+        res, prep, p = lm._forward(params, batch)
+        if lm.backbone.body_and_head is not None:
+            logits = lm._head_rows(res.last_hidden_state[:, -1], p)
+        else:
+            logits = res.logits[:, -1]
+        nxt = int(logits.argmax(-1))
+        if nxt == lm.end_id:
+            break
+        out.append(nxt)
+        ids.append(nxt)
+    return out
+
+
+@pytest.mark.parametrize("adapter", ["lora", "soft_prompt", "deep_prompt"])
+def test_batched_cached_generation_equals_a_full_recompute_loop(adapter: str) -> None:
+    lm = _lm(adapter)
+    params = _trained_params(lm)
+    prompts = lm.encode_prompts(EXAMPLES)
+    got = lm.generate(params, prompts, max_new_tokens=6, batch_size=3)
+    want = [_loop_greedy(lm, params, prompts.input_ids[i], 6) for i in range(3)]
+    assert got == want
+    assert any(len(g) > 0 for g in got)
+
+
+@pytest.fixture(scope="module")
+def steerable():
+    """A tiny random LLaMA with weights at std 0.2 (``tiny-llama`` has 0.02, whose near-uniform logits an adapter
+    that leaves the LM head alone can hardly move within a few steps)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fedpeft.backbones.loading import Backbone, _freeze
+
+    tok = load_backbone("tiny-llama").tokenizer
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512,
+                          pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=None, initializer_range=0.2)
+        return Backbone("tiny-llama-steerable", _freeze(LlamaForCausalLM(cfg)), tok, "causal")
+
+
+@pytest.mark.parametrize("adapter,lr", [("lora", 0.03), ("soft_prompt", 0.1), ("deep_prompt", 0.3), ("full", 0.01)])
+def test_every_adapter_learns_a_memorisable_set(steerable, adapter: str, lr: float) -> None:
+    lm = _lm(adapter, steerable)
+    enc = lm.encode(EXAMPLES)
+    params = lm.init_params(torch.Generator().manual_seed(0))
+    before = lm.evaluate(params, enc)["loss"]
+    res = train_local(lm, params, enc, "adam", GradientSettings(lr=lr, batch_size=3, max_steps=40, local_epochs=40),
+                      torch.Generator().manual_seed(1))
+    after = lm.evaluate(res.params, enc)
+    assert after["loss"] < before - 2.5
+    assert after["perplexity"] == pytest.approx(np.exp(after["loss"]))
+
+
+def test_forward_only_fitness_stacks_candidates_like_one_at_a_time() -> None:
+    lm = _lm("soft_prompt")
+    enc = lm.encode(EXAMPLES)
+    g = torch.Generator().manual_seed(3)
+    prompts = torch.randn(4, 4, lm.backbone.hidden_size, generator=g) * 0.02
+    box = BlackBox(lm, param_name="prompt", param_dims=2)
+    stacked = box.sample_losses(prompts, enc)
+    for c in range(4):
+        one = box.sample_losses(prompts[c], enc)[0]
+        assert torch.allclose(stacked[c], one, atol=1e-5)
+        s = lm.outputs({"prompt": prompts[c]}, lm.batch(enc, [0, 1, 2]))
+        assert torch.allclose(lm.example_losses(s), one, atol=1e-5)
+    assert box.metrics(prompts[0], enc)["num_tokens"] == sum(len(r) - int(s) for r, s in
+                                                              zip(enc.input_ids, enc.response_start))
+
+
+def test_text_metrics_equal_sacrebleu_and_rouge_score() -> None:
+    import sacrebleu
+    from rouge_score.rouge_scorer import RougeScorer
+
+    hyps = ["the cat sat on the mat", "a dog ran in the park today", "hello"]
+    refs = [("the cat sat on the mat",), ("the dog ran in the park", "a dog was running in a park"), ("Hello ",)]
+    m = text_metrics(hyps, refs)
+    streams = [[r[0] for r in refs], [None, refs[1][1], None]]
+    assert m["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, streams).score)
+    assert m["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, streams).score)
+    scorer = RougeScorer(["rougeL"], use_stemmer=True)
+    rouge = [max(scorer.score(r, h)["rougeL"].fmeasure for r in rs) for h, rs in zip(hyps, refs)]
+    assert m["rouge_l"] == pytest.approx(100 * np.mean(rouge))
+    assert m["exact_match"] == pytest.approx(200 / 3)  # the first and the third (case and spaces folded)
+
+
+def _write_task(folder: Path) -> None:
+    words = ["apple", "river", "stone", "cloud", "green", "music"]
+    rows = [{"instruction": f"Join {a} and {b}", "response": f"{a} {b}", "cat": f"c{i % 2}"}
+            for i, (a, b) in enumerate((a, b) for a in words for b in words if a != b)]
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:24]) + "\n")
+    (folder / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows[24:30]) + "\n")
+
+
+def _config(folder: Path, method: str = "fedit", **extra) -> dict:
+    return {"seed": 0, "task": {"name": "jsonl", "path": str(folder), "response_column": "response",
+                                "max_length": 64, "max_response_length": 8},
+            "model": {"name": "tiny-llama"},
+            "method": {"name": method, **extra},
+            "federation": {"num_clients": 2, "rounds": 2, "partition": {"scheme": "by_column", "column": "cat"}},
+            "evaluation": {"generate_every": 2, "max_new_tokens": 4, "generate_examples": 4, "show_examples": 2},
+            "runtime": {"progress": False, "threads": 1}}
+
+
+def test_generation_run_end_to_end_and_generate_uses_its_adapter(tmp_path: Path) -> None:
+    from fedpeft.cli import app
+    from fedpeft.predict import open_model
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import run_embedded
+    from typer.testing import CliRunner
+
+    _write_task(tmp_path)
+    cfg = resolve(_config(tmp_path, trainer={"lr": 0.01}))
+    out = tmp_path / "run"
+    summary = run_embedded(cfg, out)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last = records[-1]
+    assert last["loss"] < records[0]["loss"]
+    assert set(last["by_group"]) == {"c0", "c1"}
+    gen = last["generation"]
+    assert {"bleu", "chrf", "rouge_l", "exact_match"} <= set(gen) and gen["num_generated"] == 4
+    assert len(gen["samples"]) == 2 and "generation" not in records[1]  # generate_every 2: the last round only
+    assert summary["final_accuracy"] == last["accuracy"]
+    model = open_model(out)
+    texts = model.generate(["Join apple and river"], max_new_tokens=4)
+    result = CliRunner().invoke(app, ["generate", str(out), "--prompt", "Join apple and river",
+                                      "--max-new-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert texts[0] in result.output
+    refused = CliRunner().invoke(app, ["generate", str(out)])
+    assert refused.exit_code != 0 and "--prompt" in refused.output
+
+
+@pytest.mark.parametrize("adapter", ["lora", "soft_prompt"])
+def test_peft_export_generates_the_same_tokens(tmp_path: Path, adapter: str) -> None:
+    from peft import PeftModel
+
+    from fedpeft.backbones.loading import _tiny
+    from fedpeft.export import export_peft
+    from fedpeft.predict import open_model
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import run_embedded
+
+    _write_task(tmp_path)
+    method = {"lora": {"name": "fedit", "trainer": {"lr": 0.0002}},
+              "soft_prompt": {"name": "fedprompt", "adapter": {"num_tokens": 4, "position": "before_all"}}}[adapter]
+    cfg = resolve(_config(tmp_path) | {"method": method})
+    out = tmp_path / "run"
+    run_embedded(cfg, out)
+    model = open_model(out)
+    lm = model.classifier
+    lm.end_id = -1  # decode max_new_tokens tokens on both sides: the tiny model's first token is often its end token
+    prompts = ["Join apple and river", "Join green and music please now"]
+    enc = lm.encode_prompts([Example(p, 0) for p in prompts])
+    ours = lm.generate({k: v.float() for k, v in model.params.items()}, enc, max_new_tokens=5)
+    export_peft(out, tmp_path / "peft")
+    fresh = _tiny("causal", "llama")
+    peft_model = PeftModel.from_pretrained(fresh.model, tmp_path / "peft").eval()
+    width = max(len(r) for r in enc.input_ids)
+    ids = torch.tensor([[lm.pad_id] * (width - len(r)) + r for r in enc.input_ids])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in enc.input_ids])
+    with torch.no_grad():
+        gen = peft_model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5,
+                                  do_sample=False, pad_token_id=lm.pad_id)
+    assert gen[:, width:].tolist() == ours
+    assert len({t for row in ours for t in row}) > 1  # not one token repeated: the comparison means something
