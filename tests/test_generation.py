@@ -273,3 +273,40 @@ def test_peft_export_generates_the_same_tokens(tmp_path: Path, adapter: str) -> 
                                   do_sample=False, pad_token_id=lm.pad_id)
     assert gen[:, width:].tolist() == ours
     assert len({t for row in ours for t in row}) > 1  # not one token repeated: the comparison means something
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("adapter", ["lora", "soft_prompt", "deep_prompt"])
+def test_cuda_generation_matches_cpu_and_bf16_training_learns(steerable, adapter: str) -> None:
+    lm_cpu = _lm(adapter, copy.deepcopy(steerable))
+    params = _trained_params(lm_cpu)
+    prompts = lm_cpu.encode_prompts(EXAMPLES)
+    on_cpu = lm_cpu.generate(params, prompts, max_new_tokens=6)
+    gpu_backbone = copy.deepcopy(steerable).to("cuda")
+    lm_gpu = _lm(adapter, gpu_backbone)
+    assert lm_gpu.generate(params, prompts, max_new_tokens=6) == on_cpu
+    bf16 = LanguageModel(gpu_backbone, lm_gpu.adapter, lm_gpu.task, 64, 8, autocast="bfloat16")
+    enc = bf16.encode(EXAMPLES)
+    start = bf16.init_params(torch.Generator().manual_seed(0))
+    before = bf16.evaluate(start, enc)["loss"]
+    lr = {"lora": 0.03, "soft_prompt": 0.1, "deep_prompt": 0.3}[adapter]
+    res = train_local(bf16, start, enc, "adam", GradientSettings(lr=lr, batch_size=3, max_steps=40, local_epochs=40),
+                      torch.Generator().manual_seed(1))
+    assert bf16.evaluate(res.params, enc)["loss"] < before - 2.5
+    assert bf16.generate(res.params, bf16.encode_prompts(EXAMPLES), max_new_tokens=4) is not None
+
+
+@pytest.mark.parametrize("override,field", [({"model": {"name": "tiny-llama", "readout": "similarity"}}, "model.readout"),
+                                            ({"model": {"name": "tiny-llama", "calibration": "contextual"}},
+                                             "model.calibration"),
+                                            ({"runtime": {"client_batch": 2}}, "runtime.client_batch")])
+def test_classification_settings_on_a_generation_task_fail_before_loading(tmp_path: Path, override, field) -> None:
+    from fedpeft.config import ConfigError
+    from fedpeft.resolve import resolve
+
+    raw = _config(tmp_path)
+    for k, v in override.items():
+        raw[k] = raw.get(k, {}) | v
+    with pytest.raises(ConfigError, match=field):
+        resolve(raw)

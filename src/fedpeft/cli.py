@@ -127,7 +127,8 @@ def _dry_run(cfg, out_dir: Path) -> None:
     for name, train, test in d.classes:
         table.add_row(name, f"{train:,}", f"{test:,}")
     table.add_row("all", f"{sum(c[1] for c in d.classes):,}", f"{sum(c[2] for c in d.classes):,}")
-    console.print(table)
+    if d.classes:  # a generation task has none: its clients' sizes follow
+        console.print(table)
     if d.validation:
         console.print(f"validation: {d.validation:,} training examples held out (evaluation.keep_best)",
                       highlight=False)

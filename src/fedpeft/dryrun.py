@@ -80,4 +80,5 @@ def dry_run(cfg: ExperimentConfig) -> DryRun:
                   payload_bytes(msg, method.wire), up, up_tensors, up - up_tensors, variable, counts,
                   exp.describe_clients(), exp.classifier.readout,
                   exp.classifier.show(first, method.initial_params()) if first else "",
-                  task.class_names[first.label] if first else "", len(exp.validation))
+                  (task.class_names[first.label] if task.class_names else "(the response)") if first else "",
+                  len(exp.validation))

@@ -31,6 +31,7 @@ DEFAULT_TARGETS = {"bert": ("query", "key", "value"), "roberta": ("query", "key"
                    "llama": ("q_proj", "k_proj", "v_proj"), "t5": ("q", "k", "v"), "bart": ("q_proj", "k_proj", "v_proj"),
                    "distilbert": ("q_lin", "k_lin", "v_lin"), "gpt2": ("c_attn",)}
 QUERY_NAMES = {"query", "q_proj", "q", "q_lin"}
+ALL_LINEAR = "all-linear"  # PEFT's shorthand: every linear layer of the model except its output head
 KV_NAMES = {"key", "value", "k_proj", "v_proj", "k", "v", "k_lin", "v_lin"}
 
 
@@ -38,8 +39,9 @@ class LoraSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     r: int = Field(16, ge=1, description="LoRA rank (head-pruning paper: 16)")
     lora_alpha: float = Field(32.0, gt=0, description="scaling alpha / r (spec A6: 32)")
-    target_modules: list[str] | None = Field(None, description="module name suffixes; default: the q/k/v "
-                                                               "projections of every attention block")
+    target_modules: list[str] | None = Field(None, description="module name suffixes, or ['all-linear'] (PEFT: "
+                                                               "every linear layer but the output head); default: "
+                                                               "the q/k/v projections of every attention block")
 
 
 @ADAPTERS.register("lora", "LoRA through HF peft: trainable low-rank A, B on the q/k/v projections (head pruning)",
@@ -63,8 +65,12 @@ class Lora(AdapterBase):
     def peft_config(self, backbone: Backbone):
         from peft import LoraConfig
 
+        targets = self.targets(backbone)
+        if targets == [ALL_LINEAR]:  # an encoder's pooler is not read by fedpeft's readouts: no LoRA there
+            return LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.lora_alpha, lora_dropout=0.0, bias="none",
+                              target_modules=ALL_LINEAR, exclude_modules=r".*pooler.*")
         return LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.lora_alpha, lora_dropout=0.0,
-                          target_modules=self.targets(backbone), bias="none")
+                          target_modules=targets, bias="none")
 
     def targets(self, backbone: Backbone) -> list[str]:
         if self.cfg.target_modules:
@@ -143,8 +149,10 @@ class Lora(AdapterBase):
         group = heads // kv
         out: HeadSlices = {}
         for name in self.modules(backbone):
-            layer = _layer_index(name)
             leaf = name.rsplit(".", 1)[-1]
+            if leaf not in QUERY_NAMES | KV_NAMES:  # MLP, output projections, a pooler: no head of their own
+                continue
+            layer = _layer_index(name)
             key = f"{name}.lora_B.weight"
             if leaf in QUERY_NAMES:
                 out[key] = [((layer * heads + h,), 0, h * head_dim, (h + 1) * head_dim) for h in range(heads)]

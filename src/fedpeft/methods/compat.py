@@ -20,7 +20,36 @@ KINDS = {"params": "trained tensors", "distribution": "a CMA-ES search distribut
          "none": "nothing (no local training)"}
 
 
+def is_generation_config(cfg: ExperimentConfig) -> bool:
+    """Whether the configured task is a generation task (known from the config, before any data is read)."""
+    from fedpeft.data.tasks.files import is_generation
+    from fedpeft.data.tasks.generation import GENERATION_TASKS
+
+    return cfg.task.name in GENERATION_TASKS or is_generation(cfg.task)
+
+
+# settings that only classification reads, with the value a generation task needs
+CLASSIFICATION_ONLY = {"model.readout": "auto", "model.calibration": "none", "model.pooling": "all",
+                       "runtime.client_batch": 1}
+
+
+def check_generation(cfg: ExperimentConfig) -> None:
+    """A generation task is scored by the language-modelling objective: the classification readouts and their
+    options, vectorised clients (stacked class logits) and the backdoor attack (label flips) cannot apply."""
+    for field, need in CLASSIFICATION_ONLY.items():
+        section, key = field.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value != need:
+            raise ValueError(f"{field}: '{value}' applies to classification; task '{cfg.task.name}' is a generation "
+                             f"task, scored by the response tokens' cross-entropy (leave {field} at '{need}')")
+    if cfg.attack.active:
+        raise ValueError(f"attack: the backdoor flips labels to a target class; task '{cfg.task.name}' is a "
+                         "generation task and has none")
+
+
 def check_combination(cfg: ExperimentConfig) -> None:
+    if is_generation_config(cfg):
+        check_generation(cfg)
     m = cfg.method
     trainer = TRAINERS.get(m.trainer.name)
     kind = trainer.kind

@@ -15,6 +15,9 @@ from fedpeft.data.tasks.base import TASKS, data_folder, need_files
 from fedpeft.data.types import Example, TaskData
 
 
+GENERATION_TASKS = ("webnlg", "dolly")  # the built-in generation tasks (their kind is known before loading)
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSONL file, one per non-blank line; ValueError naming the file and line if one is bad."""
     records = []

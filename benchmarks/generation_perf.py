@@ -1,0 +1,152 @@
+"""Generation speed as ratios measured in one run: fedpeft's LoRA SFT step against a bare PEFT + PyTorch loop on the
+same batches, and fedpeft's batched greedy decoding against HF ``generate`` on the merged model (same tokens).
+
+The model has SmolLM2-135M's architecture (30 layers, d 576, 9 heads / 3 key-value heads, vocabulary 49,152) with
+random weights: speed does not depend on the weight values, and the random model travels to a GPU machine that
+cannot receive the real weights. ``python benchmarks/generation_perf.py [--device cuda] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+
+import torch
+
+from fedpeft.adapters import ADAPTERS, AdapterContext
+from fedpeft.backbones.encoding import Encoded
+from fedpeft.backbones.loading import Backbone, _freeze, load_backbone
+from fedpeft.data.types import TaskData
+from fedpeft.methods.fedit import LLAMA_LINEAR
+from fedpeft.model import LanguageModel
+from fedpeft.trainers.gradient import GradientSettings, train_local
+
+
+def smollm2_shaped(device: str) -> Backbone:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_backbone("tiny-llama").tokenizer
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    return Backbone("smollm2-shaped-random", _freeze(LlamaForCausalLM(cfg)), tok, "causal").to(device)
+
+
+def batches(n: int, length: int, prompt: int, vocab: int, seed: int = 0) -> Encoded:
+    import numpy as np
+
+    g = np.random.default_rng(seed)
+    lengths = g.integers(length // 2, length + 1, n)
+    ids = [list(map(int, g.integers(1000, vocab, int(k)))) for k in lengths]
+    starts = np.minimum(prompt, lengths - 1)
+    return Encoded(ids, np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64), 0, starts.astype(np.int64))
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--length", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    bb = smollm2_shaped(a.device)
+    base_copy = copy.deepcopy(bb.model)  # the bare loop's own model, before fedpeft injects its LoRA layers
+    autocast = "bfloat16" if a.device.startswith("cuda") else "none"
+    task = TaskData(name="perf", class_names=[], train=[], test=[], label_words=[], label_descriptions=[],
+                    kind="generation")
+    entry = ADAPTERS.entry("lora")
+    lora = entry.obj(entry.settings(r=16, lora_alpha=32.0, target_modules=LLAMA_LINEAR))
+    lora.bind(AdapterContext(0, task, "lm", bb))
+    lm = LanguageModel(bb, lora, task, a.length, a.length // 2, autocast)
+    data = batches(a.batch * a.steps, a.length, a.length // 2, 30000)
+    params = lm.init_params(torch.Generator().manual_seed(0))
+    settings = GradientSettings(lr=1e-4, batch_size=a.batch, max_steps=a.steps, local_epochs=1.0, grad_clip=1.0)
+    train_local(lm, params, data, "adamw", settings.model_copy(update={"max_steps": 2}), torch.Generator())  # warm-up
+    sync(a.device)
+    t = time.perf_counter()
+    res = train_local(lm, params, data, "adamw", settings, torch.Generator().manual_seed(1))
+    sync(a.device)
+    ours = (time.perf_counter() - t) / a.steps
+
+    # the bare loop: PEFT's model, AdamW, the same batches in the same order, completion-only labels
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(base_copy, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LLAMA_LINEAR))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-4)
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(1))
+    dtype = torch.bfloat16 if autocast == "bfloat16" else None
+
+    def bare_step(idx):
+        b = lm.batch(data, idx.tolist())
+        labels = torch.where(torch.arange(b["input_ids"].shape[1], device=lm.device)[None] >=
+                             b["response_start"].to(lm.device)[:, None], b["input_ids"], -100)
+        labels = labels.masked_fill(b["attention_mask"] == 0, -100)
+        with torch.autocast(a.device.split(":")[0], dtype=dtype, enabled=dtype is not None):
+            loss = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+
+    for s in range(2):
+        bare_step(order[s * a.batch:(s + 1) * a.batch])
+    sync(a.device)
+    t = time.perf_counter()
+    for s in range(a.steps):
+        bare_step(order[s * a.batch:(s + 1) * a.batch])
+    sync(a.device)
+    bare = (time.perf_counter() - t) / a.steps
+
+    # generation: fedpeft's greedy decoding against HF generate on the merged model, same tokens
+    lm.end_id = -1  # decode exactly new-tokens tokens on both sides
+    trained = {k: v.detach() for k, v in res.params.items()}
+    prompts = batches(16, a.length // 2, a.length, 30000, seed=2)
+    prompts.response_start = None
+    lm.generate(trained, prompts, 4, batch_size=16)
+    sync(a.device)
+    t = time.perf_counter()
+    got = lm.generate(trained, prompts, a.new_tokens, batch_size=16)
+    sync(a.device)
+    ours_gen = time.perf_counter() - t
+    state = {k: v for k, v in model.state_dict().items()}
+    for k, v in trained.items():  # load fedpeft's trained tensors into PEFT's model, then merge
+        state["base_model.model." + k.replace(".weight", ".default.weight")] = v.to(lm.device)
+    model.load_state_dict(state)
+    merged = model.merge_and_unload().eval()
+    width = max(len(r) for r in prompts.input_ids)
+    ids = torch.tensor([[lm.pad_id] * (width - len(r)) + r for r in prompts.input_ids], device=lm.device)
+    mask = (torch.arange(width, device=lm.device)[None] >= torch.tensor(
+        [width - len(r) for r in prompts.input_ids], device=lm.device)[:, None]).long()
+    kw = dict(attention_mask=mask, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, do_sample=False,
+              pad_token_id=lm.pad_id)
+    with torch.no_grad(), torch.autocast(a.device.split(":")[0], dtype=dtype, enabled=dtype is not None):
+        merged.generate(ids, **(kw | {"max_new_tokens": 4, "min_new_tokens": 4}))
+        sync(a.device)
+        t = time.perf_counter()
+        hf = merged.generate(ids, **kw)
+        sync(a.device)
+    hf_gen = time.perf_counter() - t
+    same = sum(x == y for x, y in zip(hf[:, width:].tolist(), got))
+    out = {"device": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
+           "autocast": autocast, "batch": a.batch, "length": a.length, "steps": a.steps,
+           "sft_step_s": {"fedpeft": ours, "bare_peft": bare, "ratio": ours / bare},
+           "generate_s": {"fedpeft": ours_gen, "hf_merged": hf_gen, "ratio": ours_gen / hf_gen,
+                          "prompts": 16, "new_tokens": a.new_tokens, "rows_with_same_tokens": same}}
+    print(json.dumps(out, indent=1))
+    if a.out:
+        open(a.out, "w").write(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
