@@ -14,6 +14,7 @@ block j feeds the G = H / n_kv query heads [j·G, (j+1)·G) that share it, so it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import re
@@ -139,6 +140,34 @@ class Lora(AdapterBase):
             if m:
                 out[f"{m.group(1)}.{m.group(2)}.{self.adapter_name}.weight"] = v
         return out
+
+    def merged(self, backbone: Backbone, params: Params) -> Params:
+        """Base weights with the update merged in, W + (alpha/r)·B A, for decoding (one matrix product per
+        projection instead of three); use them with the LoRA branch ``bypassed``."""
+        out = {}
+        for name in self.modules(backbone):
+            a, b = params.get(f"{name}.lora_A.weight"), params.get(f"{name}.lora_B.weight")
+            if a is None or b is None:
+                continue
+            layer = backbone.model.get_submodule(name)
+            w = layer.base_layer.weight
+            out[f"{name}.base_layer.weight"] = w + layer.scaling[self.adapter_name] * (b.to(w) @ a.to(w))
+        return out
+
+    @contextlib.contextmanager
+    def bypassed(self, backbone: Backbone):
+        """The LoRA layers pass their input to the base layer alone while inside (merged weights in use)."""
+        from peft.tuners.lora import LoraLayer
+
+        layers = [m for m in backbone.model.modules() if isinstance(m, LoraLayer)]
+        before = [m._disable_adapters for m in layers]
+        try:
+            for m in layers:
+                m._disable_adapters = True
+            yield
+        finally:
+            for m, was in zip(layers, before):
+                m._disable_adapters = was
 
     def head_slices(self, backbone: Backbone) -> HeadSlices:
         """For every B: (query heads it feeds, dim 0, row start, row end), global head id = layer·H + h."""

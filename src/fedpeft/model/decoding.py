@@ -3,18 +3,21 @@
 The adapter prepares the right-padded prompts as in training (soft-prompt rows inserted, a deep prompt's prefix
 cache, LoRA weights as call overrides); each row is then moved to the right (left padding) so that all rows end
 at the last column, positions count attended tokens only (HF ``generate``'s ``cumsum(mask) - 1``, after a prefix
-cache's length), and each step feeds the argmax token's embedding with the cache. The LM head runs on the last
-position only. The same tokens as HF ``generate(do_sample=False)`` on the merged model (LoRA) or PEFT's model
+cache's length), and each step feeds the argmax token with the cache. The LM head runs on the last
+position only. LoRA decodes with its update merged into the base weights (W + s·B A) and its branch bypassed, as
+PEFT's ``merge_and_unload`` model does. The same tokens as HF ``generate(do_sample=False)`` on the merged model (LoRA) or PEFT's model
 (prompt tuning), and as a loop that recomputes the whole sequence each step (tests).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from fedpeft.adapters.base import Params
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.lazy import lazy, no_grad
+from fedpeft.model.weights import call_with
 
 if TYPE_CHECKING:
     from fedpeft.model.language_model import LanguageModel
@@ -35,20 +38,27 @@ def to_left_padding(embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Ten
 def greedy(lm: LanguageModel, params: Params, prompts: Encoded, max_new_tokens: int, batch_size: int = 16,
            static: Params | None = None) -> list[list[int]]:
     """Greedy completions of every prompt row, stopping at the end token (excluded) or ``max_new_tokens``."""
-    from transformers import DynamicCache
-
     backbone, model = lm.backbone, lm.backbone.model
     params = {k: (v.float() if v.is_floating_point() else v).to(lm.device) for k, v in params.items()}
-    over = (lm.adapter.overrides(params) or {}) | {k: v.to(lm.device) for k, v in (static or {}).items()}
-    embed = backbone.input_embeddings()
+    merge = getattr(lm.adapter, "merged", None)  # LoRA: decode with W + s·BA and the LoRA branch bypassed
+    over = merge(backbone, params) if merge else (lm.adapter.overrides(params) or {})
+    over = over | {k: v.to(lm.device) for k, v in (static or {}).items()}
 
     def call(**kwargs):
         kwargs |= {"use_cache": True, "logits_to_keep": 1}
         with lm._autocast():
-            if over:
-                return torch.func.functional_call(model, over, args=(), kwargs=kwargs, strict=False)
-            return model(**kwargs)
+            return call_with(model, over, **kwargs)
 
+    with lm.adapter.bypassed(backbone) if merge else contextlib.nullcontext():
+        return _decode(lm, params, prompts, max_new_tokens, batch_size, call)
+
+
+def _decode(lm: LanguageModel, params: Params, prompts: Encoded, max_new_tokens: int, batch_size: int,
+            call) -> list[list[int]]:
+    """The decoding loop of ``greedy`` (``call`` runs the model with the adapter's weights in place)."""
+    from transformers import DynamicCache
+
+    backbone, model = lm.backbone, lm.backbone.model
     out: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
         b = lm.batch(prompts, list(range(start, min(start + batch_size, len(prompts)))))
@@ -77,7 +87,7 @@ def greedy(lm: LanguageModel, params: Params, prompts: Encoded, max_new_tokens: 
                 break
             mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype, device=mask.device)], 1)
             last = last + 1
-            res = call(inputs_embeds=embed(nxt.unsqueeze(1)), attention_mask=torch.cat([ones, mask], 1),
+            res = call(input_ids=nxt.unsqueeze(1), attention_mask=torch.cat([ones, mask], 1),
                        position_ids=last, past_key_values=res.past_key_values)
         for row in tokens.tolist():
             out.append(row[:row.index(lm.end_id)] if lm.end_id in row else row)

@@ -18,6 +18,7 @@ from fedpeft.adapters.base import Adapter, FrozenText, Params, Prepared
 from fedpeft.backbones.encoding import Encoded, collate
 from fedpeft.backbones.loading import Backbone
 from fedpeft.lazy import lazy, lazy_dict, no_grad
+from fedpeft.model.weights import call_with
 
 torch = lazy("torch")
 F = lazy("torch.nn.functional")
@@ -126,7 +127,7 @@ class AdaptedModel:
                 out = SimpleNamespace(**_sorted_forward(model, prep.embeds, prep.attention_mask, passes,
                                                         "output_hidden_states" in kwargs))
             else:
-                out = torch.func.functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
+                out = call_with(model, over, **kwargs)
         return out, prep, params
 
     def _population_passes(self, prep: Prepared, batch: dict[str, torch.Tensor]) -> int:
@@ -149,7 +150,7 @@ class AdaptedModel:
         layers = kept.pop(key, None) if reuse else None
         if layers is None:
             kwargs = {"input_ids": text.input_ids, "attention_mask": text.attention_mask, "use_cache": True}
-            out = torch.func.functional_call(model, over, args=(), kwargs=kwargs, strict=False) if over else model(**kwargs)
+            out = call_with(model, over, **kwargs)
             if any(out.past_key_values.is_sliding):
                 raise ValueError(f"method.adapter.kv_cache: {self.backbone.name} has sliding-window attention layers; "
                                  "a shared text cache needs full attention (set kv_cache=false)")
@@ -167,7 +168,7 @@ class AdaptedModel:
         prefix = name + "."
         over = {k[len(prefix):]: v for k, v in (self.adapter.overrides(params) or {}).items()
                 if k.startswith(prefix)}
-        return torch.func.functional_call(head, over, args=(hidden,), strict=False) if over else head(hidden)
+        return call_with(head, over, hidden)
 
     @no_grad
     def attentions(self, params: Params, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], Prepared]:
