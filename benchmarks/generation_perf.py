@@ -1,5 +1,6 @@
 """Generation speed as ratios measured in one run: fedpeft's LoRA SFT step against a bare PEFT + PyTorch loop on the
-same batches, and fedpeft's batched greedy decoding against HF ``generate`` on the merged model (same tokens).
+same batches (and that loop padded to ``max_length``: what dynamic padding saves), and fedpeft's batched greedy
+decoding against HF ``generate`` on the merged model (same tokens).
 
 The model has SmolLM2-135M's architecture (30 layers, d 576, 9 heads / 3 key-value heads, vocabulary 49,152) with
 random weights: speed does not depend on the weight values, and the random model travels to a GPU machine that
@@ -87,8 +88,12 @@ def main() -> None:
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(1))
     dtype = torch.bfloat16 if autocast == "bfloat16" else None
 
-    def bare_step(idx):
+    def bare_step(idx, pad_to: int | None = None):
         b = lm.batch(data, idx.tolist())
+        if pad_to is not None:  # padding to max_length instead of the batch's longest row
+            extra = pad_to - b["input_ids"].shape[1]
+            b["input_ids"] = torch.nn.functional.pad(b["input_ids"], (0, extra), value=lm.pad_id)
+            b["attention_mask"] = torch.nn.functional.pad(b["attention_mask"], (0, extra))
         labels = torch.where(torch.arange(b["input_ids"].shape[1], device=lm.device)[None] >=
                              b["response_start"].to(lm.device)[:, None], b["input_ids"], -100)
         labels = labels.masked_fill(b["attention_mask"] == 0, -100)
@@ -107,6 +112,11 @@ def main() -> None:
         bare_step(order[s * a.batch:(s + 1) * a.batch])
     sync(a.device)
     bare = (time.perf_counter() - t) / a.steps
+    t = time.perf_counter()
+    for s in range(a.steps):
+        bare_step(order[s * a.batch:(s + 1) * a.batch], pad_to=a.length)
+    sync(a.device)
+    padded = (time.perf_counter() - t) / a.steps
 
     # generation: fedpeft's greedy decoding against HF generate on the merged model, same tokens
     lm.end_id = -1  # decode exactly new-tokens tokens on both sides
@@ -140,7 +150,8 @@ def main() -> None:
     same = sum(x == y for x, y in zip(hf[:, width:].tolist(), got))
     out = {"device": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
            "autocast": autocast, "batch": a.batch, "length": a.length, "steps": a.steps,
-           "sft_step_s": {"fedpeft": ours, "bare_peft": bare, "ratio": ours / bare},
+           "sft_step_s": {"fedpeft": ours, "bare_peft": bare, "ratio": ours / bare,
+                          "bare_peft_padded_to_max_length": padded, "dynamic_padding_saves": 1 - bare / padded},
            "generate_s": {"fedpeft": ours_gen, "hf_merged": hf_gen, "ratio": ours_gen / hf_gen,
                           "prompts": 16, "new_tokens": a.new_tokens, "rows_with_same_tokens": same}}
     print(json.dumps(out, indent=1))

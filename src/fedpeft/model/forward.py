@@ -103,9 +103,19 @@ class AdaptedModel:
 
     def _forward(self, params: Params, batch: dict[str, torch.Tensor], hidden_states: bool = False,
                  attentions: bool = False, static: Params | None = None):
+        """(model outputs, the adapter's ``Prepared`` inputs, the params on the device) of one batch."""
+        params, prep = self._prepare(params, batch)
+        return self._run(params, prep, batch, hidden_states, attentions, static), prep, params
+
+    def _prepare(self, params: Params, batch: dict[str, torch.Tensor]) -> tuple[Params, Prepared]:
+        """The params on the device and the adapter's model inputs for ``batch``."""
         params = {k: v.to(self.device) for k, v in params.items()}
-        prep = self.adapter.prepare(self.backbone, params, batch["input_ids"], batch["attention_mask"],
-                                    int(batch["lead"]))
+        return params, self.adapter.prepare(self.backbone, params, batch["input_ids"], batch["attention_mask"],
+                                            int(batch["lead"]))
+
+    def _run(self, params: Params, prep: Prepared, batch: dict[str, torch.Tensor], hidden_states: bool = False,
+             attentions: bool = False, static: Params | None = None):
+        """The frozen model (its body alone where the objective applies the head itself) on prepared inputs."""
         kwargs = {"inputs_embeds": prep.embeds, "attention_mask": prep.attention_mask, **prep.extra}
         if hidden_states or self._reads_hidden_states():
             kwargs["output_hidden_states"] = True
@@ -128,7 +138,7 @@ class AdaptedModel:
                                                         "output_hidden_states" in kwargs))
             else:
                 out = call_with(model, over, **kwargs)
-        return out, prep, params
+        return out
 
     def _population_passes(self, prep: Prepared, batch: dict[str, torch.Tensor]) -> int:
         """Forwards for a call whose adapter stacks several candidates over one batch (a CMA-ES population, the K

@@ -114,7 +114,7 @@ class LanguageModel(AdaptedModel):
 
     def outputs(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None = None) -> TokenScores:
         """Logits of the positions that predict a response token (LM head on those rows only)."""
-        out, prep, params = self._forward(params, batch, static=static)
+        params, prep = self._prepare(params, batch)
         if prep.text is not None:
             raise ValueError("method.adapter: a frozen-text key/value cache (suffix placement) is for "
                              "classification; use the prefix placement on generation tasks")
@@ -122,7 +122,8 @@ class LanguageModel(AdaptedModel):
         labels = response_labels(batch).repeat(rows // batch["input_ids"].shape[0], 1)
         labels = insert_ignored(labels, prep.insert_at, prep.inserted)
         target = labels[:, 1:]
-        row, pos = (target != IGNORE).nonzero(as_tuple=True)
+        row, pos = (target != IGNORE).nonzero(as_tuple=True)  # before the forward is queued: a cheap sync
+        out = self._run(params, prep, batch, static=static)
         split = self.backbone.body_and_head
         with self._autocast():
             if split is None:

@@ -122,7 +122,7 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
         if together is None:
             loss = loss_of(clf.outputs(work, batch, static))
             loss.backward()
-            loss = loss.item()
+            loss = loss.detach().double()  # summed on the device in float64 (as Python floats were): no wait per step
         else:
             loss = together.loss_and_backward(client, work, batch, loss_of, static)
         for k, m in masks.items():
@@ -136,7 +136,7 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
                 work[k][m] = keep[k][m]
         total += loss
     state = None if cfg.reset_optimizer else _flat_state(opt, names)
-    return TrainResult({k: v.detach().cpu() for k, v in work.items()}, steps, total / steps, state)
+    return TrainResult({k: v.detach().cpu() for k, v in work.items()}, steps, float(total) / steps, state)
 
 
 class GradientTrainer(TrainerBase):
