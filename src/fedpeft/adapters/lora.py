@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, HeadSlices, Params, Prepared
 from fedpeft.backbones.loading import Backbone
 from fedpeft.lazy import lazy
+from fedpeft.backbones.weights import forget_slots
 
 torch = lazy("torch")
 
@@ -93,6 +94,7 @@ class Lora(AdapterBase):
             has = any(isinstance(m, LoraLayer) and self.adapter_name in m.lora_A for m in model.modules())
             if not has:
                 inject_adapter_in_model(self.peft_config(backbone), model, adapter_name=self.adapter_name)
+                forget_slots()  # the model's structure changed: look its weights up again
             for n, p in model.named_parameters():
                 if "lora_" in n:
                     p.requires_grad_(False)
@@ -142,8 +144,8 @@ class Lora(AdapterBase):
         return out
 
     def merged(self, backbone: Backbone, params: Params) -> Params:
-        """Base weights with the update merged in, W + (alpha/r)·B A, for decoding (one matrix product per
-        projection instead of three); use them with the LoRA branch ``bypassed``."""
+        """Base weights with the update merged in, W + (alpha/r)·B A, named as inside ``bypassed`` (the base layer in
+        the LoRA layer's place), for decoding: one matrix product per projection instead of three."""
         out = {}
         for name in self.modules(backbone):
             a, b = params.get(f"{name}.lora_A.weight"), params.get(f"{name}.lora_B.weight")
@@ -151,23 +153,28 @@ class Lora(AdapterBase):
                 continue
             layer = backbone.model.get_submodule(name)
             w = layer.base_layer.weight
-            out[f"{name}.base_layer.weight"] = w + layer.scaling[self.adapter_name] * (b.to(w) @ a.to(w))
+            out[f"{name}.weight"] = w + layer.scaling[self.adapter_name] * (b.to(w) @ a.to(w))  # as bypassed
         return out
 
     @contextlib.contextmanager
     def bypassed(self, backbone: Backbone):
-        """The LoRA layers pass their input to the base layer alone while inside (merged weights in use)."""
+        """Every LoRA layer replaced by its base layer while inside (merged weights in use): the plain model, without
+        the LoRA wrappers' per-call work (each decoding step would pay it once per adapted projection)."""
         from peft.tuners.lora import LoraLayer
 
-        layers = [m for m in backbone.model.modules() if isinstance(m, LoraLayer)]
-        before = [m._disable_adapters for m in layers]
+        swaps = []
+        for parent in backbone.model.modules():
+            for child, m in list(parent._modules.items()):
+                if isinstance(m, LoraLayer):
+                    swaps.append((parent, child, m))
+                    parent._modules[child] = m.base_layer
+        forget_slots()  # weights are looked up under the plain structure inside, under the LoRA one after
         try:
-            for m in layers:
-                m._disable_adapters = True
             yield
         finally:
-            for m, was in zip(layers, before):
-                m._disable_adapters = was
+            for parent, child, m in reversed(swaps):
+                parent._modules[child] = m
+            forget_slots()
 
     def head_slices(self, backbone: Backbone) -> HeadSlices:
         """For every B: (query heads it feeds, dim 0, row start, row end), global head id = layer·H + h."""

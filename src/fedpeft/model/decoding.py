@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from fedpeft.adapters.base import Params
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.lazy import lazy, no_grad
-from fedpeft.model.weights import call_with
+from fedpeft.backbones.weights import call_with
 
 if TYPE_CHECKING:
     from fedpeft.model.language_model import LanguageModel

@@ -18,7 +18,7 @@ from fedpeft.adapters.base import Adapter, FrozenText, Params, Prepared
 from fedpeft.backbones.encoding import Encoded, collate
 from fedpeft.backbones.loading import Backbone
 from fedpeft.lazy import lazy, lazy_dict, no_grad
-from fedpeft.model.weights import call_with
+from fedpeft.backbones.weights import call_with
 
 torch = lazy("torch")
 F = lazy("torch.nn.functional")

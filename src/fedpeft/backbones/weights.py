@@ -38,6 +38,11 @@ def _slots(module) -> Slots:
     return _SLOTS[module]
 
 
+def forget_slots() -> None:
+    """Drop every kept lookup (a module whose structure changed, e.g. LoRA layers injected, is looked up again)."""
+    _SLOTS.clear()
+
+
 def call_with(module, tensors: dict[str, Any], *args, **kwargs):
     """``module(*args, **kwargs)`` with ``tensors`` (full dotted names) in place of its own weights for this call."""
     if not tensors:
