@@ -67,6 +67,28 @@ def insert_ignored(labels: torch.Tensor, at: int | torch.Tensor, m: int) -> torc
     return torch.where(inside, torch.full_like(src, IGNORE), labels.gather(1, src))
 
 
+def scored_positions(batch: dict[str, torch.Tensor], rows: int, insert_at: int | torch.Tensor, inserted: int,
+                     target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, position) of every position whose next token is a response token, over ``rows`` stacked rows.
+
+    From the batch's CPU copies of lengths and response starts where it has them (``LanguageModel.batch``): no
+    wait for the device, which can then run ahead; else from ``target`` on the device."""
+    if ("lengths_cpu" not in batch or not isinstance(insert_at, int)
+            or (inserted and insert_at > int(batch["response_start_cpu"].min()))):
+        return (target != IGNORE).nonzero(as_tuple=True)
+    lengths, starts = batch["lengths_cpu"], batch["response_start_cpu"]
+    reps = rows // len(lengths)
+    per_row = [torch.arange(int(s) - 1, int(n) - 1) for s, n in zip(starts, lengths)]
+    counts = torch.tensor([len(p) for p in per_row])
+    pos = torch.cat(per_row) if per_row else torch.zeros(0, dtype=torch.long)
+    pos = pos + inserted  # the adapter's rows come before every response
+    row = torch.repeat_interleave(torch.arange(len(lengths)), counts)
+    row = torch.cat([row + r * len(lengths) for r in range(reps)])
+    pos = pos.repeat(reps)
+    device = target.device
+    return row.to(device, non_blocking=True), pos.to(device, non_blocking=True)
+
+
 class LanguageModel(AdaptedModel):
     """A causal LM with an adapter, scored by its response-token cross-entropy; also decodes greedily."""
 
@@ -110,6 +132,15 @@ class LanguageModel(AdaptedModel):
         parts = [tok.decode(ids[:at]), *rows, tok.decode(ids[at:start]), "⟨response⟩ " + tok.decode(ids[start:])]
         return " ".join(p for p in parts if p)
 
+    def batch(self, enc: Encoded, idx) -> dict[str, torch.Tensor]:
+        """Right-padded batch tensors on the device, with CPU copies of the lengths and response starts."""
+        b = super().batch(enc, idx)
+        if enc.response_start is not None:
+            rows = list(map(int, idx))
+            b["lengths_cpu"] = torch.tensor([len(enc.input_ids[i]) for i in rows])
+            b["response_start_cpu"] = torch.as_tensor(enc.response_start[rows])
+        return b
+
     # ---------------------------------------------------------------- scoring
 
     def outputs(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None = None) -> TokenScores:
@@ -122,7 +153,7 @@ class LanguageModel(AdaptedModel):
         labels = response_labels(batch).repeat(rows // batch["input_ids"].shape[0], 1)
         labels = insert_ignored(labels, prep.insert_at, prep.inserted)
         target = labels[:, 1:]
-        row, pos = (target != IGNORE).nonzero(as_tuple=True)  # before the forward is queued: a cheap sync
+        row, pos = scored_positions(batch, rows, prep.insert_at, prep.inserted, target)
         out = self._run(params, prep, batch, static=static)
         split = self.backbone.body_and_head
         with self._autocast():
