@@ -310,3 +310,51 @@ def test_classification_settings_on_a_generation_task_fail_before_loading(tmp_pa
         raw[k] = raw.get(k, {}) | v
     with pytest.raises(ConfigError, match=field):
         resolve(raw)
+
+
+def _strip(records):
+    from fedpeft.tracking.summary import TIMING_FIELDS
+
+    flower_only = ("flower_record_bytes", "model_loads")  # what only a Flower run records (test_flower.FLOWER_ONLY)
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS + flower_only} for r in records]
+
+
+@pytest.mark.slow
+def test_generation_resume_and_flower_sim_give_the_embedded_numbers(tmp_path: Path) -> None:
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import StopAfterRound, run_embedded
+    from fedpeft.runtime.flower.simulation import run_flower_sim
+    from fedpeft.tracking.rundir import RunDir
+
+    _write_task(tmp_path)
+    raw = _config(tmp_path, trainer={"lr": 0.01, "reset_optimizer": False})
+    raw["federation"]["rounds"] = 3
+    raw["evaluation"]["generate_every"] = 1
+    cfg = resolve(raw)
+    run_embedded(cfg, tmp_path / "full")
+    with pytest.raises(StopAfterRound):
+        run_embedded(cfg, tmp_path / "cut", stop_after_round=1)
+    run_embedded(cfg, tmp_path / "cut", resume=True)
+    full = _strip(RunDir(tmp_path / "full").read_metrics())
+    assert _strip(RunDir(tmp_path / "cut").read_metrics()) == full
+    run_flower_sim(cfg, tmp_path / "sim")
+    assert _strip(RunDir(tmp_path / "sim").read_metrics()) == full  # losses, generations, bytes: bit for bit
+    a = RunDir(tmp_path / "full").load_checkpoint()[1].tensors
+    b = RunDir(tmp_path / "sim").load_checkpoint()[1].tensors
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_local_only_scores_each_clients_own_generations(tmp_path: Path) -> None:
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    _write_task(tmp_path)
+    raw = _config(tmp_path, adapter={"name": "lora", "r": 2}, trainer={"name": "adamw", "lr": 0.01})
+    raw["method"]["name"] = "local-only"
+    cfg = resolve(raw)
+    run_embedded(cfg, tmp_path / "run")
+    last = RunDir(tmp_path / "run").read_metrics()[-1]
+    assert set(last["local_generation"]) == {"0", "1"}
+    assert all({"bleu", "chrf", "rouge_l", "exact_match"} <= set(g) for g in last["local_generation"].values())
+    assert set(last["local_loss"]) == {"0", "1"}

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from fedpeft.adapters import ADAPTERS
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS, AggregatorContext
 from fedpeft.clients import ClientContext, sub_state, with_sub_state
@@ -48,6 +50,7 @@ torch = lazy("torch")
 AGG, SHARE, DOWN = "agg/", "share/", "dl/"  # server-state prefixes
 OPT, PRIVATE = "opt/", "u/"                 # client-state prefixes (and DOWN)
 POST_TUNE = "post_tune"                     # evaluation instruction flag: adapt before scoring
+GEN = "gen_"                                # a client's generation metrics in its evaluation reply
 
 
 def _prefixed(prefix: str, tensors: Params) -> Params:
@@ -223,6 +226,18 @@ class ComposedMethod:
                                                  self._seen_groups(), ev.max_new_tokens, ev.batch_size,
                                                  ev.show_examples)}
 
+    def _client_generation(self, params: Params, client: ClientContext, round: int) -> dict[str, Any]:
+        """In a generating round: the scores of what the client's own tensors write for its share of the fixed test
+        sample (the global sample's rows in its test shard; numbers only, no texts leave the client)."""
+        if not self._generating(round) or client.client_id >= len(self.exp.test_parts):
+            return {}
+        ev, test = self.cfg.evaluation, self.exp.task.test
+        mine = np.intersect1d(sample_rows(test, ev.generate_examples, self.seed), self.exp.test_parts[client.client_id])
+        if not len(mine):
+            return {}
+        scores = generation_metrics(self.clf, floats(params), test, mine, set(), ev.max_new_tokens, ev.batch_size, 0)
+        return {GEN + k: v for k, v in scores.items() if isinstance(v, (int, float))}  # flat numbers, as replies are
+
     def _seen_groups(self) -> set[str]:
         return {e.group for e in self.exp.task.train if e.group is not None}
 
@@ -342,7 +357,8 @@ class ComposedMethod:
         instruction = self._decode_down(instruction, client)
         params = self.sharing.client_params(self.trainer.params_of(instruction), sub_state(client.state, PRIVATE))
         if not instruction.scalars.get(POST_TUNE):
-            return Message(scalars=self.trainer.evaluate(params, client.test))
+            metrics = self.trainer.evaluate(params, client.test)
+            return Message(scalars=metrics | self._client_generation(params, client, int(instruction.scalars["round"])))
         before = self.trainer.evaluate(params, client.test)
         rng = numpy_rng(client.seed, int(instruction.scalars["round"]), client.client_id, "post-tuning")
         tuned, report = self.post_tuning.tune(params, client.train, rng)

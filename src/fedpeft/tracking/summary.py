@@ -30,6 +30,13 @@ def role_means(scored: dict[int, dict[str, Any]], non_participants: frozenset[in
 GENERATION_KEYS = ("perplexity", "num_tokens", "by_group", "seen", "unseen", "generation")
 
 
+def local_generation(local_eval: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """``local_generation``: each client's scores of what its own tensors wrote (reply keys ``gen_*``), if any."""
+    out = {str(c): {k[4:]: v for k, v in m.items() if k.startswith("gen_")} for c, m in sorted(local_eval.items())}
+    out = {c: m for c, m in out.items() if m}
+    return {"local_generation": out} if out else {}
+
+
 def round_record(round: int, global_metrics: dict[str, float], clients: list[dict[str, Any]],
                  local_eval: dict[int, dict[str, Any]], eval_bytes_down: int, wall_seconds: float,
                  non_participants: frozenset[int] = frozenset()) -> dict[str, Any]:
@@ -50,6 +57,7 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
         **{k: global_metrics[k] for k in GENERATION_KEYS if k in global_metrics},
         **({"local_loss": {str(k): v.get("loss") for k, v in sorted(local_eval.items())}}
            if "perplexity" in global_metrics else {}),
+        **local_generation(local_eval),
         "local_accuracy_mean": statistics.fmean(local_acc) if local_acc else None,
         "local_accuracy_min": min(local_acc) if local_acc else None,
         "local_accuracy_max": max(local_acc) if local_acc else None,
