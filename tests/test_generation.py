@@ -358,3 +358,25 @@ def test_local_only_scores_each_clients_own_generations(tmp_path: Path) -> None:
     assert set(last["local_generation"]) == {"0", "1"}
     assert all({"bleu", "chrf", "rouge_l", "exact_match"} <= set(g) for g in last["local_generation"].values())
     assert set(last["local_loss"]) == {"0", "1"}
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("fedprompt", {}), ("fedavg-prefix", {"adapter": {"num_tokens": 3}}), ("fedpeptao", {"adapter": {"num_tokens": 3}}),
+    ("headprune", {}), ("fedavg-full", {}),
+    ("fedbpt", {"adapter": {"num_tokens": 3, "intrinsic_dim": 16}, "trainer": {"iterations": 2}}),
+    ("discrete-prompt", {})])
+def test_every_method_runs_on_a_generation_task(tmp_path: Path, method: str, extra: dict) -> None:
+    """Gradient, forward-only (response loss as the CMA-ES / search fitness) and head-pruned methods alike."""
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    _write_task(tmp_path)
+    raw = _config(tmp_path, **extra)
+    raw["method"]["name"] = method
+    raw["federation"]["rounds"] = 1
+    raw["evaluation"]["generate_every"] = 1
+    run_embedded(resolve(raw), tmp_path / "run")
+    last = RunDir(tmp_path / "run").read_metrics()[-1]
+    assert last["num_ok"] == 2 and last["bytes_up"] > 0
+    assert np.isfinite(last["loss"]) and last["generation"]["num_generated"] == 4

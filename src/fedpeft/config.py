@@ -282,6 +282,8 @@ class EvaluationConfig(_Strict):
                                                                  "the generation metrics (a seeded sample, the same "
                                                                  "every round; each natural client's share kept); "
                                                                  "unset: all")
+    bootstrap: int = Field(0, ge=0, description="generation tasks: resamples of the decoded test sample for the "
+                                                "standard errors of BLEU, chrF, ROUGE-L and exact match (0: none)")
     show_examples: int = Field(3, ge=0, description="generation tasks: fixed test prompts whose generations are "
                                                     "kept at each generating round (report.html table)")
 

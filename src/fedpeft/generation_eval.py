@@ -16,7 +16,7 @@ import numpy as np
 
 from fedpeft.data.types import Example
 from fedpeft.rng import SERVER, numpy_rng
-from fedpeft.text_metrics import text_metrics
+from fedpeft.text_metrics import bootstrap, text_metrics
 
 
 def by_group(objective: Any, stats: dict[str, np.ndarray], examples: list[Example],
@@ -50,9 +50,13 @@ def sample_rows(examples: list[Example], size: int | None, seed: int) -> np.ndar
 
 
 def generation_metrics(objective: Any, params: dict, examples: list[Example], rows: np.ndarray, seen: set[str],
-                       max_new_tokens: int, batch_size: int, show: int) -> dict[str, Any]:
+                       max_new_tokens: int, batch_size: int, show: int, resamples: int = 0) -> dict[str, Any]:
     """Greedy generations of ``examples[rows]`` scored against their references, overall, per group, seen and
-    unseen; and the first ``show`` prompts with reference and generation."""
+    unseen (with bootstrap standard errors over ``resamples`` resamples); the first ``show`` prompts with their
+    reference and generation."""
+    def scored(h: list[str], r: list) -> dict[str, float]:
+        return text_metrics(h, r) | (bootstrap(h, r, resamples) if resamples and len(h) > 1 else {})
+
     picked = [examples[i] for i in rows]
     if not picked:
         return {}
@@ -60,7 +64,7 @@ def generation_metrics(objective: Any, params: dict, examples: list[Example], ro
     tok = objective.backbone.tokenizer
     hyps = [tok.decode(t, skip_special_tokens=True).strip() for t in ids]
     refs = [e.refs for e in picked]
-    out: dict[str, Any] = dict(text_metrics(hyps, refs))
+    out: dict[str, Any] = dict(scored(hyps, refs))
     groups = [e.group for e in picked]
     if any(g is not None for g in groups):
         out["by_group"] = {g: text_metrics([h for h, x in zip(hyps, groups) if x == g],
@@ -69,8 +73,8 @@ def generation_metrics(objective: Any, params: dict, examples: list[Example], ro
         unseen = [g not in seen for g in groups]
         if any(unseen) and not all(unseen):
             for name, want in (("seen", False), ("unseen", True)):
-                out[name] = text_metrics([h for h, u in zip(hyps, unseen) if u == want],
-                                         [r for r, u in zip(refs, unseen) if u == want])
+                out[name] = scored([h for h, u in zip(hyps, unseen) if u == want],
+                                   [r for r, u in zip(refs, unseen) if u == want])
     out["samples"] = [{"prompt": objective.format.prompt_text(e), "reference": e.refs[0] if e.refs else "",
                        "generation": h} for e, h in zip(picked[:show], hyps[:show])]
     out["num_generated"] = len(hyps)

@@ -4,7 +4,8 @@ F^_k(z) = L(f(Az; X), Y) / L(f(Az; X (.) M + X^ (.) (1 - M)), Y): a fraction ``r
 tokens is replaced by random vocabulary tokens (M has a zero with probability r_p per token).
 Decisions (spec §7): A6 dataset-level ratio by default with an epsilon floor, per-sample mean of
 ratios as an option; A7 only the tokens of the input text are replaced (template, special, mask
-and placeholder tokens are kept; lengths are preserved), replacements uniform over non-special
+and placeholder tokens are kept; lengths are preserved; on a generation task the prompt's fields, never the
+response), replacements uniform over non-special
 vocabulary ids, ``scope="all"`` perturbs every position like the authors' code; A8 the mask is
 drawn per local iteration and shared by all candidates of that iteration.
 """
@@ -48,6 +49,16 @@ def text_span(backbone: Backbone, task: TaskData, readout: str, max_length: int)
     return TextSpan(prefix, len(empty) - prefix)
 
 
+def prompt_span(lm) -> TextSpan:
+    """A generation task's ``TextSpan``: the template's tokens before the instruction and after the prompt's fields
+    (up to where the response starts), found by encoding an empty and a one-word instruction (``encode_prompts``).
+    With an input the span also covers the template's text between instruction and input, as for sentence pairs."""
+    empty = lm.encode_prompts([Example("", 0)]).input_ids[0]
+    with_a = lm.encode_prompts([Example("x", 0)]).input_ids[0]
+    prefix = next(i for i in range(len(with_a)) if i >= len(empty) or with_a[i] != empty[i])
+    return TextSpan(prefix, len(empty) - prefix)
+
+
 def replacement_vocab(backbone: Backbone) -> np.ndarray:
     """Non-special vocabulary ids that random tokens are drawn from."""
     special = set(backbone.tokenizer.all_special_ids)
@@ -62,8 +73,9 @@ def perturb(data: Encoded, rate: float, vocab: np.ndarray, rng: np.random.Genera
     Returns the perturbed split (same lengths, labels, mask positions) and (replaced, eligible) counts.
     """
     rows, replaced, eligible = [], 0, 0
-    for ids in data.input_ids:
-        lo, hi = (span.prefix, len(ids) - span.suffix) if span is not None else (0, len(ids))
+    for i, ids in enumerate(data.input_ids):
+        end = len(ids) if data.response_start is None else int(data.response_start[i])  # a response is never touched
+        lo, hi = (span.prefix, end - span.suffix) if span is not None else (0, end)
         row = np.array(ids, dtype=np.int64)
         n = max(hi - lo, 0)
         drop = rng.random(n) < rate
@@ -72,7 +84,7 @@ def perturb(data: Encoded, rate: float, vocab: np.ndarray, rng: np.random.Genera
         replaced += int(drop.sum())
         eligible += n
         rows.append(row.tolist())
-    return Encoded(rows, data.labels, data.mask_index, data.lead), replaced, eligible
+    return Encoded(rows, data.labels, data.mask_index, data.lead, data.response_start), replaced, eligible
 
 
 def ratio_fitness(clean: torch.Tensor, perturbed: torch.Tensor, form: str = "dataset",

@@ -224,7 +224,7 @@ class ComposedMethod:
         rows = sample_rows(self.exp.task.test, ev.generate_examples, self.seed)
         return {"generation": generation_metrics(self.clf, floats(st.glob), self.exp.task.test, rows,
                                                  self._seen_groups(), ev.max_new_tokens, ev.batch_size,
-                                                 ev.show_examples)}
+                                                 ev.show_examples, ev.bootstrap)}
 
     def _client_generation(self, params: Params, client: ClientContext, round: int) -> dict[str, Any]:
         """In a generating round: the scores of what the client's own tensors write for its share of the fixed test

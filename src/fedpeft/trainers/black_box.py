@@ -21,7 +21,7 @@ from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy
-from fedpeft.perturbation import replacement_vocab, text_span
+from fedpeft.perturbation import prompt_span, replacement_vocab, text_span
 from fedpeft.rng import SHARED, numpy_rng
 from fedpeft.trainers.base import DISTRIBUTION, TRAINERS, Shapes, TrainerBase, TrainerContext
 from fedpeft.trainers.cmaes import CMAESSettings, CMAState, Covariance, LocalResult, local_cmaes
@@ -155,7 +155,8 @@ class CMAESTrainer(TrainerBase):
     def _perturbation_inputs(self):
         if self._perturb_data is None:
             exp = self.ctx.experiment
-            span = text_span(exp.backbone, exp.task, self.clf.readout, exp.cfg.task.max_length)
+            span = (prompt_span(self.clf) if self.clf.kind == "generation"
+                    else text_span(exp.backbone, exp.task, self.clf.readout, exp.cfg.task.max_length))
             self._perturb_data = (replacement_vocab(exp.backbone), span)
         return self._perturb_data
 
