@@ -40,7 +40,7 @@ ARMS = {  # label -> overrides (model, data and budget come from the task)
     "centralised LoRA": ["method.name=fedit", "federation.num_clients=1", "federation.partition.scheme=iid"],
 }
 DOLLY_ARMS = ("fedit (LoRA all-linear, FedAvg)", "local-only LoRA", "centralised LoRA")
-TASKS = {"webnlg": {"clients": 10, "max_length": 192}, "dolly": {"clients": 8, "max_length": 256}}
+TASKS = {"webnlg": {"clients": 10, "max_length": 256}, "dolly": {"clients": 8, "max_length": 320}}
 
 
 def job_name(task: str, arm: str, seed: int) -> str:

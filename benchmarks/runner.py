@@ -60,12 +60,12 @@ def finished(out, overrides: list[str]) -> bool:
     from pathlib import Path
 
     from fedpeft.resolve import load_config
-    from fedpeft.runtime.session import same_config
+    from fedpeft.runtime.session import config_changes
 
     out = Path(out)
     if not (out / "summary.json").exists():
         return False
-    if not same_config((out / "config.yaml").read_text(), load_config(None, overrides)):
+    if config_changes((out / "config.yaml").read_text(), load_config(None, overrides)):
         raise ValueError(f"{out} finished with another config than this benchmark's; use another --runs-dir")
     return True
 

@@ -69,8 +69,9 @@ class Lora(AdapterBase):
 
         targets = self.targets(backbone)
         if targets == [ALL_LINEAR]:  # an encoder's pooler is not read by fedpeft's readouts: no LoRA there
+            pooler = any(n.split(".")[-1] == "pooler" for n, _ in backbone.model.named_modules())
             return LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.lora_alpha, lora_dropout=0.0, bias="none",
-                              target_modules=ALL_LINEAR, exclude_modules=r".*pooler.*")
+                              target_modules=ALL_LINEAR, exclude_modules=r".*pooler.*" if pooler else None)
         return LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.lora_alpha, lora_dropout=0.0,
                           target_modules=targets, bias="none")
 
