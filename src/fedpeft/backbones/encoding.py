@@ -64,9 +64,10 @@ def template_for(task: TaskData, family: str, readout: str) -> str:
     return task.template
 
 
-def _segments(template: str) -> list[tuple[str, str]]:
+def template_segments(template: str, fields: re.Pattern = _FIELD) -> list[tuple[str, str]]:
+    """``template`` as ("lit", text) pieces and (field name, "") placeholders, in order."""
     out, pos = [], 0
-    for m in _FIELD.finditer(template):
+    for m in fields.finditer(template):
         if m.start() > pos:
             out.append(("lit", template[pos : m.start()]))
         out.append((m.group(1), ""))
@@ -80,7 +81,7 @@ def _layout(backbone: Backbone, task: TaskData, max_length: int, readout: str):
     """(template segments, literal ids per segment, lead and trail ids, the token budget left for the texts)."""
     tok, family = backbone.tokenizer, backbone.family
     template = template_for(task, family, readout)
-    segs = _segments(template)
+    segs = template_segments(template)
     if readout == "verbalizer" and family == "mlm" and not any(k == "mask" for k, _ in segs):
         raise ValueError(f"task '{task.name}': masked-LM template needs a {{mask}}: {template!r}")
     lead, trail = special_tokens(tok, family)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedpeft.backbones.encoding import Encoded, special_tokens
+from fedpeft.backbones.encoding import Encoded, special_tokens, template_segments
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example
 
@@ -44,18 +44,6 @@ def end_token_id(tokenizer) -> int:
 def uses_chat_template(tokenizer, prompt_template: str | None) -> bool:
     """A user's ``task.prompt_template`` wins; otherwise the model's chat template where it has one."""
     return prompt_template is None and bool(getattr(tokenizer, "chat_template", None))
-
-
-def _split(template: str) -> list[tuple[str, str]]:
-    out, pos = [], 0
-    for m in _FIELD.finditer(template):
-        if m.start() > pos:
-            out.append(("lit", template[pos:m.start()]))
-        out.append((m.group(1), ""))
-        pos = m.end()
-    if pos < len(template):
-        out.append(("lit", template[pos:]))
-    return out
 
 
 @dataclass
@@ -87,7 +75,7 @@ class PromptFormat:
             return parts + [("lit", tail)]
         template = self.template or (ALPACA if context else ALPACA_NO_INPUT)
         values = {"instruction": instruction, "input": context}
-        return [(k, s if k == "lit" else values[k]) for k, s in _split(template)]
+        return [(k, s if k == "lit" else values[k]) for k, s in template_segments(template, _FIELD)]
 
     def prompt_text(self, ex: Example) -> str:
         """The prompt as one string (what ``fedpeft generate`` shows a user)."""
