@@ -380,3 +380,19 @@ def test_every_method_runs_on_a_generation_task(tmp_path: Path, method: str, ext
     last = RunDir(tmp_path / "run").read_metrics()[-1]
     assert last["num_ok"] == 2 and last["bytes_up"] > 0
     assert np.isfinite(last["loss"]) and last["generation"]["num_generated"] == 4
+
+
+def test_predict_refuses_a_generation_run(tmp_path: Path) -> None:
+    from fedpeft.cli import app
+    from typer.testing import CliRunner
+
+    _write_task(tmp_path)
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import run_embedded
+
+    raw = _config(tmp_path)
+    raw["federation"]["rounds"] = 1
+    raw["evaluation"]["generate_every"] = 0
+    run_embedded(resolve(raw), tmp_path / "run")
+    res = CliRunner().invoke(app, ["predict", str(tmp_path / "run"), "--text", "hello"])
+    assert res.exit_code != 0 and "fedpeft generate" in res.output

@@ -87,6 +87,9 @@ class TrainedModel:
     def probabilities(self, examples: Sequence[Example], batch_size: int | None = None) -> torch.Tensor:
         """Softmax over the class logits, [len(examples), num_classes] (float32, CPU)."""
         clf, bs = self.classifier, batch_size or self.cfg.evaluation.batch_size
+        if clf.kind != "classification":
+            raise ValueError(f"{self.run_dir}: the run tuned a model to generate (task '{clf.task.name}'); it has no "
+                             "classes to predict: use fedpeft generate")
         params = {k: v.float() if v.is_floating_point() else v for k, v in self.params.items()}
         enc = clf.encode(list(examples))
         out = []
@@ -101,7 +104,7 @@ class TrainedModel:
         """Greedy completions of ``prompts`` (instructions, or examples with an input) with this adapter, as the
         run's evaluation writes them (``LanguageModel.generate``)."""
         lm = self.classifier
-        if getattr(lm, "kind", "classification") != "generation":
+        if lm.kind != "generation":
             raise ValueError(f"{self.run_dir}: the run trained a classifier (task '{lm.task.name}'); generate needs a "
                              "generation task's run (use predict)")
         examples = [p if isinstance(p, Example) else Example(p, 0) for p in prompts]

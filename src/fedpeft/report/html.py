@@ -17,6 +17,7 @@ CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #222; background: #fafafa; }
 h1 { font-size: 1.5em; margin: 0 0 4px; } h2 { font-size: 1.15em; margin: 28px 0 8px; }
 .meta { color: #666; font-size: 0.9em; }
+#generations td, #generations th { white-space: pre-wrap; max-width: 28em; text-align: left; vertical-align: top; font-weight: normal; }
 .plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 12px; }
 svg.chart { width: 100%; height: auto; background: #fff; border: 1px solid #ddd; border-radius: 4px; }
 svg .title { font-size: 15px; font-weight: 600; } svg .label { font-size: 12px; fill: #333; }
@@ -213,6 +214,22 @@ def per_class_sections(groups: list[Group]) -> str:
     return "".join(out)
 
 
+def generation_samples(runs: list[Run]) -> str:
+    """The fixed test prompts with their reference and what the global model wrote at each decoding round (the
+    first run of the report; ``evaluation.show_examples``), or nothing for classification runs."""
+    run = next((r for r in runs if any((rec.get("generation") or {}).get("samples") for rec in r.records)), None)
+    if run is None:
+        return ""
+    decoded = [rec for rec in run.records if (rec.get("generation") or {}).get("samples")]
+    first = decoded[0]["generation"]["samples"]
+    header = ["prompt", "reference"] + [f"round {rec['round']}" for rec in decoded]
+    rows = [[s["prompt"], s["reference"]] + [rec["generation"]["samples"][i]["generation"]
+                                             if i < len(rec["generation"]["samples"]) else "" for rec in decoded]
+            for i, s in enumerate(first)]
+    return (f"<h2>Generations (<code>{escape(str(run.path))}</code>)</h2>\n"
+            + _table("generations", header, rows))
+
+
 def config_tables(runs: list[Run]) -> str:
     flat = [flatten(r.config) for r in runs]
     keys = list(dict.fromkeys(k for f in flat for k in f))
@@ -261,7 +278,7 @@ def page(groups: list[Group], target: float, plots: list[str]) -> str:
 <div class="plots">
 {chr(10).join(plots)}
 </div>
-{per_class_sections(groups)}<h2>Summary (summary.json)</h2>
+{per_class_sections(groups)}{generation_samples(runs)}<h2>Summary (summary.json)</h2>
 {summary_table(runs)}
 <h2>Resolved config (config.yaml)</h2>
 {config_tables(runs)}

@@ -166,9 +166,30 @@ def asr(groups: list[Group]) -> str:
                       legend=_legend(groups, series, used))
 
 
+def perplexity(groups: list[Group]) -> str:
+    series, used = _lines(groups, [("test perplexity", "solid", lambda r: r.get("perplexity")),
+                                   ("seen groups", "dashed", lambda r: (r.get("seen") or {}).get("perplexity")),
+                                   ("unseen groups", "dotted", lambda r: (r.get("unseen") or {}).get("perplexity"))])
+    return line_chart("plot-perplexity", "Test perplexity per response token", "round", "perplexity", series,
+                      xint=True, legend=_legend(groups, series, used))
+
+
+def text_scores(groups: list[Group]) -> str:
+    """BLEU, chrF and ROUGE-L of the global model's greedy generations in the rounds that decode."""
+    series, used = _lines(groups, [(name, style, lambda r, k=key: (r.get("generation") or {}).get(k))
+                                   for name, style, key in (("BLEU", "solid", "bleu"), ("chrF", "dashed", "chrf"),
+                                                            ("ROUGE-L", "dotted", "rouge_l"))])
+    return line_chart("plot-generation", "What the model writes: BLEU, chrF, ROUGE-L (0-100)", "round", "score",
+                      series, xint=True, ybounds=(0, 100), legend=_legend(groups, series, used))
+
+
 def all_plots(groups: list[Group]) -> list[str]:
     runs = [r for g in groups for r in g.runs]
     out = [accuracy(groups), bytes_(groups), acc_vs_bytes(groups), clients(groups), loss(groups)]
+    if any(rec.get("perplexity") is not None for r in runs for rec in r.records):
+        out.append(perplexity(groups))
+    if any(rec.get("generation") for r in runs for rec in r.records):
+        out.append(text_scores(groups))
     out += [server(groups, k) for k in server_keys(runs)]
     out += [svg for svg in (vectors(groups, k) for k in vector_keys(runs)) if svg is not None]
     if any(rec.get("asr") is not None for r in runs for rec in r.records):
