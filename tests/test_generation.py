@@ -240,7 +240,7 @@ def test_generation_run_end_to_end_and_generate_uses_its_adapter(tmp_path: Path)
     assert refused.exit_code != 0 and "--prompt" in refused.output
 
 
-@pytest.mark.parametrize("adapter", ["lora", "soft_prompt"])
+@pytest.mark.parametrize("adapter", ["lora", "soft_prompt", "deep_prompt"])
 def test_peft_export_generates_the_same_tokens(tmp_path: Path, adapter: str) -> None:
     from peft import PeftModel
 
@@ -252,7 +252,8 @@ def test_peft_export_generates_the_same_tokens(tmp_path: Path, adapter: str) -> 
 
     _write_task(tmp_path)
     method = {"lora": {"name": "fedit", "trainer": {"lr": 0.0002}},
-              "soft_prompt": {"name": "fedprompt", "adapter": {"num_tokens": 4, "position": "before_all"}}}[adapter]
+              "soft_prompt": {"name": "fedprompt", "adapter": {"num_tokens": 4, "position": "before_all"}},
+              "deep_prompt": {"name": "fedavg-prefix", "adapter": {"num_tokens": 3}}}[adapter]
     cfg = resolve(_config(tmp_path) | {"method": method})
     out = tmp_path / "run"
     run_embedded(cfg, out)
