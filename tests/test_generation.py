@@ -397,3 +397,31 @@ def test_predict_refuses_a_generation_run(tmp_path: Path) -> None:
     run_embedded(resolve(raw), tmp_path / "run")
     res = CliRunner().invoke(app, ["predict", str(tmp_path / "run"), "--text", "hello"])
     assert res.exit_code != 0 and "fedpeft generate" in res.output
+
+
+def test_quantization_is_refused_on_cpu_before_loading(tmp_path: Path) -> None:
+    from fedpeft.config import ConfigError
+    from fedpeft.resolve import resolve
+
+    raw = _config(tmp_path)
+    raw["model"]["quantization"] = "4bit"
+    with pytest.raises(ConfigError, match="model.quantization: '4bit' quantizes with bitsandbytes on a CUDA GPU"):
+        resolve(raw)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["4bit", "8bit"])
+def test_qlora_trains_and_generates_on_cuda(tmp_path: Path, mode: str) -> None:
+    pytest.importorskip("bitsandbytes")
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    _write_task(tmp_path)
+    raw = _config(tmp_path, trainer={"lr": 0.01})
+    raw["model"]["quantization"] = mode
+    raw["runtime"] |= {"device": "cuda", "autocast": "bfloat16"}
+    run_embedded(resolve(raw), tmp_path / "run")
+    records = RunDir(tmp_path / "run").read_metrics()
+    assert records[-1]["loss"] < records[0]["loss"] and records[-1]["generation"]["num_generated"] == 4

@@ -239,7 +239,8 @@ def build_experiment(cfg: ExperimentConfig, saved: TaskOnly | None = None) -> Ex
     participants = [c for c in range(len(train_parts)) if c not in idle]
     bad = malicious_ids(a.malicious_clients, a.malicious_fraction, len(train_parts), participants,
                         numpy_rng(cfg.seed, 0, SERVER, "malicious")) if a.active and saved is None else frozenset()
-    backbone = load_backbone(cfg.model.name, cfg.model.trust_remote_code).to(resolve_device(cfg.runtime.device))
+    device = resolve_device(cfg.runtime.device)
+    backbone = load_backbone(cfg.model.name, cfg.model.trust_remote_code, cfg.model.quantization).to(device)
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
     clf = OBJECTIVES.get(task.kind)(backbone, adapter, task, cfg)
     adapter.bind(AdapterContext(cfg.seed, task, clf.readout, backbone))

@@ -144,9 +144,10 @@ class Lora(AdapterBase):
                 out[f"{m.group(1)}.{m.group(2)}.{self.adapter_name}.weight"] = v
         return out
 
-    def merged(self, backbone: Backbone, params: Params) -> Params:
+    def merged(self, backbone: Backbone, params: Params) -> Params | None:
         """Base weights with the update merged in, W + (alpha/r)·B A, named as inside ``bypassed`` (the base layer in
-        the LoRA layer's place), for decoding: one matrix product per projection instead of three."""
+        the LoRA layer's place), for decoding: one matrix product per projection instead of three. None for
+        quantized base weights, which cannot absorb the update."""
         out = {}
         for name in self.modules(backbone):
             a, b = params.get(f"{name}.lora_A.weight"), params.get(f"{name}.lora_B.weight")
@@ -154,6 +155,8 @@ class Lora(AdapterBase):
                 continue
             layer = backbone.model.get_submodule(name)
             w = layer.base_layer.weight
+            if not w.is_floating_point():
+                return None  # quantized base weights (QLoRA): decode with the LoRA branch instead
             out[f"{name}.weight"] = w + layer.scaling[self.adapter_name] * (b.to(w) @ a.to(w))  # as bypassed
         return out
 

@@ -74,6 +74,10 @@ class Backbone:
     def to(self, device: str | torch.device) -> Backbone:
         """Place the frozen weights on ``device`` (in place: one backbone per process); drops derived caches."""
         device = torch.device(device)
+        if getattr(self.model, "is_quantized", False):  # bitsandbytes weights stay where they were quantized
+            if device.type != self.device.type:
+                raise ValueError(f"runtime.device: a quantized model lives on {self.device}; it cannot move to {device}")
+            return self
         if self.device != device:
             self.model.to(device)
             self.cache.clear()
@@ -343,6 +347,44 @@ class BackboneCache:
 PROCESS_CACHE = BackboneCache()
 
 
-def load_backbone(name: str, trust_remote_code: bool = False) -> Backbone:
-    """The process's shared frozen backbone for ``name`` (``trust_remote_code``: see ``_from_hub_or_path``)."""
-    return PROCESS_CACHE.get(name, trust_remote_code)
+def load_backbone(name: str, trust_remote_code: bool = False, quantization: str = "none") -> Backbone:
+    """The process's shared frozen backbone for ``name`` (``trust_remote_code``: see ``_from_hub_or_path``);
+    ``quantization`` 4bit/8bit: its weights quantized by bitsandbytes on the GPU (``quantized``), built once too."""
+    backbone = PROCESS_CACHE.get(name, trust_remote_code)
+    if quantization == "none":
+        return backbone
+    key = f"{QUANTIZED}{quantization}"
+    if key not in backbone.cache:
+        backbone.cache[key] = quantized(backbone, quantization, trust_remote_code)
+    return backbone.cache[key]
+
+
+QUANTIZED = "quantized:"  # Backbone.cache key of a backbone's quantized copy
+
+
+def quantized(backbone: Backbone, mode: str, trust_remote_code: bool = False) -> Backbone:
+    """``backbone`` reloaded with bitsandbytes quantization on the current CUDA device (QLoRA: 4-bit NF4 with
+    double quantization and bf16 compute; or LLM.int8()): from its folder or hub id, or, for a model built in code,
+    from a copy saved to a temporary folder."""
+    import tempfile
+
+    from transformers import BitsAndBytesConfig
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"model.quantization: '{mode}' quantizes with bitsandbytes on a CUDA GPU; none is available "
+                         "here (use model.quantization: none on CPU)")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ValueError(f"model.quantization: '{mode}' needs the bitsandbytes package (pip install bitsandbytes)")
+    config = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                 bnb_4bit_compute_dtype=torch.bfloat16) if mode == "4bit"
+              else BitsAndBytesConfig(load_in_8bit=True))
+    kwargs = {"quantization_config": config, "device_map": {"": torch.cuda.current_device()},
+              "trust_remote_code": trust_remote_code}
+    with tempfile.TemporaryDirectory() as tmp:
+        source = backbone.source
+        if source is None:
+            backbone.model.save_pretrained(tmp)
+            source = tmp
+        model = _auto_class(backbone.family).from_pretrained(source, **kwargs)
+    return Backbone(f"{backbone.name}@{mode}", _freeze(model), backbone.tokenizer, backbone.family,
+                    source=backbone.source)

@@ -50,6 +50,12 @@ def check_generation(cfg: ExperimentConfig) -> None:
 def check_combination(cfg: ExperimentConfig) -> None:
     if is_generation_config(cfg):
         check_generation(cfg)
+    if cfg.model.quantization != "none" and cfg.runtime.device == "cpu":
+        raise ValueError(f"model.quantization: '{cfg.model.quantization}' quantizes with bitsandbytes on a CUDA GPU; "
+                         "set runtime.device: cuda, or model.quantization: none on CPU")
+    if cfg.model.quantization != "none" and cfg.method.adapter.name == "full":
+        raise ValueError("model.quantization: full fine-tuning trains every weight, which quantized weights cannot "
+                         "be; use an adapter (QLoRA: lora)")
     m = cfg.method
     trainer = TRAINERS.get(m.trainer.name)
     kind = trainer.kind

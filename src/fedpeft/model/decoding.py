@@ -41,7 +41,8 @@ def greedy(lm: LanguageModel, params: Params, prompts: Encoded, max_new_tokens: 
     backbone, model = lm.backbone, lm.backbone.model
     params = {k: (v.float() if v.is_floating_point() else v).to(lm.device) for k, v in params.items()}
     merge = getattr(lm.adapter, "merged", None)  # LoRA: decode with W + s·BA and the LoRA branch bypassed
-    over = merge(backbone, params) if merge else (lm.adapter.overrides(params) or {})
+    merged = merge(backbone, params) if merge else None
+    over = merged if merged is not None else (lm.adapter.overrides(params) or {})
     over = over | {k: v.to(lm.device) for k, v in (static or {}).items()}
 
     def call(**kwargs):
@@ -49,7 +50,7 @@ def greedy(lm: LanguageModel, params: Params, prompts: Encoded, max_new_tokens: 
         with lm._autocast():
             return call_with(model, over, **kwargs)
 
-    with lm.adapter.bypassed(backbone) if merge else contextlib.nullcontext():
+    with lm.adapter.bypassed(backbone) if merged is not None else contextlib.nullcontext():
         return _decode(lm, params, prompts, max_new_tokens, batch_size, call)
 
 
