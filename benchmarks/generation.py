@@ -31,12 +31,10 @@ ARMS = {  # label -> overrides (model, data and budget come from the task)
     "fedit (LoRA all-linear, FedAvg)": ["method.name=fedit"],
     "local-only LoRA": ["method.name=local-only", "method.adapter.name=lora", "method.adapter.r=16",
                         "method.adapter.lora_alpha=32.0", "method.adapter.target_modules=[all-linear]",
-                        "method.trainer.lr=3e-4", "method.trainer.batch_size=8"],
-    "soft prompt (fedprompt)": ["method.name=fedprompt", "method.adapter.position=before_all",
-                                "method.trainer.batch_size=8"],
-    "deep prompt (fedavg-prefix)": ["method.name=fedavg-prefix", "method.adapter.num_tokens=5",
-                                    "method.trainer.batch_size=8"],
-    "head-pruned LoRA (headprune, masked)": ["method.name=headprune-rand-cs", "method.trainer.batch_size=8"],
+                        "method.trainer.lr=3e-4"],
+    "soft prompt (fedprompt)": ["method.name=fedprompt", "method.adapter.position=before_all"],
+    "deep prompt (fedavg-prefix)": ["method.name=fedavg-prefix", "method.adapter.num_tokens=5"],
+    "head-pruned LoRA (headprune, masked)": ["method.name=headprune-rand-cs"],
     "centralised LoRA": ["method.name=fedit", "federation.num_clients=1", "federation.partition.scheme=iid"],
 }
 DOLLY_ARMS = ("fedit (LoRA all-linear, FedAvg)", "local-only LoRA", "centralised LoRA")
@@ -57,9 +55,10 @@ def overrides(args, task: str, arm: str, seed: int) -> list[str]:
             f"task.max_response_length={args.max_response}", "model.name=smollm2", f"seed={seed}",
             f"federation.num_clients={t['clients']}", "federation.partition.scheme=by_column",
             f"federation.rounds={args.rounds}", f"method.trainer.max_steps={steps}",
+            f"method.trainer.batch_size={args.batch}",
             "method.trainer.local_epochs=100", f"evaluation.generate_every={args.rounds}",
             f"evaluation.max_new_tokens={args.max_response}", "evaluation.generate_examples=100000",
-            f"evaluation.bootstrap={args.bootstrap}", "evaluation.batch_size=16", "evaluation.every=1",
+            f"evaluation.bootstrap={args.bootstrap}", "evaluation.batch_size=16", f"evaluation.every={args.rounds}",
             "runtime.progress=false", f"runtime.threads={args.threads}", f"runtime.device={args.device}",
             *ARMS[arm]]
 
@@ -103,9 +102,9 @@ def render(args) -> Path:
     lines = ["# Federated instruction tuning: WebNLG and Dolly on SmolLM2-135M-Instruct", "",
              (Path(args.notes).read_text() if Path(args.notes).exists() else ""), "",
              f"Command: `python benchmarks/generation.py {' '.join(args.argv)}`. Budget per run: {args.rounds} rounds "
-             f"× {args.steps} local steps (batch 8) per client; train {args.train_per_category} entries per category, "
+             f"× {args.steps} local steps (batch {args.batch}) per client; train {args.train_per_category} entries per category, "
              f"test {args.test_per_category} per category; final round. Cells: mean ± std over the finished seeds "
-             "(n in the last column); BLEU/chrF/ROUGE-L on 0-100.", ""]
+             "(n in the last column); BLEU/chrF/ROUGE-L on 0-100; the test set is evaluated at round 0 and after the last round.", ""]
     for task in args.tasks:
         lines += [f"## {task}", "",
                   "| arm | seen BLEU | seen chrF | seen ROUGE-L | unseen BLEU | unseen chrF | unseen ROUGE-L | "
@@ -148,10 +147,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", nargs="+", default=["webnlg", "dolly"], choices=list(TASKS))
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--steps", type=int, default=10, help="local steps per client and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5, help="local steps per client and round")
+    p.add_argument("--batch", type=int, default=4)
     p.add_argument("--train-per-category", type=int, default=100)
-    p.add_argument("--test-per-category", type=int, default=20)
+    p.add_argument("--test-per-category", type=int, default=10)
     p.add_argument("--max-response", type=int, default=64)
     p.add_argument("--bootstrap", type=int, default=200)
     p.add_argument("--device", default="cpu")
@@ -162,7 +162,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--render-only", action="store_true")
     args = p.parse_args(argv)
     if args.paper_scale:
-        args.rounds, args.train_per_category, args.test_per_category = 20, 500, 100000
+        args.rounds, args.steps, args.batch, args.train_per_category, args.test_per_category = 20, 10, 8, 500, 100000
     args.argv = sys.argv[1:] if argv is None else argv
     return args
 
