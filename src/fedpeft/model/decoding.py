@@ -79,12 +79,12 @@ def _decode(lm: LanguageModel, params: Params, prompts: Encoded, max_new_tokens:
         tokens = torch.empty(n, 0, dtype=torch.long, device=mask.device)
         done = torch.zeros(n, dtype=torch.bool, device=mask.device)
         last = positions[:, -1:]
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             nxt = res.logits[:, -1].argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, lm.end_id), nxt)
             tokens = torch.cat([tokens, nxt.unsqueeze(1)], 1)
             done |= nxt == lm.end_id
-            if bool(done.all()):
+            if step == max_new_tokens - 1 or bool(done.all()):  # no forward for a token that will not be read
                 break
             mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype, device=mask.device)], 1)
             last = last + 1
