@@ -425,3 +425,38 @@ def test_qlora_trains_and_generates_on_cuda(tmp_path: Path, mode: str) -> None:
     run_embedded(resolve(raw), tmp_path / "run")
     records = RunDir(tmp_path / "run").read_metrics()
     assert records[-1]["loss"] < records[0]["loss"] and records[-1]["generation"]["num_generated"] == 4
+
+
+@pytest.mark.parametrize("adapter", ["lora", "soft_prompt"])
+def test_gradient_checkpointing_gives_the_same_training(steerable, adapter: str) -> None:
+    """Activation checkpointing recomputes the layers in the backward with the adapter's tensors still in place:
+    the same losses and tensors as without it (up to float rounding)."""
+    results, saved = [], []
+    for checkpointing in (False, True):
+        model = copy.deepcopy(steerable)
+        lm = _lm(adapter, dataclasses.replace(model, cache={}))
+        if checkpointing:
+            lm.checkpoint_activations()
+        enc = lm.encode(EXAMPLES)
+        count = [0]
+
+        def pack(t, count=count):
+            count[0] += 1
+            return t
+
+        params = lm.init_params(torch.Generator().manual_seed(0))
+        work = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+        batch = lm.batch(enc, [0, 1, 2])
+        with lm.held(work), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lm.loss(lm.outputs(work, batch), batch).backward()
+        saved.append(count[0])
+        res = train_local(lm, lm.init_params(torch.Generator().manual_seed(0)), enc, "adam",
+                          GradientSettings(lr=0.05, batch_size=3, max_steps=5, local_epochs=5),
+                          torch.Generator().manual_seed(1))
+        results.append(res)
+    plain, ckpt = results
+    assert saved[1] < saved[0] / 2  # the layers kept their inputs only: their activations are recomputed
+    assert ckpt.mean_loss == pytest.approx(plain.mean_loss, rel=1e-5)
+    assert all(torch.allclose(plain.params[k], ckpt.params[k], atol=1e-5) for k in plain.params)
+    assert any(not torch.equal(v, lm.init_params(torch.Generator().manual_seed(0))[k])
+               for k, v in ckpt.params.items())

@@ -243,6 +243,8 @@ def build_experiment(cfg: ExperimentConfig, saved: TaskOnly | None = None) -> Ex
     backbone = load_backbone(cfg.model.name, cfg.model.trust_remote_code, cfg.model.quantization).to(device)
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
     clf = OBJECTIVES.get(task.kind)(backbone, adapter, task, cfg)
+    if cfg.runtime.gradient_checkpointing:
+        clf.checkpoint_activations()
     adapter.bind(AdapterContext(cfg.seed, task, clf.readout, backbone))
     for note in ignored_options(cfg, clf.readout, backbone.family):
         log.warning("%s", note)

@@ -11,6 +11,7 @@ forward on SmolLM2, the better part of a GPU training step. A name the module do
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -47,16 +48,27 @@ def call_with(module, tensors: dict[str, Any], *args, **kwargs):
     """``module(*args, **kwargs)`` with ``tensors`` (full dotted names) in place of its own weights for this call."""
     if not tensors:
         return module(*args, **kwargs)
-    slots = _slots(module)
-    if any(name not in slots for name in tensors):
+    if any(name not in _slots(module) for name in tensors):
         return torch.func.functional_call(module, tensors, args=args, kwargs=kwargs, strict=False)
+    with swapped(module, tensors):
+        return module(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def swapped(module, tensors: dict[str, Any]):
+    """``tensors`` in place of ``module``'s own weights while inside (a forward and its backward, when activation
+    checkpointing recomputes the forward during the backward)."""
+    slots = _slots(module)
+    missing = sorted(name for name in tensors if name not in slots)
+    if missing:
+        raise KeyError(f"{type(module).__name__} has no weights named {missing[:3]}")
     saved = []
     try:
         for name, value in tensors.items():
             for store, key in slots[name]:
                 saved.append((store, key, store[key]))
                 store[key] = value
-        return module(*args, **kwargs)
+        yield
     finally:
         for store, key, value in reversed(saved):
             store[key] = value

@@ -18,7 +18,7 @@ from fedpeft.adapters.base import Adapter, FrozenText, Params, Prepared
 from fedpeft.backbones.encoding import Encoded, collate
 from fedpeft.backbones.loading import Backbone
 from fedpeft.lazy import lazy, lazy_dict, no_grad
-from fedpeft.backbones.weights import call_with
+from fedpeft.backbones.weights import call_with, swapped
 
 torch = lazy("torch")
 F = lazy("torch.nn.functional")
@@ -87,6 +87,36 @@ class AdaptedModel:
         self.pad_id = backbone.tokenizer.pad_token_id
         self.device = backbone.device
         self.autocast = AUTOCAST[autocast] if self.device.type == "cuda" else None
+        self._held = False  # the adapter's tensors are in the model's slots already (``held``)
+        self.checkpointing = False
+
+    def checkpoint_activations(self) -> None:
+        """Activation checkpointing (``runtime.gradient_checkpointing``): each transformer layer keeps only its input
+        and recomputes its activations in the backward pass (HF's non-reentrant checkpoint). The model stays in eval
+        mode (no dropout); only the layers are marked training, which is what HF checks before checkpointing.
+        Trainers then run forward and backward with the adapter's tensors ``held`` in the model."""
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        model = self.backbone.model
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not layers:
+            raise ValueError(f"runtime.gradient_checkpointing: {self.backbone.name} has no checkpointable layers")
+        for m in layers:
+            m.training = True
+        self.checkpointing = True
+
+    @contextlib.contextmanager
+    def held(self, params: Params, static: Params | None = None):
+        """The adapter's tensors (and ``static`` weights) in the shared model for the forwards and backward inside:
+        what activation checkpointing needs, since it reruns the forward during the backward."""
+        over = (self.adapter.overrides(params) or {}) | dict(static or {})
+        with swapped(self.backbone.model, {k: v.to(self.device) for k, v in over.items()}):
+            self._held = True
+            try:
+                yield
+            finally:
+                self._held = False
 
     def init_params(self, generator: torch.Generator) -> Params:
         """The adapter's initial tensors, on the CPU."""
@@ -121,8 +151,8 @@ class AdaptedModel:
             kwargs["output_hidden_states"] = True
         if attentions:
             kwargs["output_attentions"] = True
-        over = self.adapter.overrides(params) or {}
-        if static:  # fixed backbone weights for this call (e.g. a client's physically pruned heads)
+        over = {} if self._held else self.adapter.overrides(params) or {}
+        if static and not self._held:  # fixed backbone weights for this call (e.g. a client's pruned heads)
             over = over | {k: v.to(self.device) for k, v in static.items()}
         model, split = self.backbone.model, self.backbone.body_and_head
         if split is not None:  # the body only: the verbalizer applies the LM head to the rows it reads
@@ -176,8 +206,8 @@ class AdaptedModel:
         adapter's overrides of them), instead of on every position."""
         _, _, name, head = self.backbone.body_and_head
         prefix = name + "."
-        over = {k[len(prefix):]: v for k, v in (self.adapter.overrides(params) or {}).items()
-                if k.startswith(prefix)}
+        over = {} if self._held else {k[len(prefix):]: v for k, v in (self.adapter.overrides(params) or {}).items()
+                                      if k.startswith(prefix)}
         return call_with(head, over, hidden)
 
     @no_grad

@@ -10,6 +10,7 @@ clients (``runtime.client_batch``) each step's forward and backward are shared w
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,8 +121,9 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
 
         opt.zero_grad(set_to_none=True)
         if together is None:
-            loss = loss_of(clf.outputs(work, batch, static))
-            loss.backward()
+            with clf.held(work, static) if clf.checkpointing else contextlib.nullcontext():
+                loss = loss_of(clf.outputs(work, batch, static))  # checkpointing: the backward reruns the forward
+                loss.backward()
             loss = loss.detach().double()  # summed on the device in float64 (as Python floats were): no wait per step
         else:
             loss = together.loss_and_backward(client, work, batch, loss_of, static)
