@@ -17,14 +17,15 @@ from typing import Any
 from fedpeft.adapters.base import Adapter, FrozenText, Params, Prepared
 from fedpeft.backbones.encoding import Encoded, collate
 from fedpeft.backbones.loading import Backbone
-from fedpeft.lazy import lazy, lazy_dict, no_grad
 from fedpeft.backbones.weights import call_with, swapped
+from fedpeft.lazy import lazy, lazy_dict, no_grad
 
 torch = lazy("torch")
 F = lazy("torch.nn.functional")
 
 AUTOCAST = lazy_dict(lambda: {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16})
 TEXT_KV = "text_kv"  # Backbone.cache key of the kept frozen-text key/value caches
+
 
 def tile_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], repeats: int, config):
     """A fresh ``DynamicCache`` holding every layer's keys/values tiled ``repeats`` times along the batch
@@ -70,7 +71,6 @@ def _sorted_forward(model, embeds: torch.Tensor, mask: torch.Tensor, passes: int
         return torch.cat([F.pad(x, (0, 0) * (x.dim() - 2) + (0, width - x.shape[1])) for x in pieces])[back]
 
     return {k: tuple(map(join, zip(*v))) if isinstance(v[0], tuple) else join(v) for k, v in parts.items()}
-
 
 
 class AdaptedModel:
