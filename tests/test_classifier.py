@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from fedpeft.adapters.base import text_mask
 from fedpeft.adapters.soft_prompt import SoftPrompt, SoftPromptSettings
-from fedpeft.model.classifier import Classifier, label_token_ids
+from fedpeft.model.classifier import Classifier
+from fedpeft.model.readouts import label_token_ids
 from fedpeft.backbones.encoding import encode_examples
 from fedpeft.experiment import build_experiment
 from fedpeft.backbones.loading import load_backbone

@@ -366,11 +366,16 @@ def methods() -> None:
 
 @app.command()
 def components() -> None:
-    """List the components of every axis (method.adapter, trainer, aggregator, selector, sharing, ...)."""
+    """List the components of every axis (method.adapter, trainer, aggregator, selector, sharing, ...), the
+    objectives (by task kind) and the classification readouts (model.readout)."""
     from fedpeft.components import AXIS_REGISTRIES, LIST_REGISTRIES
+    from fedpeft.model import OBJECTIVES
+    from fedpeft.model.readouts import READOUTS
 
     rows = [(f"method.{axis}: {e.name}", e.description)
             for axis, reg in (AXIS_REGISTRIES | LIST_REGISTRIES).items() for e in reg.entries()]
+    rows += [(f"objective (task kind): {e.name}", e.description) for e in OBJECTIVES.entries()]
+    rows += [(f"model.readout: {e.name}", e.description) for e in READOUTS.entries()]
     _list("components", rows)
 
 

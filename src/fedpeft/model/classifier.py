@@ -1,20 +1,11 @@
-"""Backbone + adapter + readout = class logits. Readouts: embedding similarity, verbalizer, linear head.
+"""The classification objective: backbone + adapter + readout = class logits, cross-entropy over the classes.
 
-- ``similarity``: cosine between the mean-pooled output and the pooled embeddings of each class's
-  label description (encoders without an MLM head, e.g. MiniLM; nothing but the adapter is trained).
-  ``pooling="text"`` (similarity and linear) averages over the text positions only, not over the adapter's
-  inserted rows (``Prepared.insert_at``/``inserted``): the prompt then moves the sentence embedding only through
-  attention, and cannot pull every input toward one label anchor by its own rows (``all``: every attended row).
-- ``verbalizer``: logits of each class's label word at the mask (masked LMs) or as the next token
-  (causal LMs); softmax over the label words only (OpenPrompt One2oneVerbalizer). The transformer body runs
-  alone and the LM head is applied to the one read row per input, not to every position (the same numbers
-  up to float rounding; SmolLM2's full-vocabulary logits at every position were ~21 % of its FLOPs).
-- ``linear``: a trainable ``head.weight``/``head.bias`` on the pooled output; it is trained and
-  exchanged with the adapter and counted in the payload.
-- ``calibration="contextual"`` (verbalizer/similarity; Zhao et al. 2021, "Calibrate Before Use"): logits are
-  ``log softmax(raw) - log p_cf`` with p_cf the mean class softmax of content-free inputs (the template filled
-  with "N/A", "" and the mask token), computed with the same params in the same forward (appended rows,
-  per population candidate).
+The readouts (``model.readouts``: similarity, verbalizer, linear) are plug-ins; ``model.pooling`` ("text": the
+similarity and linear readouts average over the text positions only, not over the adapter's inserted rows) and
+``calibration="contextual"`` (verbalizer/similarity; Zhao et al. 2021, "Calibrate Before Use") apply across them:
+calibrated logits are ``log softmax(raw) - log p_cf`` with p_cf the mean class softmax of content-free inputs (the
+template filled with "N/A", "" and the mask token), computed with the same params in the same forward (appended
+rows, per population candidate).
 """
 
 from __future__ import annotations
@@ -23,12 +14,13 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from fedpeft.adapters.base import Adapter, Params, Prepared, text_mask
+from fedpeft.adapters.base import Adapter, Params
 from fedpeft.backbones.encoding import Encoded, encode_examples
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example, TaskData
 from fedpeft.lazy import lazy, no_grad
 from fedpeft.model.forward import AdaptedModel, _cut, _sorted_forward
+from fedpeft.model.readouts import READOUTS
 
 torch = lazy("torch")
 F = lazy("torch.nn.functional")
@@ -41,31 +33,6 @@ def resolve_readout(readout: str, family: str) -> str:
         raise ValueError("model.readout: 'verbalizer' needs a masked or causal LM head; "
                          "this encoder has none (use similarity or linear)")
     return readout
-
-
-def label_token_ids(backbone: Backbone, words: list[str]) -> list[int]:
-    """First sub-token of each label word; with a leading space where the tokenizer is space-sensitive."""
-    tok = backbone.tokenizer
-    spaced = tok(" a", add_special_tokens=False)["input_ids"] != tok("a", add_special_tokens=False)["input_ids"]
-    ids = [tok((" " + w) if spaced else w, add_special_tokens=False)["input_ids"][0] for w in words]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"task.label_words: label words {words} share a first token for {backbone.name}; "
-                         "set task.label_words to words whose first tokens differ (one per class)")
-    return ids
-
-
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    m = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
-
-
-
-
-def pooling_mask(prep: Prepared, pooling: str) -> torch.Tensor:
-    """Rows to mean-pool: every attended row (``all``) or the text rows only (``text``: adapter rows out)."""
-    if pooling == "text":
-        return text_mask(prep.attention_mask, prep.insert_at, prep.inserted)
-    return prep.attention_mask
 
 
 def readout_option(field: str, value: str, choices: tuple[str, ...], readout: str, excluded: str, why: str) -> str:
@@ -103,9 +70,18 @@ class Classifier(AdaptedModel):
             raise ValueError("model.calibration: contextual calibration needs at least one content-free input")
         self._cf: Encoded | None = None
         self.scale = similarity_scale
-        self.label_ids = (torch.tensor(label_token_ids(backbone, task.label_words), device=self.device)
-                          if self.readout == "verbalizer" else None)
-        self.anchors = self._anchors() if self.readout == "similarity" else None
+        self.head = READOUTS.get(self.readout)()
+        self.head.setup(self)
+
+    @property
+    def label_ids(self) -> torch.Tensor:
+        """The verbalizer's label token ids (``model.readouts.verbalizer``)."""
+        return self.head.label_ids
+
+    @property
+    def anchors(self) -> torch.Tensor:
+        """The similarity readout's normalised label-description embeddings (``model.readouts.similarity``)."""
+        return self.head.anchors
 
     # ---------------------------------------------------------------- data
 
@@ -135,20 +111,15 @@ class Classifier(AdaptedModel):
     # ---------------------------------------------------------------- params
 
     def init_params(self, generator: torch.Generator) -> Params:
-        """Adapter tensors plus the linear head when that readout is chosen."""
+        """Adapter tensors plus the readout's own (the linear head), drawn in that order from ``generator``."""
         params = self.adapter.init(self.backbone, generator)
-        if self.readout == "linear":
-            d, c = self.backbone.hidden_size, self.task.num_classes
-            bound = d ** -0.5
-            params["head.weight"] = (torch.rand(c, d, generator=generator) * 2 - 1) * bound
-            params["head.bias"] = torch.zeros(c)
+        params |= self.head.init(self, generator)
         return {k: v.cpu() for k, v in params.items()}
 
     # ---------------------------------------------------------------- forward
 
     def _reads_hidden_states(self) -> bool:
-        """A decoder's pooled readouts read the last layer's hidden states (HF returns no last_hidden_state)."""
-        return self.backbone.family != "encoder" and self.readout != "verbalizer"
+        return self.head.reads_hidden_states(self.backbone.family)
 
     def logits(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None = None) -> torch.Tensor:
         """Class logits [batch, num_classes] of the adapted frozen model (float32); ``static`` replaces backbone
@@ -265,35 +236,9 @@ class Classifier(AdaptedModel):
         return (logp[:, :n] - log_pcf).reshape(-1, logp.shape[-1])
 
     def readout_logits(self, out, prep, batch: dict[str, torch.Tensor], params: Params) -> torch.Tensor:
-        if self.readout == "verbalizer":
-            states = out.logits if self.backbone.body_and_head is None else out.last_hidden_state
-            if self.backbone.family == "mlm":
-                mask_index = batch["mask_index"].repeat(states.shape[0] // batch["mask_index"].shape[0])
-                pos = mask_index + torch.where(mask_index >= prep.insert_at, prep.inserted, 0)
-            else:
-                pos = prep.attention_mask.sum(1) - 1  # right padding: last attended position
-            rows = states[torch.arange(states.shape[0], device=pos.device), pos]
-            if self.backbone.body_and_head is not None:
-                rows = self._head_rows(rows, params)
-            return rows[:, self.label_ids]
-        hidden = out.last_hidden_state if self.backbone.family == "encoder" else out.hidden_states[-1]
-        pooled = mean_pool(hidden, pooling_mask(prep, self.pooling))
-        if self.readout == "similarity":
-            return self.scale * F.normalize(pooled, dim=-1) @ self.anchors.T
-        return pooled @ params["head.weight"].T + params["head.bias"]
+        """Class logits of a forward's rows by the readout (``model.readouts``)."""
+        return self.head.logits(self, out, prep, batch, params)
 
-    def _anchors(self) -> torch.Tensor:
-        """Pooled, normalised label-description embeddings from the plain frozen model (cached per process)."""
-        key = ("anchors", tuple(self.task.label_descriptions))
-        if key not in self.backbone.cache:
-            tok = self.backbone.tokenizer
-            b = tok(self.task.label_descriptions, padding=True, truncation=True, max_length=128,
-                    return_tensors="pt").to(self.device)
-            with torch.no_grad():
-                out = self.backbone.model(**b, output_hidden_states=self.backbone.family != "encoder")
-            hidden = out.last_hidden_state if self.backbone.family == "encoder" else out.hidden_states[-1]
-            self.backbone.cache[key] = F.normalize(mean_pool(hidden, b["attention_mask"]), dim=-1)
-        return self.backbone.cache[key]
 
 @no_grad
 def evaluate(clf: Classifier, params: Params, enc: Encoded, batch_size: int = 64,
