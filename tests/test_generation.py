@@ -460,3 +460,18 @@ def test_gradient_checkpointing_gives_the_same_training(steerable, adapter: str)
     assert all(torch.allclose(plain.params[k], ckpt.params[k], atol=1e-5) for k in plain.params)
     assert any(not torch.equal(v, lm.init_params(torch.Generator().manual_seed(0))[k])
                for k, v in ckpt.params.items())
+
+
+def test_keep_best_selects_the_lowest_validation_loss_on_generation(tmp_path: Path) -> None:
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    _write_task(tmp_path)
+    raw = _config(tmp_path, trainer={"lr": 0.01})
+    raw["federation"]["rounds"] = 3
+    raw["evaluation"] |= {"keep_best": True, "validation_fraction": 0.25, "generate_every": 0}
+    summary = run_embedded(resolve(raw), tmp_path / "run")
+    records = RunDir(tmp_path / "run").read_metrics()
+    losses = {r["round"]: r["val_loss"] for r in records}
+    assert summary["best_round"] == min(losses, key=lambda k: (losses[k], k))

@@ -268,7 +268,8 @@ class EvaluationConfig(_Strict):
                                                  "instead of evaluating its shard again")
     keep_best: bool = Field(False, description="hold out a validation split of the training data (never the test "
                                                "set), score the global model on it whenever it is evaluated, and "
-                                               "keep the checkpoint of the best round (validation accuracy) in "
+                                               "keep the checkpoint of the best round (validation accuracy; generation "
+                                               "tasks: validation loss per response token) in "
                                                "checkpoint-best/ for predict/export/evaluate --best")
     validation_fraction: float = Field(0.1, gt=0, lt=1, description="with keep_best: the share of the training "
                                                                     "examples held out as the validation split "

@@ -225,7 +225,11 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         run.append_metrics(rec)
         return rec
 
-    best = max((r["val_accuracy"] for r in records if r.get("val_accuracy") is not None), default=-1.0)
+    # the selection score: validation accuracy; on a generation task minus the validation loss per response token
+    # (next-token accuracy rewards short, generic responses)
+    select = (lambda r: -r["val_loss"] if r.get("val_loss") is not None else None) if exp.task.is_generation else (
+        lambda r: r.get("val_accuracy"))
+    best = max((select(r) for r in records if select(r) is not None), default=-math.inf)
 
     def keep_if_best(rnd: int, rec: dict[str, Any]) -> None:
         """``evaluation.keep_best``: score ``state`` on the validation split; a new best (strictly: the earliest of
@@ -234,10 +238,12 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         val = method.evaluate_on(state, exp.validation_encoded)
         rec.update({"val_accuracy": val.get("accuracy"), "val_loss": val.get("loss"),
                     "val_macro_f1": val.get("macro_f1")})
-        if rec["val_accuracy"] is not None and rec["val_accuracy"] > best:
-            best = rec["val_accuracy"]
+        score = select(rec)
+        if score is not None and score > best:
+            best = score
             run.save_checkpoint(rnd, state, transport.client_states(), best=True)
-            log.info("round %d: best validation accuracy so far (%.4f), kept in %s", rnd, best, run.best_ckpt)
+            what = "loss" if exp.task.is_generation else "accuracy"
+            log.info("round %d: best validation %s so far (%.4f), kept in %s", rnd, what, abs(best), run.best_ckpt)
 
     if start == 1 and cfg.evaluation.round_zero and not any(r["round"] == 0 for r in records):
         rec = score(0, [], time.perf_counter())  # the initial global state, before any training

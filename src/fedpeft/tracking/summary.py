@@ -90,10 +90,14 @@ def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, bac
     full_bytes = 4 * backbone_params
     scored = next((r for r in reversed(records) if r.get("confusion") is not None), None)
     names = extra.get("class_names")
-    validated = [r for r in records if r.get("val_accuracy") is not None]
-    best = max(validated, key=lambda r: r["val_accuracy"]) if validated else None  # the earliest of equal rounds
-    chosen = ({"best_round": best["round"], "best_val_accuracy": best["val_accuracy"],
-               "accuracy_at_best_round": best["accuracy"]} if best is not None else {})
+    generation = any(r.get("perplexity") is not None for r in records)  # selected by loss (runtime.session)
+    key = "val_loss" if generation else "val_accuracy"
+    validated = [r for r in records if r.get(key) is not None]
+    pick = min if generation else max
+    best = pick(validated, key=lambda r: r[key]) if validated else None  # the earliest of equal rounds
+    chosen = ({"best_round": best["round"], "best_val_accuracy": best.get("val_accuracy"),
+               "best_val_loss": best.get("val_loss"), "accuracy_at_best_round": best["accuracy"]}
+              if best is not None else {})
     classes = ({"confusion_round": scored["round"], "macro_f1": scored.get("macro_f1"), "confusion": scored["confusion"],
                 "per_class": per_class(scored["confusion"], names)} if scored is not None and names else {})
     return {
