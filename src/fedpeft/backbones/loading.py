@@ -344,22 +344,27 @@ class BackboneCache:
             return self._models[name]
 
 
+    def get_quantized(self, name: str, mode: str, trust_remote_code: bool = False) -> Backbone:
+        """``name`` quantized (``quantized``), built once; the float model it is made from is then dropped from the
+        cache, so the process holds one copy of the weights, the quantized one."""
+        key = f"{name}@{mode}"
+        if key not in self._models:
+            built = quantized(self.get(name, trust_remote_code), mode, trust_remote_code)
+            with self._lock:
+                self._models.setdefault(key, built)
+                self._models.pop(name, None)
+        return self._models[key]
+
+
 PROCESS_CACHE = BackboneCache()
 
 
 def load_backbone(name: str, trust_remote_code: bool = False, quantization: str = "none") -> Backbone:
     """The process's shared frozen backbone for ``name`` (``trust_remote_code``: see ``_from_hub_or_path``);
     ``quantization`` 4bit/8bit: its weights quantized by bitsandbytes on the GPU (``quantized``), built once too."""
-    backbone = PROCESS_CACHE.get(name, trust_remote_code)
     if quantization == "none":
-        return backbone
-    key = f"{QUANTIZED}{quantization}"
-    if key not in backbone.cache:
-        backbone.cache[key] = quantized(backbone, quantization, trust_remote_code)
-    return backbone.cache[key]
-
-
-QUANTIZED = "quantized:"  # Backbone.cache key of a backbone's quantized copy
+        return PROCESS_CACHE.get(name, trust_remote_code)
+    return PROCESS_CACHE.get_quantized(name, quantization, trust_remote_code)
 
 
 def quantized(backbone: Backbone, mode: str, trust_remote_code: bool = False) -> Backbone:
