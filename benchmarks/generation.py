@@ -59,6 +59,7 @@ def overrides(args, task: str, arm: str, seed: int) -> list[str]:
             "method.trainer.local_epochs=100", f"evaluation.generate_every={args.rounds}",
             f"evaluation.max_new_tokens={args.max_response}", "evaluation.generate_examples=100000",
             f"evaluation.bootstrap={args.bootstrap}", "evaluation.batch_size=16", f"evaluation.every={args.rounds}",
+            f"evaluation.round_zero={arm.startswith('fedit')}",  # the zero-shot row: round 0 of fedit
             "runtime.progress=false", f"runtime.threads={args.threads}", f"runtime.device={args.device}",
             *ARMS[arm]]
 
@@ -77,6 +78,13 @@ def _load(out: Path) -> list[dict] | None:
     if not (out / "summary.json").exists():
         return None
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _device(out: Path) -> str:
+    """The device a finished run used (its config.yaml), for the table's device column."""
+    import yaml
+
+    return str(yaml.safe_load((out / "config.yaml").read_text())["runtime"]["device"])
 
 
 def _cell(xs: list[float | None], digits: int = 1) -> str:
@@ -98,41 +106,76 @@ def _local(rec: dict, key: str) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+GROUNDED = ("closed_qa", "information_extraction", "summarization", "classification")  # Dolly: a reference answers
+
+
+def _webnlg_rows(args, arm: str, done: list[list[dict]]) -> list[str]:
+    last = [r[-1] for r in done]
+    parts = [(p, k) for p in ("seen", "unseen") for k in ("bleu", "chrf", "rouge_l")]
+    if arm.startswith("local-only"):  # each client on its own category: seen only
+        cells = [_cell([_local(r, k) for r in last]) if p == "seen" else "–" for p, k in parts]
+    else:
+        cells = [_cell([_gen(r, p, k) for r in last]) for p, k in parts]
+    return cells
+
+
+def _dolly_rows(args, arm: str, done: list[list[dict]]) -> list[str]:
+    last = [r[-1] for r in done]
+    if arm.startswith("local-only"):
+        return [_cell([_local(r, "rouge_l") for r in last])] + ["–"] * len(GROUNDED)
+    per = [_cell([((r.get("generation") or {}).get("by_group") or {}).get(g, {}).get("rouge_l") for r in last])
+           for g in GROUNDED]
+    return [_cell([_grounded(r) for r in last])] + per
+
+
+def _local_loss(rec: dict) -> float | None:
+    vals = [v for v in (rec.get("local_loss") or {}).values() if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def _grounded(rec: dict) -> float | None:
+    by = (rec.get("generation") or {}).get("by_group") or {}
+    vals = [by[g]["rouge_l"] for g in GROUNDED if g in by and by[g].get("rouge_l") is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+HEADERS = {"webnlg": ["seen BLEU", "seen chrF", "seen ROUGE-L", "unseen BLEU", "unseen chrF", "unseen ROUGE-L"],
+           "dolly": ["ROUGE-L, grounded (mean of 4)", *(f"ROUGE-L {g}" for g in GROUNDED)]}
+ROWS = {"webnlg": _webnlg_rows, "dolly": _dolly_rows}
+
+
 def render(args) -> Path:
     lines = ["# Federated instruction tuning: WebNLG and Dolly on SmolLM2-135M-Instruct", "",
              (Path(args.notes).read_text() if Path(args.notes).exists() else ""), "",
              f"Command: `python benchmarks/generation.py {' '.join(args.argv)}`. Budget per run: {args.rounds} rounds "
-             f"× {args.steps} local steps (batch {args.batch}) per client; train {args.train_per_category} entries per category, "
-             f"test {args.test_per_category} per category; final round. Cells: mean ± std over the finished seeds "
-             "(n in the last column); BLEU/chrF/ROUGE-L on 0-100; the test set is evaluated at round 0 and after the last round.", ""]
+             f"× {args.steps} local steps (batch {args.batch}) per client; train {args.train_per_category} entries per "
+             f"category, test {args.test_per_category} per category; final round. Cells: mean ± std over the finished "
+             "seeds (n in the last column); BLEU/chrF/ROUGE-L on 0-100; test loss per response token. The test set "
+             "is evaluated after the last round, and at round 0 in the fedit runs (the zero-shot row). Local-only: "
+             "each client scores its own category's test entries.", ""]
     for task in args.tasks:
-        lines += [f"## {task}", "",
-                  "| arm | seen BLEU | seen chrF | seen ROUGE-L | unseen BLEU | unseen chrF | unseen ROUGE-L | "
-                  "test loss | bytes up / client-round | seeds done |", "|---|---|---|---|---|---|---|---|---|---|"]
-        zero: list[dict] = []
+        heads = HEADERS[task]
+        lines += [f"## {task}", "", f"| arm | {' | '.join(heads)} | test loss | bytes up / client-round | seeds done "
+                  "| device |", "|" + "---|" * (len(heads) + 5)]
+        zero: list[list[dict]] = []
         for arm in [a for a in args.arms if task == "webnlg" or a in DOLLY_ARMS]:
             recs = [_load(Path(args.runs_dir) / job_name(task, arm, s)) for s in args.seeds]
             done = [r for r in recs if r]
             if arm.startswith("fedit"):
-                zero = [r[0] for r in done if r and r[0]["round"] == 0]
+                zero = [[r[0]] for r in done if r[0]["round"] == 0]
             last = [r[-1] for r in done]
-            local = arm.startswith("local-only")
-            parts = [("seen", k) for k in ("bleu", "chrf", "rouge_l")] + [("unseen", k) for k in ("bleu", "chrf",
-                                                                                                   "rouge_l")]
-            if local:  # each client's own category: seen only
-                cells = [_cell([_local(r, k) for r in last]) if p == "seen" else "–" for p, k in parts]
-            else:
-                cells = [_cell([_gen(r, p, k) if task == "webnlg" else _gen(r, None, k) for r in last])
-                         for p, k in parts]
-            loss = _cell([r.get("loss") for r in last], 3)
+            cells = ROWS[task](args, arm, done)
+            loss = _cell([_local_loss(r) if arm.startswith("local-only") else r.get("loss") for r in last], 3)
             up = _cell([r["bytes_up"] / max(r["num_ok"], 1) for r in last], 0)
-            lines.append(f"| {arm} | {' | '.join(cells)} | {loss} | {up} | {len(done)}/{len(args.seeds)} |")
+            devices = sorted({_device(Path(args.runs_dir) / job_name(task, arm, s)) for s, r in zip(args.seeds, recs)
+                              if r})
+            lines.append(f"| {arm} | {' | '.join(cells)} | {loss} | {up} | {len(done)}/{len(args.seeds)} | "
+                         f"{', '.join(devices) or '–'} |")
         if zero:
-            cells = [_cell([_gen(r, p if task == "webnlg" else None, k) for r in zero])
-                     for p, k in [("seen", "bleu"), ("seen", "chrf"), ("seen", "rouge_l"), ("unseen", "bleu"),
-                                  ("unseen", "chrf"), ("unseen", "rouge_l")]]
+            cells = ROWS[task](args, "zero-shot", zero)
             lines.append(f"| zero-shot (round 0 of fedit) | {' | '.join(cells)} | "
-                         f"{_cell([r.get('loss') for r in zero], 3)} | 0 | {len(zero)}/{len(args.seeds)} |")
+                         f"{_cell([r[0].get('loss') for r in zero], 3)} | 0 | {len(zero)}/{len(args.seeds)} | "
+                         "as fedit |")
         lines.append("")
     out = Path(args.results)
     out.write_text("\n".join(lines) + "\n")
@@ -148,7 +191,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=5, help="local steps per client and round")
+    p.add_argument("--steps", type=int, default=4, help="local steps per client and round")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--train-per-category", type=int, default=100)
     p.add_argument("--test-per-category", type=int, default=10)

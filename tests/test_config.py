@@ -122,3 +122,32 @@ def test_component_settings_are_validated_once():
     cfg = load_config(None, ["method.trainer.lr=0.2"])
     assert TRAINERS.settings_of(cfg.method.trainer) is cfg.method.trainer.typed_settings
     assert cfg.method.trainer.typed_settings.lr == 0.2
+
+
+def _models_below(model, seen):
+    """``model`` and every pydantic model its fields hold (nested config sections)."""
+    from pydantic import BaseModel
+
+    if model in seen:
+        return
+    seen.add(model)
+    for info in model.model_fields.values():
+        for t in (info.annotation, *getattr(info.annotation, "__args__", ())):
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                _models_below(t, seen)
+
+
+def test_every_setting_has_a_description():
+    """The reference documentation is generated from these: the config and every registered component's settings."""
+    from fedpeft.components import AXIS_REGISTRIES, LIST_REGISTRIES
+    from fedpeft.config import ExperimentConfig
+
+    models: set = set()
+    _models_below(ExperimentConfig, models)
+    for registry in (*AXIS_REGISTRIES.values(), *LIST_REGISTRIES.values()):
+        for entry in registry.entries():
+            if entry.settings is not None:
+                _models_below(entry.settings, models)
+    assert len(models) > 30
+    missing = [f"{m.__name__}.{name}" for m in models for name, info in m.model_fields.items() if not info.description]
+    assert not missing, f"settings without a description: {sorted(missing)}"

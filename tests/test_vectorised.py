@@ -196,7 +196,10 @@ def _records(path):
                                            ("fedprompt", 1), ("fedprompt-ptuning", 1), ("fedpeptao", 1),
                                            ("fedavg-lora", 1)])
 def test_a_run_with_clients_together_equals_one_after_another(tmp_path, preset, passes, monkeypatch):
-    extra = {"method__trainer__reset_optimizer": False} if preset == "fedprompt" else {}  # Adam states carried over
+    extra = {"fedprompt": {"method__trainer__reset_optimizer": False},  # Adam states carried over
+             "fedbpt": {"method__trainer__iterations": 3},  # a short search: the same code path as I = 8
+             "discrete-prompt": {"method__adapter__num_tokens": 8, "method__trainer__steps": 6,
+                                 "method__post_tuning__iterations": 3}}.get(preset, {})
     if preset == "discrete-prompt" and passes == 1:
         monkeypatch.setattr(Classifier, "_population_passes", lambda self, prep, batch: 1)
     seq = _cfg(preset, federation__num_clients=4, **extra)

@@ -34,7 +34,8 @@ def _same_runs(tmp_path, cfg_of) -> None:
     {"method__name": "fedbpt", "method__adapter__num_tokens": 3, "method__adapter__intrinsic_dim": 8,
      "method__trainer__iterations": 2, "method__trainer__max_steps": None, "method__trainer__batch_size": None},
     {"method__name": "discrete-prompt", "model__name": "tiny-llama", "method__adapter__num_tokens": 3,
-     "method__trainer__steps": 2, "method__trainer__max_steps": None, "method__trainer__batch_size": None},
+     "method__trainer__steps": 2, "method__trainer__max_steps": None, "method__trainer__batch_size": None,
+     "method__post_tuning__iterations": 3},
 ], ids=["fedprompt-adam-state", "fedpeptao", "fedbpt", "discrete-prompt"])
 def test_workers_equal_the_sequential_run(tiny_cfg, tmp_path, extra):
     _same_runs(tmp_path, lambda n: tiny_cfg(runtime__client_workers=n, runtime__threads=1, **extra))

@@ -26,7 +26,8 @@ class _Strict(BaseModel):
 
 
 class TaskConfig(_Strict):
-    name: str = "bbc"
+    name: str = Field("bbc", description="a registered task (`fedpeft tasks`), or jsonl/csv/tsv/parquet for your "
+                                         "own data file at task.path")
     path: str | None = Field(None, description="data folder or file; defaults to ../shared/data/<dir>; file "
                                                "tasks: the data file, or a folder with train.<ext> (+ test.<ext>)")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share for tasks without a test split")
@@ -94,10 +95,12 @@ class TaskConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    name: str = "minilm"
+    name: str = Field("minilm", description="a registered backbone (`fedpeft models`), a hub id or a local folder")
     trust_remote_code: bool = Field(False, description="hub ids and local paths: run Python code shipped with the "
                                                        "model (only for a model you trust)")
-    readout: Literal["auto", "similarity", "verbalizer", "linear"] = "auto"
+    readout: Literal["auto", "similarity", "verbalizer", "linear"] = Field(
+        "auto", description="classification: how class scores are read from the frozen model (auto: the "
+                            "verbalizer on causal and masked LMs, similarity on encoders without an LM head)")
     similarity_scale: float = Field(20.0, gt=0, description="logit scale of cosine similarities")
     pooling: Literal["all", "text"] = Field(
         "all", description="mean pooling of the similarity/linear readouts: every attended row, or the text rows "
@@ -112,7 +115,9 @@ class ModelConfig(_Strict):
 
 
 class PartitionConfig(_Strict):
-    scheme: Literal["iid", "dirichlet", "dirichlet_quantity", "by_column", "domains"] = "iid"
+    scheme: Literal["iid", "dirichlet", "dirichlet_quantity", "by_column", "domains"] = Field(
+        "iid", description="how the training set is split over the clients: iid, Dirichlet over labels or over "
+                           "quantities, one group of a column per client (by_column), or the task's domains")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
     min_size: int = Field(2, ge=1, description="minimum examples per client (Dirichlet schemes redraw below it; "
                                                "by_column pools smaller groups into one '<other>' client)")
@@ -150,9 +155,9 @@ class NonParticipantConfig(_Strict):
 
 
 class FederationConfig(_Strict):
-    num_clients: int = Field(10, ge=1)
+    num_clients: int = Field(10, ge=1, description="clients in the federation")
     clients_per_round: int | None = Field(None, ge=1, description="default: all clients")
-    rounds: int = Field(5, ge=1)
+    rounds: int = Field(5, ge=1, description="communication rounds")
     min_clients: int = Field(1, ge=1, description="fewest valid replies that still complete a round")
     on_round_failure: Literal["stop", "skip"] = Field(
         "stop", description="fewer than min_clients valid replies: stop the run (a resume retries the round), or "
@@ -163,8 +168,9 @@ class FederationConfig(_Strict):
                                 "round's wall clock)")
     max_message_bytes: int = Field(536_870_912, ge=1024, description="largest reply accepted, checked before it is "
                                                                      "decoded (default: Flower's gRPC limit)")
-    partition: PartitionConfig = PartitionConfig()
-    non_participants: NonParticipantConfig = NonParticipantConfig()
+    partition: PartitionConfig = Field(PartitionConfig(), description="how the data is split over the clients")
+    non_participants: NonParticipantConfig = Field(NonParticipantConfig(), description="clients that never train, "
+                                                   "only evaluated (generalisation to unseen clients)")
 
     @model_validator(mode="after")
     def _check_counts(self) -> FederationConfig:
@@ -187,7 +193,7 @@ class Component(BaseModel):
     component's defaults."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
-    name: str
+    name: str = Field(description="the registered component (`fedpeft components`)")
     _typed: Any = PrivateAttr(default=None)  # the settings object resolution validated (validated once)
 
     def settings(self) -> dict[str, Any]:
@@ -203,22 +209,25 @@ class Component(BaseModel):
 
 
 class CodecConfig(_Strict):
-    dtype: Literal["float32", "float16"] = "float32"
+    dtype: Literal["float32", "float16"] = Field("float32", description="wire format of the float tensors in every "
+                                                                         "message (float16 halves the bytes)")
 
 
 class MethodConfig(_Strict):
-    name: str = "fedprompt"
-    adapter: Component = Component(name="soft_prompt")
-    trainer: Component = Component(name="adam")
-    aggregator: Component = Component(name="fedavg")
-    selector: Component = Component(name="uniform")
-    sharing: Component = Component(name="all")
-    downlink: Component = Component(name="dense")
-    post_tuning: Component = Component(name="none")
+    name: str = Field("fedprompt", description="a preset (`fedpeft methods`); the components below override its "
+                                               "choices")
+    adapter: Component = Field(Component(name="soft_prompt"), description="what is trained on the frozen model")
+    trainer: Component = Field(Component(name="adam"), description="how a client trains the adapter locally")
+    aggregator: Component = Field(Component(name="fedavg"), description="how the server combines the replies")
+    selector: Component = Field(Component(name="uniform"), description="which clients train each round")
+    sharing: Component = Field(Component(name="all"), description="which adapter tensors a client uploads")
+    downlink: Component = Field(Component(name="dense"), description="how the global state is sent to clients")
+    post_tuning: Component = Field(Component(name="none"), description="each client's own tuning after the last "
+                                                                      "round (personalisation)")
     transforms: list[Component] = Field(default_factory=list, description="client-side update transforms, in order")
     wrappers: list[Component] = Field(default_factory=list, description="server-side aggregation wrappers, "
                                                                          "innermost first")
-    codec: CodecConfig = CodecConfig()
+    codec: CodecConfig = Field(CodecConfig(), description="the wire format of every message")
 
     def components(self) -> dict[str, Any]:
         """The component names this method resolves to (what runs, whatever the preset's name says)."""
@@ -257,7 +266,7 @@ class AttackConfig(_Strict):
 
 
 class EvaluationConfig(_Strict):
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, description="examples per evaluation forward pass")
     local: bool = Field(True, description="also evaluate on each client's local test shard")
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always after the last round)")
     round_zero: bool = Field(True, description="evaluate the initial global state before any training and record "
@@ -290,7 +299,8 @@ class EvaluationConfig(_Strict):
 
 
 class RuntimeConfig(_Strict):
-    name: str = "embedded"
+    name: str = Field("embedded", description="embedded (one process), flower-sim (Flower's simulation) or "
+                                              "flower (a Flower deployment)")
     threads: int | None = Field(None, ge=1, description="torch threads; default: all cores")
     device: str = Field("cpu", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     autocast: Literal["none", "bfloat16", "float16"] = Field(
@@ -298,8 +308,9 @@ class RuntimeConfig(_Strict):
     gradient_checkpointing: bool = Field(False, description="recompute the frozen model's activations in the "
                                                             "backward pass instead of keeping them (less memory, "
                                                             "about a third more compute; gradient trainers)")
-    progress: bool = True
-    checkpoint_every: int = Field(1, ge=1)
+    progress: bool = Field(True, description="show progress bars and per-round log lines")
+    checkpoint_every: int = Field(1, ge=1, description="save a resumable checkpoint every k rounds (and after the "
+                                                       "last)")
     client_workers: int = Field(1, ge=1, description="embedded runtime, CPU: processes that train a round's clients "
                                                      "side by side, forked after the backbone is loaded so they share "
                                                      "its weights; each uses runtime.threads threads (default 1)")
@@ -343,7 +354,7 @@ class FaultConfig(_Strict):
     fail_rate: float = Field(0.0, ge=0, le=1, description="chance that a client's training raises in a faulty round "
                                                           "(drawn from the seed, round and client)")
     hang_clients: list[int] = Field([], description="clients that sleep hang_s before they reply")
-    hang_s: float = Field(0.0, ge=0)
+    hang_s: float = Field(0.0, ge=0, description="seconds a hanging client sleeps before it replies")
     rounds: list[int] | None = Field(None, description="the faulty rounds (default: every round)")
 
     @property
@@ -352,16 +363,18 @@ class FaultConfig(_Strict):
 
 
 class ExperimentConfig(_Strict):
-    seed: int = 0
-    name: str | None = None
-    task: TaskConfig = TaskConfig()
-    model: ModelConfig = ModelConfig()
-    method: MethodConfig = MethodConfig()
-    federation: FederationConfig = FederationConfig()
-    attack: AttackConfig = AttackConfig()
-    evaluation: EvaluationConfig = EvaluationConfig()
-    runtime: RuntimeConfig = RuntimeConfig()
-    faults: FaultConfig = FaultConfig()
+    seed: int = Field(0, description="fixes every random draw of the run (data split, initialisation, sampling)")
+    name: str | None = Field(None, description="a label for the run (reports and listings)")
+    task: TaskConfig = Field(TaskConfig(), description="the data: which task, its files and splits")
+    model: ModelConfig = Field(ModelConfig(), description="the frozen pretrained model and how it is read")
+    method: MethodConfig = Field(MethodConfig(), description="the federated method: a preset and its components")
+    federation: FederationConfig = Field(FederationConfig(), description="clients, rounds and the data split")
+    attack: AttackConfig = Field(AttackConfig(), description="a backdoor attack by malicious clients (off by "
+                                                              "default)")
+    evaluation: EvaluationConfig = Field(EvaluationConfig(), description="what is measured, when")
+    runtime: RuntimeConfig = Field(RuntimeConfig(), description="where and how the run executes")
+    faults: FaultConfig = Field(FaultConfig(), description="fault injection for the reliability tests (off by "
+                                                           "default)")
     _notes: list[str] = PrivateAttr(default_factory=list)  # warnings of resolution, for the entry point to show
 
     @property

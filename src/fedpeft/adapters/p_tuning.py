@@ -35,7 +35,8 @@ class PTuningSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     num_tokens: int = Field(20, ge=1, description="number of soft tokens m")
     encoder: Literal["lstm", "mlp"] = Field("lstm", description="prompt encoder over the new embedding")
-    position: Literal["after_first", "before_all"] = "after_first"
+    position: Literal["after_first", "before_all"] = Field(
+        "after_first", description="after the first special token ([CLS] / <s>), or before everything")
     init_std: float = Field(1.0, gt=0, description="new_embedding ~ N(0, init_std²) (nn.Embedding default: 1)")
 
 

@@ -21,9 +21,12 @@ torch = lazy("torch")
 class SoftPromptSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     num_tokens: int = Field(20, ge=1, description="soft prompt length m")
-    init: Literal["vocab", "words", "normal"] = "vocab"
-    init_words: list[str] | None = None
-    position: Literal["after_first", "before_all"] = "after_first"
+    init: Literal["vocab", "words", "normal"] = Field("vocab", description="initial rows: embeddings of seeded "
+                                                      "vocabulary tokens, of init_words, or N(0, std of the table)")
+    init_words: list[str] | None = Field(None, description="init 'words': the words whose embeddings start the "
+                                                           "prompt (repeated to num_tokens)")
+    position: Literal["after_first", "before_all"] = Field(
+        "after_first", description="after the first special token ([CLS] / <s>), or before everything")
 
 
 def word_ids(backbone: Backbone, words: list[str] | None, m: int) -> torch.Tensor:

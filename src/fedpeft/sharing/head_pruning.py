@@ -41,7 +41,7 @@ class HeadPruningSettings(BaseModel):
     scoring: Literal["importance", "random", "none"] = Field(
         "importance", description="importance (Eq. 6 confidence), random (B2 baseline), none (dense: keep all)")
     importance_batches: int | None = Field(None, ge=1, description="cap on local batches of the importance pass")
-    importance_batch_size: int = Field(32, ge=1)
+    importance_batch_size: int = Field(32, ge=1, description="examples per batch of the importance pass")
     mode: Literal["lora_only", "masked", "pruned"] = Field(
         "lora_only", description="lora_only: pruned heads' slices frozen, backbone heads intact (paper, spec A3); "
                                  "masked: their outputs also zeroed; pruned: not computed at all (LoRA only)")

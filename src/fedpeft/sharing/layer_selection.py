@@ -55,10 +55,12 @@ class LayerSelectionSettings(BaseModel):
     score_last_layer: bool = Field(True, description="false: the code leaves the last layer unscored (A5)")
     score_tokens: Literal["all", "nonpad"] = Field(
         "all", description="H_l flattened over every padded position (code, A1) or with the pad positions zeroed")
-    score_eps: float = Field(1e-5, gt=0)
+    score_eps: float = Field(1e-5, gt=0, description="epsilon added to the kernel's eigenvalues in the layer "
+                                                      "score (Eq. 3)")
     max_exact_params: int = Field(2048, ge=1, description="exact Hessian up to this many prompt parameters")
-    lanczos_iters: int = Field(50, ge=2)
-    lanczos_probes: int = Field(1, ge=1)
+    lanczos_iters: int = Field(50, ge=2, description="Lanczos iterations of the Hessian's extreme eigenvalues "
+                                                     "(beyond max_exact_params)")
+    lanczos_probes: int = Field(1, ge=1, description="random start vectors of the Lanczos estimate")
     gap_factor: float = Field(4.0, gt=0, description="spectral gap must exceed gap_factor·Lipschitz")
 
     @field_validator("ratio_estimator")

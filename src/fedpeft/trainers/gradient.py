@@ -36,13 +36,13 @@ class GradientSettings(BaseModel):
     """Settings of the gradient trainers (``adam``, ``adamw``, ``sgd``: the name picks the optimizer)."""
 
     model_config = ConfigDict(extra="forbid")
-    lr: float = Field(0.03, gt=0)
-    batch_size: int = Field(16, ge=1)
+    lr: float = Field(0.03, gt=0, description="learning rate")
+    batch_size: int = Field(16, ge=1, description="examples per local step")
     local_epochs: float = Field(1.0, gt=0, description="passes over the local data per round")
     max_steps: int | None = Field(None, ge=1, description="cap on optimizer steps per round")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty (adam, sgd) or decoupled decay (adamw)")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum")
-    grad_clip: float | None = Field(1.0, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient to this L2 norm (none: no clipping)")
     reset_optimizer: bool = Field(True, description="fresh optimizer state every round")
     prox_mu: float = Field(0.0, ge=0, description="FedProx proximal weight mu (0: plain local training)")
 

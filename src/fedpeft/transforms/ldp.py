@@ -32,7 +32,8 @@ torch = lazy("torch")
 
 class LdpSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mechanism: Literal["laplace", "gaussian"] = "laplace"
+    mechanism: Literal["laplace", "gaussian"] = Field("laplace", description="the noise added to the clipped "
+                                                                          "delta")
     clip: float = Field(1.0, gt=0, description="C: the client's delta is clipped to L2 norm <= C")
     noise: float | None = Field(None, gt=0, description="Laplace scale b, or Gaussian std / C (noise multiplier)")
     epsilon: float | None = Field(None, gt=0, description="per-upload epsilon the noise is calibrated to "
