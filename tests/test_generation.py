@@ -365,7 +365,8 @@ def test_local_only_scores_each_clients_own_generations(tmp_path: Path) -> None:
     ("fedprompt", {}), ("fedavg-prefix", {"adapter": {"num_tokens": 3}}), ("fedpeptao", {"adapter": {"num_tokens": 3}}),
     ("headprune", {}), ("fedavg-full", {}),
     ("fedbpt", {"adapter": {"num_tokens": 3, "intrinsic_dim": 16}, "trainer": {"iterations": 2}}),
-    ("discrete-prompt", {})])
+    ("discrete-prompt", {"adapter": {"num_tokens": 3}, "trainer": {"steps": 3},
+                         "post_tuning": {"iterations": 2, "popsize": 4, "intrinsic_dim": 8}})])
 def test_every_method_runs_on_a_generation_task(tmp_path: Path, method: str, extra: dict) -> None:
     """Gradient, forward-only (response loss as the CMA-ES / search fitness) and head-pruned methods alike."""
     from fedpeft.resolve import resolve
