@@ -7,7 +7,9 @@ memory and the training loss of the same federated LoRA fine-tuning, run three w
   learning rate) and replies ``get_peft_model_state_dict``; the server is ``flwr.serverapp.strategy.FedAvg``.
   Ported to today's TRL (1.x, ``SFTConfig``; the template pins trl 0.8) without 4-bit quantization (CPU), LoRA
   dropout 0, and fed the token ids fedpeft encodes (chat template, completion-only loss), so that both sides
-  train on the same tokens with the same LoRA (r 16, alpha 32, all-linear), AdamW, learning rate, batch and steps.
+  train on the same tokens with the same LoRA (r 16, alpha 32, all-linear), AdamW, learning rate, batch and steps,
+  in float32 without activation checkpointing (TRL 1.x turns on bf16 autocast and checkpointing by default; bf16
+  autocast on a CPU without bf16 matrix units made a step about 15 times slower here).
 - **fedpeft embedded** and **fedpeft on flower-sim**: the ``fedit`` preset with the same settings.
 
 Seconds per round: the wall time of a round without evaluation (fedpeft: ``wall_seconds - eval_seconds`` of its
@@ -25,7 +27,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -157,7 +158,8 @@ def peer_apps(args, data_dir: Path, model_dir: str, stamps: list, losses: list):
                           per_device_train_batch_size=int(cfg["batch"]), max_steps=int(cfg["steps"]),
                           lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
                           max_length=256, completion_only_loss=True, seed=int(cfg["seed"]) + pid,
-                          use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+                          use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+                          bf16=False, gradient_checkpointing=False)  # fedpeft's precision and activations
         trainer = SFTTrainer(model=model, args=targs, train_dataset=trainset)
         results = trainer.train()
         content = RecordDict({"arrays": ArrayRecord(get_peft_model_state_dict(model)),
@@ -227,7 +229,9 @@ def render(args, results: dict) -> Path:
     peer = results.get("FlowerTune template (TRL SFTTrainer) on flower-sim")
     lines = ["# fedpeft against Flower's FlowerTune LLM template", "",
              (Path(args.notes).read_text() if Path(args.notes).exists() else ""), "",
-             f"Command: `python benchmarks/flowertune.py {' '.join(args.argv)}` ({results.get('device', 'cpu')}). "
+             f"Command: `python benchmarks/flowertune.py --clients {args.clients} --rounds {args.rounds} --steps "
+             f"{args.steps} --batch {args.batch} --train-per-category {args.train_per_category}` on this machine's CPU "
+             f"({os.cpu_count()} cores). "
              f"SmolLM2-135M-Instruct, WebNLG training entries ({args.train_per_category} per category, split IID over "
              f"{args.clients} clients), LoRA r {args.r} / alpha {args.alpha} on all linear layers, AdamW lr {args.lr}, "
              f"{args.rounds} rounds of {args.steps} steps of batch {args.batch}, every client every round.", "",
@@ -265,9 +269,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results", default=str(RESULTS / "flowertune.md"))
     p.add_argument("--notes", default=str(RESULTS / "flowertune_notes.md"))
     p.add_argument("--render-only", action="store_true")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
