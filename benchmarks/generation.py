@@ -191,7 +191,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=4, help="local steps per client and round")
+    p.add_argument("--steps", type=int, default=5, help="local steps per client and round")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--train-per-category", type=int, default=100)
     p.add_argument("--test-per-category", type=int, default=10)

@@ -1,4 +1,4 @@
-"""The benchmark scripts' shared statistics and the FedBPT grid: paired intervals by hand, and every planned job's
+"""The benchmark scripts' shared statistics and their grids: paired intervals by hand, and every planned job's
 overrides resolve to a valid config (a renamed config key would otherwise surface hours into a benchmark)."""
 
 import math
@@ -14,7 +14,7 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 def bench(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     yield
-    for name in ("runner", "fedbpt", "fedbpt_arms", "fedbpt_report"):
+    for name in ("runner", "fedbpt", "fedbpt_arms", "fedbpt_report", "generation", "flowertune"):
         sys.modules.pop(name, None)
 
 
@@ -48,3 +48,39 @@ def test_every_fedbpt_job_resolves_to_a_valid_config(bench, argv):
         model, task, part, arm, seed = job
         assert (cfg.model.name, cfg.task.name, cfg.seed) == (model, task, seed)
         assert cfg.federation.partition.scheme == ("iid" if part == "shared" else "dirichlet")
+
+
+@pytest.mark.parametrize("argv", [[], ["--paper-scale", "--device", "cuda"]])
+def test_every_generation_job_resolves_and_the_empty_table_renders(bench, tmp_path, argv):
+    from generation import ARMS, job_name, overrides, parse, plan, render
+
+    from fedpeft.resolve import load_config
+
+    args = parse([*argv, "--runs-dir", str(tmp_path), "--results", str(tmp_path / "g.md"), "--notes",
+                  str(tmp_path / "none.md")])
+    jobs = plan(args)
+    assert len({job_name(*j) for j in jobs}) == len(jobs) == 3 * (6 + 3)
+    for task, arm, seed in jobs:
+        cfg = load_config(None, overrides(args, task, arm, seed))
+        assert (cfg.task.name, cfg.seed, cfg.model.name) == (task, seed, "smollm2")
+        assert cfg.evaluation.round_zero == arm.startswith("fedit")  # the zero-shot row comes from fedit's round 0
+        central = arm == "centralised LoRA"
+        assert cfg.federation.num_clients == (1 if central else {"webnlg": 10, "dolly": 8}[task])
+        assert cfg.method.trainer.max_steps == args.steps * (10 if central and task == "webnlg" else
+                                                             8 if central else 1)
+    assert set(ARMS) >= {a for _, a, _ in jobs}
+    table = render(args).read_text()
+    assert table.count("| 0/3 |") == 9 and "## webnlg" in table and "## dolly" in table
+
+
+def test_the_flowertune_comparison_runs_fedit_on_both_runtimes(bench):
+    from flowertune import fedpeft_overrides, parse
+
+    from fedpeft.resolve import load_config
+
+    args = parse([])
+    for runtime in ("embedded", "flower-sim"):
+        cfg = load_config(None, fedpeft_overrides(args, runtime))
+        assert (cfg.method.name, cfg.runtime.name, cfg.federation.num_clients) == ("fedit", runtime, args.clients)
+        assert (cfg.method.adapter.r, cfg.method.adapter.lora_alpha) == (args.r, args.alpha)  # the template's LoRA
+        assert cfg.method.trainer.max_steps == args.steps and cfg.method.trainer.lr == args.lr
