@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 from runner import run_config, run_pool
@@ -109,17 +108,17 @@ def _local(rec: dict, key: str) -> float | None:
 GROUNDED = ("closed_qa", "information_extraction", "summarization", "classification")  # Dolly: a reference answers
 
 
-def _webnlg_rows(args, arm: str, done: list[list[dict]]) -> list[str]:
+WEBNLG_PARTS = [(p, k) for p in ("seen", "unseen") for k in ("bleu", "chrf", "rouge_l")]
+
+
+def _webnlg_rows(arm: str, done: list[list[dict]]) -> list[str]:
     last = [r[-1] for r in done]
-    parts = [(p, k) for p in ("seen", "unseen") for k in ("bleu", "chrf", "rouge_l")]
     if arm.startswith("local-only"):  # each client on its own category: seen only
-        cells = [_cell([_local(r, k) for r in last]) if p == "seen" else "–" for p, k in parts]
-    else:
-        cells = [_cell([_gen(r, p, k) for r in last]) for p, k in parts]
-    return cells
+        return [_cell([_local(r, k) for r in last]) if p == "seen" else "–" for p, k in WEBNLG_PARTS]
+    return [_cell([_gen(r, p, k) for r in last]) for p, k in WEBNLG_PARTS]
 
 
-def _dolly_rows(args, arm: str, done: list[list[dict]]) -> list[str]:
+def _dolly_rows(arm: str, done: list[list[dict]]) -> list[str]:
     last = [r[-1] for r in done]
     if arm.startswith("local-only"):
         return [_cell([_local(r, "rouge_l") for r in last])] + ["–"] * len(GROUNDED)
@@ -139,6 +138,22 @@ def _grounded(rec: dict) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+def _standard_errors(task: str, finals: list[dict]) -> str:
+    """The bootstrap standard error of one run's score, averaged over the finished runs of the table."""
+    keys = [(p, k) for p, k in WEBNLG_PARTS] if task == "webnlg" else [(None, "rouge_l")]
+    cells = []
+    for part, key in keys:
+        ses = [_gen(r, part, f"{key}_se") for r in finals]
+        ses = [x for x in ses if x is not None]
+        if ses:
+            cells.append(f"{part + ' ' if part else ''}{key} ±{statistics.fmean(ses):.1f}")
+    if not cells:
+        return "Bootstrap standard errors: no finished run yet."
+    what = "all test entries" if task == "webnlg" else "all test entries (not only the grounded categories)"
+    return (f"Bootstrap standard error of one run's score on {what} ({len(finals)} finished federated runs, "
+            f"mean): {', '.join(cells)}.")
+
+
 HEADERS = {"webnlg": ["seen BLEU", "seen chrF", "seen ROUGE-L", "unseen BLEU", "unseen chrF", "unseen ROUGE-L"],
            "dolly": ["ROUGE-L, grounded (mean of 4)", *(f"ROUGE-L {g}" for g in GROUNDED)]}
 ROWS = {"webnlg": _webnlg_rows, "dolly": _dolly_rows}
@@ -147,7 +162,9 @@ ROWS = {"webnlg": _webnlg_rows, "dolly": _dolly_rows}
 def render(args) -> Path:
     lines = ["# Federated instruction tuning: WebNLG and Dolly on SmolLM2-135M-Instruct", "",
              (Path(args.notes).read_text() if Path(args.notes).exists() else ""), "",
-             f"Command: `python benchmarks/generation.py {' '.join(args.argv)}`. Budget per run: {args.rounds} rounds "
+             f"Command: `python benchmarks/generation.py --runs-dir {args.runs_dir} --rounds {args.rounds} --steps "
+             f"{args.steps} --batch {args.batch} --train-per-category {args.train_per_category} --test-per-category "
+             f"{args.test_per_category} --bootstrap {args.bootstrap}` (resumable). Budget per run: {args.rounds} rounds "
              f"× {args.steps} local steps (batch {args.batch}) per client; train {args.train_per_category} entries per "
              f"category, test {args.test_per_category} per category; final round. Cells: mean ± std over the finished "
              "seeds (n in the last column); BLEU/chrF/ROUGE-L on 0-100; test loss per response token. The test set "
@@ -158,13 +175,15 @@ def render(args) -> Path:
         lines += [f"## {task}", "", f"| arm | {' | '.join(heads)} | test loss | bytes up / client-round | seeds done "
                   "| device |", "|" + "---|" * (len(heads) + 5)]
         zero: list[list[dict]] = []
+        finals: list[dict] = []
         for arm in [a for a in args.arms if task == "webnlg" or a in DOLLY_ARMS]:
             recs = [_load(Path(args.runs_dir) / job_name(task, arm, s)) for s in args.seeds]
             done = [r for r in recs if r]
             if arm.startswith("fedit"):
                 zero = [[r[0]] for r in done if r[0]["round"] == 0]
             last = [r[-1] for r in done]
-            cells = ROWS[task](args, arm, done)
+            cells = ROWS[task](arm, done)
+            finals += [] if arm.startswith("local-only") else last
             loss = _cell([_local_loss(r) if arm.startswith("local-only") else r.get("loss") for r in last], 3)
             up = _cell([r["bytes_up"] / max(r["num_ok"], 1) for r in last], 0)
             devices = sorted({_device(Path(args.runs_dir) / job_name(task, arm, s)) for s, r in zip(args.seeds, recs)
@@ -172,11 +191,11 @@ def render(args) -> Path:
             lines.append(f"| {arm} | {' | '.join(cells)} | {loss} | {up} | {len(done)}/{len(args.seeds)} | "
                          f"{', '.join(devices) or '–'} |")
         if zero:
-            cells = ROWS[task](args, "zero-shot", zero)
+            cells = ROWS[task]("zero-shot", zero)
             lines.append(f"| zero-shot (round 0 of fedit) | {' | '.join(cells)} | "
                          f"{_cell([r[0].get('loss') for r in zero], 3)} | 0 | {len(zero)}/{len(args.seeds)} | "
                          "as fedit |")
-        lines.append("")
+        lines += ["", _standard_errors(task, finals), ""]
     out = Path(args.results)
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -206,7 +225,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.paper_scale:
         args.rounds, args.steps, args.batch, args.train_per_category, args.test_per_category = 20, 10, 8, 500, 100000
-    args.argv = sys.argv[1:] if argv is None else argv
     return args
 
 
