@@ -363,7 +363,8 @@ def test_local_only_scores_each_clients_own_generations(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("method,extra", [
     ("fedprompt", {}), ("fedavg-prefix", {"adapter": {"num_tokens": 3}}), ("fedpeptao", {"adapter": {"num_tokens": 3}}),
-    ("headprune", {}), ("fedavg-full", {}),
+    ("headprune", {}), ("fedavg-full", {}), ("fedit", {"sharing": {"name": "ffa"}}),
+    ("fedit", {"sharing": {"name": "fedsa"}}),
     ("fedbpt", {"adapter": {"num_tokens": 3, "intrinsic_dim": 16}, "trainer": {"iterations": 2}}),
     ("discrete-prompt", {"adapter": {"num_tokens": 3}, "trainer": {"steps": 3},
                          "post_tuning": {"iterations": 2, "popsize": 4, "intrinsic_dim": 8}})])

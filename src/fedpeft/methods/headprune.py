@@ -11,22 +11,22 @@
 
 from fedpeft.methods.base import preset
 
-_LORA = {"name": "lora", "r": 16, "lora_alpha": 32.0}
+DENSE_LORA = {"name": "lora", "r": 16, "lora_alpha": 32.0}
 # paper: lr 5e-4, batch 80, one local epoch; batch scaled to CPU
-_ADAMW = {"name": "adamw", "lr": 5e-4, "batch_size": 16, "local_epochs": 1.0, "weight_decay": 0.0,
+DENSE_ADAMW = {"name": "adamw", "lr": 5e-4, "batch_size": 16, "local_epochs": 1.0, "weight_decay": 0.0,
           "grad_clip": 1.0, "reset_optimizer": True}
 
 preset("headprune", "Head pruning for federated LoRA: importance-pruned heads (s = 0.9), head-weighted "
        "aggregation (Eq. 8), loss-difference selection (Eq. 9)",
-       adapter=dict(_LORA), trainer=dict(_ADAMW), aggregator={"name": "head_weighted"},
+       adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "head_weighted"},
        sharing={"name": "head_pruning", "sparsity": 0.9, "scoring": "importance"},
        selector={"name": "loss_difference"})
 preset("headprune-rand-cs", "Head pruning (s = 0.9, Eq. 8) with random client selection (Ours Rand)",
-       adapter=dict(_LORA), trainer=dict(_ADAMW), aggregator={"name": "head_weighted"},
+       adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "head_weighted"},
        sharing={"name": "head_pruning", "sparsity": 0.9, "scoring": "importance"})
 preset("headprune-random", "B2: LoRA with random heads pruned (s = 0.9) and plain FedAvg",
-       adapter=dict(_LORA), trainer=dict(_ADAMW), aggregator={"name": "fedavg"},
+       adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "fedavg"},
        sharing={"name": "head_pruning", "sparsity": 0.9, "scoring": "random"})
 preset("fedavg-lora", "B1: dense LoRA (r = 16, q/k/v) with FedAvg",
-       adapter=dict(_LORA), trainer=dict(_ADAMW), aggregator={"name": "fedavg"},
+       adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "fedavg"},
        sharing={"name": "head_pruning", "sparsity": 0.0, "scoring": "none"})

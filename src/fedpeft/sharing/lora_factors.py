@@ -1,0 +1,61 @@
+"""Sharing one of LoRA's two factors: FFA-LoRA and FedSA-LoRA, each a sharing policy over the ``lora`` adapter.
+
+- ``ffa`` (FFA-LoRA, Sun et al., ICLR 2024, Sec. 4): every client keeps A frozen at its seeded initialisation (the
+  same on every device, since initial tensors come from the experiment seed) and trains only B, which is all that
+  is exchanged: half of LoRA's upload and download (for square projections). With A common and fixed, the average
+  of the clients' products is the product of the average, (1/K)·Σ_k B_k·A = B̄·A, so FedAvg on B aggregates the
+  updates ΔW exactly (the inexactness of averaging A and B separately, Eq. 2 of the paper, is gone).
+- ``fedsa`` (FedSA-LoRA, Guo et al., ICLR 2025, Sec. 4.2): A is trained and averaged (it learns what the clients
+  share), B is trained and kept on each device (what is client-specific): each client's model is B_k·Ā, scored on
+  its own test shard; the global B stays at its initial zeros, so the global model alone is the frozen backbone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedpeft.comm.codec import Message
+from fedpeft.comm.update import Params
+from fedpeft.lazy import lazy
+from fedpeft.sharing.base import SHARING, ShareAll
+
+torch = lazy("torch")
+
+A, B = ".lora_A.weight", ".lora_B.weight"
+
+
+class FrozenA(ShareAll):
+    """FFA-LoRA: only the B factors are trained and exchanged; every A stays at the seeded initialisation."""
+
+    adapters = frozenset({"lora"})
+
+    def shared(self, glob: Params, state: Message, round: int) -> list[str]:
+        return sorted(k for k in glob if k.endswith(B))
+
+    def client_params(self, received: Params, private: Params) -> Params:
+        return self.ctx.initial_params() | received
+
+    def plan(self, start: Params, instruction: Message, client: Any, round: int) -> Any:
+        return {"frozen": {k: torch.ones_like(v, dtype=torch.bool) for k, v in start.items() if k.endswith(A)}}
+
+
+class PersonalB(ShareAll):
+    """FedSA-LoRA: the A factors are exchanged and averaged; each client trains and keeps its own B factors."""
+
+    adapters = frozenset({"lora"})
+
+    def shared(self, glob: Params, state: Message, round: int) -> list[str]:
+        return sorted(k for k in glob if k.endswith(A))
+
+    def client_params(self, received: Params, private: Params) -> Params:
+        """Ā from the server, the device's own B (its initial zeros until it first trains)."""
+        return self.ctx.initial_params() | {k: v.float() for k, v in private.items()} | received
+
+    def private_state(self, trained: Params) -> Params:
+        return {k: v.clone() for k, v in trained.items() if k.endswith(B)}
+
+
+SHARING.add("ffa", FrozenA, "FFA-LoRA: A frozen at its seeded initialisation on every client; only B trained and "
+            "exchanged (exact aggregation, half the bytes)")
+SHARING.add("fedsa", PersonalB, "FedSA-LoRA: A shared and averaged, B trained and kept on each client "
+            "(personalised)")
