@@ -128,3 +128,34 @@ def test_the_factor_policies_refuse_other_adapters():
 
     with pytest.raises((ConfigError, ValueError), match="sharing"):
         load_config(None, tiny_overrides(**{"method.name": "fedprompt", "method.sharing.name": "ffa"}))
+
+
+def test_fedsa_lora_exports_each_clients_own_adapter_for_peft(tmp_path):
+    """``fedpeft export --client K``: Ā with client K's B, loaded by PEFT, gives K's personalised outputs; the
+    global export (B = 0) is the frozen backbone."""
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModel
+    from typer.testing import CliRunner
+
+    from fedpeft.cli import app
+    from fedpeft.predict import open_model
+
+    cfg = _cfg("fedsa-lora", federation__rounds=1)
+    exp = build_experiment(cfg)
+    run_embedded(cfg, tmp_path / "run", experiment=exp)
+    res = CliRunner().invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "c1"), "--client", "1"])
+    assert res.exit_code == 0, res.output
+    own = open_model(tmp_path / "run", client=1).params
+    assert any(bool(v.abs().sum() > 0) for k, v in own.items() if k.endswith(B))
+    bb = exp.backbone
+    state = {k.replace(".base_layer.", "."): v for k, v in bb.model.state_dict().items() if "lora_" not in k}
+    base = AutoModel.from_config(AutoConfig.for_model(**bb.model.config.to_dict()))
+    base.load_state_dict(state, strict=False)
+    peft_model = PeftModel.from_pretrained(base.eval(), tmp_path / "c1")
+    batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
+    with torch.no_grad():
+        ours = exp.classifier.hidden_states(own, batch)[-1]
+        theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            output_hidden_states=True).hidden_states[-1]
+        plain = exp.classifier.hidden_states(open_model(tmp_path / "run").params, batch)[-1]
+    assert torch.allclose(ours, theirs, atol=1e-5) and not torch.allclose(ours, plain, atol=1e-4)

@@ -176,8 +176,8 @@ def _list(title: str, rows: list[tuple[str, str]]) -> None:
     console.print(table)
 
 
-_CLIENT = typer.Option(help="client K's personalised adapter (methods with private layers, e.g. FedPepTAO): its id, "
-                            "or its name with natural clients (partition by_column)")
+_CLIENT = typer.Option(help="client K's personalised adapter (methods with private tensors, e.g. FedPepTAO, "
+                            "FedSA-LoRA): its id, or its name with natural clients (partition by_column)")
 _BEST = typer.Option("--best", help="the checkpoint of the best round on the validation split "
                                     "(evaluation.keep_best) instead of the last")
 
@@ -188,9 +188,11 @@ def export(
     out: Annotated[Path, typer.Argument(help="output folder")],
     format: Annotated[str, typer.Option(help="peft: a Hugging Face PEFT adapter directory")] = "peft",
     best: Annotated[bool, _BEST] = False,
+    client: Annotated[Optional[str], _CLIENT] = None,
 ) -> None:
-    """Export a run's global adapter as a PEFT adapter directory (PeftModel.from_pretrained(base, OUT) loads it),
-    with the task's classes, readout and templates beside it (fedpeft_task.json)."""
+    """Export a run's global adapter (or client K's personalised one) as a PEFT adapter directory
+    (PeftModel.from_pretrained(base, OUT) loads it), with the task's classes, readout and templates beside it
+    (fedpeft_task.json)."""
     from fedpeft.config import ConfigError
     from fedpeft.export import export_peft
     from fedpeft.outputs import check_output_dir, os_error_line
@@ -199,7 +201,7 @@ def export(
         _fail(f"--format: unknown '{format}'; allowed: peft")
     try:
         check_output_dir(out, "OUT")
-        path, note = export_peft(run_dir, out, best=best)
+        path, note = export_peft(run_dir, out, best=best, client=client)
     except (ConfigError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     except OSError as e:

@@ -1,4 +1,4 @@
-"""Export a run's global adapter in Hugging Face PEFT's format (``PeftModel.from_pretrained`` loads it), with what
+"""Export a run's global adapter (or a client's personalised one) in Hugging Face PEFT's format (``PeftModel.from_pretrained`` loads it), with what
 using it as the run's classifier needs beside it.
 
 The export is reusable as it is, from any folder, without fedpeft: ``adapter_config.json`` names the backbone by
@@ -38,10 +38,12 @@ PEFT_PREFIX = "base_model.model."
 TASK_FILE = "fedpeft_task.json"
 
 
-def export_peft(run_dir: str | Path, out: str | Path, best: bool = False) -> tuple[Path, str]:
+def export_peft(run_dir: str | Path, out: str | Path, best: bool = False,
+                client: int | str | None = None) -> tuple[Path, str]:
     """Write the global adapter of ``run_dir`` (its last checkpoint, or with ``best`` the one ``evaluation.keep_best``
-    kept) as a PEFT adapter directory ``out``; returns ``out`` and a line saying which round's adapter it is."""
-    model = open_model(run_dir, best=best)
+    kept), or client ``client``'s personalised one (e.g. FedSA-LoRA's own B), as a PEFT adapter directory ``out``;
+    returns ``out`` and a line saying which adapter of which round it is."""
+    model = open_model(run_dir, client=client, best=best)
     cfg, glob = model.cfg, model.params
     record = RunDir(run_dir).read_record() or {}
     backbone = model.classifier.backbone
