@@ -164,10 +164,11 @@ def render(args) -> Path:
              (Path(args.notes).read_text() if Path(args.notes).exists() else ""), "",
              f"Command: `python benchmarks/generation.py --runs-dir {args.runs_dir} --rounds {args.rounds} --steps "
              f"{args.steps} --batch {args.batch} --train-per-category {args.train_per_category} --test-per-category "
-             f"{args.test_per_category} --bootstrap {args.bootstrap}` (resumable). Budget per run: {args.rounds} rounds "
-             f"× {args.steps} local steps (batch {args.batch}) per client; train {args.train_per_category} entries per "
-             f"category, test {args.test_per_category} per category; final round. Cells: mean ± std over the finished "
-             "seeds (n in the last column); BLEU/chrF/ROUGE-L on 0-100; test loss per response token. The test set "
+             f"{args.test_per_category} --bootstrap {args.bootstrap}` (resumable). Budget per run: {args.rounds} "
+             f"rounds × {args.steps} local steps (batch {args.batch}) per client; train {args.train_per_category} "
+             f"entries per category, test {args.test_per_category} per category; final round. Cells: mean ± std over "
+             "the finished seeds (n in the last column); BLEU/chrF/ROUGE-L on 0-100; test loss per response token. "
+             "The test set "
              "is evaluated after the last round, and at round 0 in the fedit runs (the zero-shot row). Local-only: "
              "each client scores its own category's test entries.", ""]
     for task in args.tasks:

@@ -1,5 +1,5 @@
-"""Export a run's global adapter (or a client's personalised one) in Hugging Face PEFT's format (``PeftModel.from_pretrained`` loads it), with what
-using it as the run's classifier needs beside it.
+"""Export a run's global adapter (or a client's personalised one) in Hugging Face PEFT's format
+(``PeftModel.from_pretrained`` loads it), with what using it as the run's classifier needs beside it.
 
 The export is reusable as it is, from any folder, without fedpeft: ``adapter_config.json`` names the backbone by
 its hub id or the absolute folder it loads from (``base_model_name_or_path``; a model built in code, such as the

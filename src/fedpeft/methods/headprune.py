@@ -14,7 +14,7 @@ from fedpeft.methods.base import preset
 DENSE_LORA = {"name": "lora", "r": 16, "lora_alpha": 32.0}
 # paper: lr 5e-4, batch 80, one local epoch; batch scaled to CPU
 DENSE_ADAMW = {"name": "adamw", "lr": 5e-4, "batch_size": 16, "local_epochs": 1.0, "weight_decay": 0.0,
-          "grad_clip": 1.0, "reset_optimizer": True}
+               "grad_clip": 1.0, "reset_optimizer": True}
 
 preset("headprune", "Head pruning for federated LoRA: importance-pruned heads (s = 0.9), head-weighted "
        "aggregation (Eq. 8), loss-difference selection (Eq. 9)",
