@@ -272,6 +272,10 @@ def test_head_pruning_of_deep_prompts_withholds_pruned_key_value_heads(tmp_path)
         assert msg.tensors[f"prefix.{layer}"].shape == (2, 2, 8 * n_kept)  # [h, k/v, kept heads x head_dim]
     rec = RunDir(tmp_path / "run").read_metrics()[0]
     assert rec["num_ok"] == 3 and all(c["kept_heads"] == 4 for c in rec["clients"])
+    # the record names the heads each client kept (auditable selections), as its reply sent them
+    assert {c["client"]: c["kept_head_ids"] for c in rec["clients"]}[0] == kept
+    assert all(len(set(c["kept_head_ids"])) == 4 and all(0 <= h < 8 for h in c["kept_head_ids"])
+               for c in rec["clients"])
 
 
 # ---------------------------------------------------------------- masked vs physically pruned heads

@@ -55,6 +55,11 @@ class Method(Protocol):
 
     def diagnostics(self, state: Message) -> dict[str, float]: ...
 
+    def reply_record(self, reply: Message) -> dict[str, Any]:
+        """Fields an accepted reply adds to its client's round record beyond its numeric scalars (e.g. which
+        heads it kept)."""
+        ...
+
     # optional: ``vectors(state) -> dict[str, list[float]]``, per-round vectors for the report's heatmaps
 
 

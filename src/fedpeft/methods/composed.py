@@ -310,6 +310,9 @@ class ComposedMethod:
             out |= t.diagnostics(st.round, self.cfg, st.glob)
         return out
 
+    def reply_record(self, reply: Message) -> dict[str, Any]:
+        return self.sharing.record(reply)
+
     def vectors(self, state: Message) -> dict[str, list[float]]:
         """Per-round vectors of the new global state (head importances, FedPepTAO's layer scores/selection)."""
         return self.sharing.vectors(ServerState.from_message(state).sharing)

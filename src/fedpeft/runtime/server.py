@@ -78,6 +78,7 @@ class RoundDriver:
                 else:
                     rec["status"] = "ok"
                     rec.update({k: v for k, v in reply.scalars.items() if isinstance(v, (int, float))})
+                    rec.update(self.method.reply_record(reply))
                     accepted[cid] = reply
             records.append(rec)
         if accepted:

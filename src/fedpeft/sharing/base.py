@@ -6,7 +6,7 @@ client (head pruning), ask clients for extra reports (layer scores, head importa
 aggregation. The method calls it at fixed points of the round: server ``init`` / ``shared`` /
 ``instruction_scalars`` / ``report_schema`` / ``wire_shapes`` / ``check`` / ``expand`` / ``after_aggregate``;
 client ``client_params`` / ``plan`` (before training: which entries stay frozen) / ``finish`` (after training:
-reports, compression) / ``private_state``.
+reports, compression) / ``private_state``; and ``record`` (what a reply adds to its client's round record).
 """
 
 from __future__ import annotations
@@ -77,6 +77,10 @@ class SharingPolicy(Protocol):
         """Per-round vectors of the new state for the report's heatmaps (e.g. per-head importance)."""
         ...
 
+    def record(self, reply: Message) -> dict[str, Any]:
+        """What an accepted reply adds to its client's round record (e.g. the ids of the heads it kept)."""
+        ...
+
 
 class ShareAll:
     """Every tensor is exchanged every round; clients keep nothing of their own."""
@@ -133,6 +137,9 @@ class ShareAll:
         return {k: v for k, v in state.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
     def vectors(self, state: Message) -> dict[str, list[float]]:
+        return {}
+
+    def record(self, reply: Message) -> dict[str, Any]:
         return {}
 
 

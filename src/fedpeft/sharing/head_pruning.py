@@ -191,6 +191,11 @@ class HeadPruning(ShareAll):
     def vectors(self, state: Message) -> dict[str, list[float]]:
         return {k: list(state.scalars[k]) for k in ("head_importance", "head_kept") if k in state.scalars}
 
+    def record(self, reply: Message) -> dict[str, Any]:
+        """The ids of the heads the client kept (layer-major: head h of layer l is l·H + h), so that each round's
+        selection can be audited from the run records."""
+        return {"kept_head_ids": [int(h) for h in reply.tensors[HEADS].tolist()]}
+
     def check(self, reply: Message) -> None:
         """The kept slices' sizes must be what the kept head ids imply (else the reply is rejected)."""
         heads = reply.tensors[HEADS].tolist()
