@@ -73,10 +73,13 @@ def plan(args) -> list[tuple[str, str, int]]:
 
 
 def _load(out: Path) -> list[dict] | None:
-    """The run's records when it finished, else None (an unfinished row is reported as such)."""
+    """The run's records when it finished, else None (an unfinished row is reported as such); every record gets
+    the clients' category names from summary.json (``client_names``)."""
     if not (out / "summary.json").exists():
         return None
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    names = json.loads((out / "summary.json").read_text()).get("client_names") or {}
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r | {"client_names": names} for r in recs]
 
 
 def _device(out: Path) -> str:
@@ -111,11 +114,22 @@ GROUNDED = ("closed_qa", "information_extraction", "summarization", "classificat
 WEBNLG_PARTS = [(p, k) for p in ("seen", "unseen") for k in ("bleu", "chrf", "rouge_l")]
 
 
+def _own(rec: dict, key: str) -> float | None:
+    """Mean over the clients of the score on their own category's test entries: local-only's own adapters
+    (``local_generation``), or the global adapter's per-category scores (``generation.by_group``)."""
+    if rec.get("local_generation"):
+        return _local(rec, key)
+    by = (rec.get("generation") or {}).get("by_group") or {}
+    vals = [by[n][key] for n in rec.get("client_names", {}).values() if n in by and by[n].get(key) is not None]
+    return statistics.fmean(vals) if vals else None
+
+
 def _webnlg_rows(arm: str, done: list[list[dict]]) -> list[str]:
     last = [r[-1] for r in done]
-    if arm.startswith("local-only"):  # each client on its own category: seen only
-        return [_cell([_local(r, k) for r in last]) if p == "seen" else "–" for p, k in WEBNLG_PARTS]
-    return [_cell([_gen(r, p, k) for r in last]) for p, k in WEBNLG_PARTS]
+    own = [_cell([_own(r, k) for r in last]) for k in ("bleu", "chrf")]
+    if arm.startswith("local-only"):  # each client's own adapter, on its own category only
+        return own + ["–"] * len(WEBNLG_PARTS)
+    return own + [_cell([_gen(r, p, k) for r in last]) for p, k in WEBNLG_PARTS]
 
 
 def _dolly_rows(arm: str, done: list[list[dict]]) -> list[str]:
@@ -154,7 +168,8 @@ def _standard_errors(task: str, finals: list[dict]) -> str:
             f"mean): {', '.join(cells)}.")
 
 
-HEADERS = {"webnlg": ["seen BLEU", "seen chrF", "seen ROUGE-L", "unseen BLEU", "unseen chrF", "unseen ROUGE-L"],
+HEADERS = {"webnlg": ["own category BLEU (mean of 10 clients)", "own category chrF", "seen BLEU", "seen chrF",
+                      "seen ROUGE-L", "unseen BLEU", "unseen chrF", "unseen ROUGE-L"],
            "dolly": ["ROUGE-L, grounded (mean of 4)", *(f"ROUGE-L {g}" for g in GROUNDED)]}
 ROWS = {"webnlg": _webnlg_rows, "dolly": _dolly_rows}
 
@@ -169,8 +184,11 @@ def render(args) -> Path:
              f"entries per category, test {args.test_per_category} per category; final round. Cells: mean ± std over "
              "the finished seeds (n in the last column); BLEU/chrF/ROUGE-L on 0-100; test loss per response token. "
              "The test set "
-             "is evaluated after the last round, and at round 0 in the fedit runs (the zero-shot row). Local-only: "
-             "each client scores its own category's test entries.", ""]
+             "is evaluated after the last round, and at round 0 in the fedit runs (the zero-shot row). WebNLG's \"own "
+             "category\" columns average the clients' scores on their own category's 10 test entries (local-only: "
+             "each client's own adapter; the others: the global adapter); \"seen\"/\"unseen\" pool the test "
+             "entries of the training categories / of the 5 categories no client holds. Test loss: all test entries "
+             "(local-only: the mean of the clients' losses on their own category).", ""]
     for task in args.tasks:
         heads = HEADERS[task]
         lines += [f"## {task}", "", f"| arm | {' | '.join(heads)} | test loss | bytes up / client-round | seeds done "
