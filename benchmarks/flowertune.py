@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -283,8 +284,6 @@ def main(argv: list[str] | None = None) -> None:
             if kind == "peer":
                 results[arm] = run_peer(args)
             else:
-                import shutil
-
                 out = Path(args.runs_dir) / kind
                 shutil.rmtree(out, ignore_errors=True)  # a timing run starts afresh
                 results[arm] = run_fedpeft(args, kind, out)

@@ -343,7 +343,6 @@ class BackboneCache:
                          bb.num_parameters / 1e6, os.getpid())
             return self._models[name]
 
-
     def get_quantized(self, name: str, mode: str, trust_remote_code: bool = False) -> Backbone:
         """``name`` quantized (``quantized``), built once; the float model it is made from is then dropped from the
         cache, so the process holds one copy of the weights, the quantized one."""

@@ -28,7 +28,7 @@ from fedpeft.methods.base import Method
 from fedpeft.resolve import preset_differences, resolve
 from fedpeft.runtime.server import RoundDriver, RoundFailed
 from fedpeft.tracking.rundir import RunDir
-from fedpeft.tracking.summary import build_summary, round_record
+from fedpeft.tracking.summary import build_summary, round_record, validation_score
 
 log = logging.getLogger("fedpeft")
 
@@ -225,11 +225,8 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         run.append_metrics(rec)
         return rec
 
-    # the selection score: validation accuracy; on a generation task minus the validation loss per response token
-    # (next-token accuracy rewards short, generic responses)
-    select = (lambda r: -r["val_loss"] if r.get("val_loss") is not None else None) if exp.task.is_generation else (
-        lambda r: r.get("val_accuracy"))
-    best = max((select(r) for r in records if select(r) is not None), default=-math.inf)
+    generation = exp.task.is_generation
+    best = max((s for r in records if (s := validation_score(r, generation)) is not None), default=-math.inf)
 
     def keep_if_best(rnd: int, rec: dict[str, Any]) -> None:
         """``evaluation.keep_best``: score ``state`` on the validation split; a new best (strictly: the earliest of
@@ -238,11 +235,11 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         val = method.evaluate_on(state, exp.validation_encoded)
         rec.update({"val_accuracy": val.get("accuracy"), "val_loss": val.get("loss"),
                     "val_macro_f1": val.get("macro_f1")})
-        score = select(rec)
+        score = validation_score(rec, generation)
         if score is not None and score > best:
             best = score
             run.save_checkpoint(rnd, state, transport.client_states(), best=True)
-            what = "loss" if exp.task.is_generation else "accuracy"
+            what = "loss" if generation else "accuracy"
             log.info("round %d: best validation %s so far (%.4f), kept in %s", rnd, what, abs(best), run.best_ckpt)
 
     if start == 1 and cfg.evaluation.round_zero and not any(r["round"] == 0 for r in records):

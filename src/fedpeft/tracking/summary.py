@@ -77,6 +77,14 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
     }
 
 
+def validation_score(rec: dict[str, Any], generation: bool) -> float | None:
+    """``evaluation.keep_best``'s score of a round (higher is better): its validation accuracy; on a generation task
+    minus its validation loss per response token (next-token accuracy rewards short, generic responses)."""
+    if generation:
+        return -rec["val_loss"] if rec.get("val_loss") is not None else None
+    return rec.get("val_accuracy")
+
+
 def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, backbone_params: int,
                   extra: dict[str, Any]) -> dict[str, Any]:
     """Totals over the run; ``upload_ratio_vs_full`` compares with sending every backbone weight in fp32."""
@@ -90,11 +98,9 @@ def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, bac
     full_bytes = 4 * backbone_params
     scored = next((r for r in reversed(records) if r.get("confusion") is not None), None)
     names = extra.get("class_names")
-    generation = any(r.get("perplexity") is not None for r in records)  # selected by loss (runtime.session)
-    key = "val_loss" if generation else "val_accuracy"
-    validated = [r for r in records if r.get(key) is not None]
-    pick = min if generation else max
-    best = pick(validated, key=lambda r: r[key]) if validated else None  # the earliest of equal rounds
+    generation = any(r.get("perplexity") is not None for r in records)  # generation records carry perplexity
+    validated = [r for r in records if validation_score(r, generation) is not None]
+    best = max(validated, key=lambda r: validation_score(r, generation)) if validated else None  # earliest of ties
     chosen = ({"best_round": best["round"], "best_val_accuracy": best.get("val_accuracy"),
                "best_val_loss": best.get("val_loss"), "accuracy_at_best_round": best["accuracy"]}
               if best is not None else {})
