@@ -302,7 +302,7 @@ def test_upload_is_t_uint16_indices_and_the_server_decodes_the_clients_prompt(mo
         assert torch.equal(idx[~changed], torch.full((int((~changed).sum()),), vocab_size))
         assert torch.equal(idx[changed], tokens[changed])
         sentinels += int((~changed).sum())
-        validate_reply(reply, schema)
+        validate_reply(reply, schema, 0)
         server = method.trainer.decode(unpack(reply, schema, c), {"prompt": sent})
         assert torch.equal(server.tensors["prompt"], prompt)  # bit for bit
     assert sentinels > 0  # some rows travelled as the sentinel
@@ -312,14 +312,14 @@ def test_upload_is_t_uint16_indices_and_the_server_decodes_the_clients_prompt(mo
     bad = copy.deepcopy(replies[0])
     bad.tensors["tokens"][1] = vocab_size + 1
     with pytest.raises(InvalidReply, match="sentinel"):
-        validate_reply(bad, schema)
+        validate_reply(bad, schema, 0)
     edge = copy.deepcopy(replies[0])
     edge.tensors["tokens"][:] = vocab_size  # all sentinel: valid, nothing changed
-    validate_reply(edge, schema)
+    validate_reply(edge, schema, 0)
     wide = copy.deepcopy(replies[0])
     wide.tensors["tokens"] = wide.tensors["tokens"].to(torch.int32)
     with pytest.raises(InvalidReply, match="dtype"):
-        validate_reply(wide, schema)
+        validate_reply(wide, schema, 0)
 
 
 def test_a_reply_with_an_index_above_the_sentinel_is_rejected_in_the_round():

@@ -15,7 +15,7 @@ def good() -> Message:
 
 
 def test_good_reply_passes():
-    validate_reply(good(), SCHEMA)
+    validate_reply(good(), SCHEMA, 0)
 
 
 @pytest.mark.parametrize("mutate, reason", [
@@ -33,4 +33,4 @@ def test_malformed_replies_are_rejected(mutate, reason):
     msg = good()
     mutate(msg)
     with pytest.raises(InvalidReply, match=reason):
-        validate_reply(msg, SCHEMA)
+        validate_reply(msg, SCHEMA, 0)

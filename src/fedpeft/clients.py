@@ -9,6 +9,7 @@ from fedpeft.backbones.encoding import Encoded
 from fedpeft.comm.codec import Message
 
 if TYPE_CHECKING:
+    from fedpeft.config import ClientProfile
     from fedpeft.model.gather import ForwardGather
 
 
@@ -23,6 +24,7 @@ class ClientContext:
     asr_test: Encoded | None = None                  # triggered non-target test inputs labelled as the target
     malicious: bool = False                          # poisons its data (and boosts its delta when asked)
     forward: ForwardGather | None = None             # model calls shared with other clients (client_batch)
+    profile: ClientProfile | None = None             # its resource tier (federation.client_profiles)
 
     @property
     def num_examples(self) -> int:

@@ -154,6 +154,19 @@ class NonParticipantConfig(_Strict):
         return self
 
 
+class ClientProfile(_Strict):
+    """One resource tier: the share of clients in it and what they can afford (HetLoRA, FlexLoRA, FLoRA)."""
+
+    name: str = Field(min_length=1, description="the tier's name, shown in the run records")
+    share: float = Field(gt=0, le=1, description="share of the clients in this tier (the shares sum to 1; counts "
+                                                 "are rounded by largest remainder, clients drawn by the seed)")
+    rank: int | None = Field(None, ge=1, description="LoRA rank r_k the tier trains and exchanges (at most the "
+                                                     "adapter's r; None: the adapter's r), with a rank-aware "
+                                                     "sharing policy (method.sharing.name: ranks)")
+    max_steps: int | None = Field(None, ge=1, description="cap on the tier's local optimizer steps per round "
+                                                          "(gradient trainers; None: the trainer's)")
+
+
 class FederationConfig(_Strict):
     num_clients: int = Field(10, ge=1, description="clients in the federation")
     clients_per_round: int | None = Field(None, ge=1, description="default: all clients")
@@ -171,6 +184,9 @@ class FederationConfig(_Strict):
     partition: PartitionConfig = Field(PartitionConfig(), description="how the data is split over the clients")
     non_participants: NonParticipantConfig = Field(NonParticipantConfig(), description="clients that never train, "
                                                    "only evaluated (generalisation to unseen clients)")
+    client_profiles: list[ClientProfile] = Field(
+        [], description="resource tiers (rank, local steps) assigned to seeded shares of the clients; empty: every "
+                        "client alike")
 
     @model_validator(mode="after")
     def _check_counts(self) -> FederationConfig:
@@ -181,6 +197,13 @@ class FederationConfig(_Strict):
             raise ValueError(
                 f"clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})"
             )
+        if self.client_profiles:
+            total = sum(p.share for p in self.client_profiles)
+            if abs(total - 1) > 1e-6:
+                raise ValueError(f"client_profiles: the shares must sum to 1, got {total:g}")
+            names = [p.name for p in self.client_profiles]
+            if len(set(names)) != len(names):
+                raise ValueError(f"client_profiles: tier names must be distinct, got {names}")
         per_round = self.clients_per_round or self.num_clients
         if self.min_clients > per_round:
             raise ValueError(f"min_clients ({self.min_clients}) exceeds clients per round ({per_round})")

@@ -18,10 +18,10 @@ from fedpeft.attacks.backdoor import asr_examples, malicious_ids, poisoned_copie
 from fedpeft.backbones.encoding import Encoded, concat, text_budget
 from fedpeft.backbones.loading import Backbone, check_model_name, load_backbone, resolve_device
 from fedpeft.clients import ClientContext
-from fedpeft.config import ConfigError, ExperimentConfig
+from fedpeft.config import ClientProfile, ConfigError, ExperimentConfig
 from fedpeft.data import groups_of, label_histogram, load_task, partition, pool_small_groups, split_by_group, split_like
 from fedpeft.data.fingerprint import data_fingerprint
-from fedpeft.data.participants import non_participants
+from fedpeft.data.participants import non_participants, profile_of_clients
 from fedpeft.data.tasks.base import plain_split, stratified_split
 from fedpeft.data.types import Example, TaskData
 from fedpeft.model import OBJECTIVES, Classifier, LanguageModel
@@ -42,6 +42,7 @@ class Experiment:
     non_participants: frozenset[int] = frozenset()  # clients that never train, only evaluated
     malicious: frozenset[int] = frozenset()         # clients that poison their data (``attack``)
     validation: list[Example] = field(default_factory=list)  # held out of training (``evaluation.keep_best``)
+    profiles: list[ClientProfile | None] = field(default_factory=list)  # each client's tier (client_profiles)
     _encoded: dict[str, Encoded] = field(default_factory=dict)
 
     @property
@@ -90,6 +91,7 @@ class Experiment:
             weight=weight,
             asr_test=self._client_asr_test(client_id) if self.cfg.attack.measured else None,
             malicious=client_id in self.malicious,
+            profile=self.profiles[client_id] if self.profiles else None,
         )
 
     # ---------------------------------------------------------------- backdoor attack (``attack``)
@@ -250,7 +252,11 @@ def build_experiment(cfg: ExperimentConfig, saved: TaskOnly | None = None) -> Ex
         log.warning("%s", note)
     if bad:
         log.info("malicious clients (backdoor, target class %d, trigger %r): %s", a.target, a.trigger, sorted(bad))
-    return Experiment(cfg, task, backbone, clf, train_parts, test_parts, groups, idle, bad, validation)
+    profiles = profile_of_clients(cfg.federation.client_profiles, len(train_parts), cfg.seed)
+    if cfg.federation.client_profiles:
+        log.info("client tiers: %s", {p.name: [c for c, q in enumerate(profiles) if q is p]
+                                      for p in cfg.federation.client_profiles})
+    return Experiment(cfg, task, backbone, clf, train_parts, test_parts, groups, idle, bad, validation, profiles)
 
 
 # option -> (the readouts that read it, on which backbone families; None: any)

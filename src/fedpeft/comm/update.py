@@ -32,7 +32,7 @@ class ReplySchema:
     scalars: tuple[str, ...] = (WEIGHT,)
     update_keys: frozenset[str] | None = None  # None: every tensor is part of the update
     dtypes: dict[str, torch.dtype] = field(default_factory=dict)  # tensors not in the float wire dtype
-    check: Callable[[Any], None] | None = None  # a method-specific consistency check (raises ValueError)
+    check: Callable[[Any, int], None] | None = None  # method-specific check of (reply, client id); ValueError
 
     def dtype_of(self, name: str) -> torch.dtype:
         return self.dtypes.get(name, self.dtype)

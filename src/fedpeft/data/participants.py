@@ -1,10 +1,10 @@
-"""Non-participants: the clients that never train and are only evaluated (P/NP evaluation, pFL-Bench style)."""
+"""Who does what among the clients: non-participants (only evaluated, pFL-Bench style) and resource tiers."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedpeft.config import ConfigError, NonParticipantConfig
+from fedpeft.config import ClientProfile, ConfigError, NonParticipantConfig
 from fedpeft.data.partition import group_order
 from fedpeft.rng import SERVER, numpy_rng
 
@@ -38,3 +38,23 @@ def _fold_clients(fold: int, folds: int, client_groups: list[str] | None) -> fro
         raise ConfigError(f"federation.non_participants.folds ({folds}) exceeds the {len(names)} groups")
     held = {str(d) for d in np.array_split(np.array(names), folds)[fold]}
     return frozenset(k for k, d in enumerate(client_groups) if d in held)
+
+
+def profile_of_clients(profiles: list[ClientProfile], num_clients: int, seed: int) -> list[ClientProfile | None]:
+    """Each client's resource tier (``federation.client_profiles``): tier i gets round(share_i · K) clients by
+    largest remainder (ties to the earlier tier), the clients drawn by a seeded permutation; [None] * K without
+    tiers."""
+    if not profiles:
+        return [None] * num_clients
+    exact = [p.share * num_clients for p in profiles]
+    counts = [int(np.floor(x)) for x in exact]
+    for i in sorted(range(len(profiles)), key=lambda i: (-(exact[i] - counts[i]), i))[: num_clients - sum(counts)]:
+        counts[i] += 1
+    order = numpy_rng(seed, 0, SERVER, "client-profiles").permutation(num_clients)
+    out: list[ClientProfile | None] = [None] * num_clients
+    start = 0
+    for p, n in zip(profiles, counts):
+        for c in order[start: start + n]:
+            out[int(c)] = p
+        start += n
+    return out

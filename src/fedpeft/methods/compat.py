@@ -105,9 +105,29 @@ def check_combination(cfg: ExperimentConfig) -> None:
         if kind not in TRANSFORMS.get(t.name).accepts:
             raise ValueError(f"method.transforms.{i}.name: '{t.name}' transforms trained tensors; trainer "
                              f"'{m.trainer.name}' uploads {KINDS[kind]}")
+    check_profiles(cfg)
     for field, registry in (("downlink", DOWNLINKS), ("post_tuning", POST_TUNING)):
         name = getattr(m, field).name
         adapters = registry.get(name).adapters
         if adapters is not None and m.adapter.name not in adapters:
             raise ValueError(f"method.{field}.name: '{name}' works on {' or '.join(sorted(adapters))}, not on the "
                              f"adapter '{m.adapter.name}'")
+
+
+def check_profiles(cfg: ExperimentConfig) -> None:
+    """Resource tiers ask only what the method can honour: a rank needs a sharing policy that trains each client at
+    its rank (``ranks``) and is at most the adapter's r; a step cap needs a gradient trainer."""
+    m = cfg.method
+    policy = SHARING.get(m.sharing.name)
+    for i, p in enumerate(cfg.federation.client_profiles):
+        where = f"federation.client_profiles.{i}"
+        if p.rank is not None and not policy.per_client:
+            ranked = sorted(n for n in SHARING.names() if SHARING.get(n).per_client)
+            raise ValueError(f"{where}.rank: sharing '{m.sharing.name}' sends every client the same tensors; clients "
+                             f"of different LoRA ranks need method.sharing.name: {' or '.join(ranked)}")
+        r = getattr(m.adapter.typed_settings, "r", None)
+        if p.rank is not None and r is not None and p.rank > r:
+            raise ValueError(f"{where}.rank: {p.rank} exceeds method.adapter.r ({r}), the global LoRA's rank")
+        if p.max_steps is not None and not hasattr(TRAINERS.get(m.trainer.name), "settings_for"):
+            raise ValueError(f"{where}.max_steps: trainer '{m.trainer.name}' takes no optimizer steps; a step cap "
+                             "applies to the gradient trainers (adam, adamw, sgd)")

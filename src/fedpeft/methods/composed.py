@@ -109,7 +109,8 @@ class ComposedMethod:
         self.selector = SELECTORS.get(m.selector.name)(SELECTORS.settings_of(m.selector), SelectorContext(
             cfg.federation.num_clients, cfg.federation.clients_per_round))
         self.sharing = SHARING.get(m.sharing.name)(SHARING.settings_of(m.sharing), SharingContext(
-            self.clf, cfg.seed, self.initial_params, head_slices, trainer_settings))
+            self.clf, cfg.seed, self.initial_params, head_slices, trainer_settings,
+            tuple(getattr(experiment, "profiles", ()) or ())))
         self.transforms = [(t.name, TRANSFORMS.get(t.name)(TRANSFORMS.settings_of(t))) for t in m.transforms]
         self.downlink = DOWNLINKS.get(m.downlink.name)(DOWNLINKS.settings_of(m.downlink), DownlinkContext(
             self.embedding_table, tuple(self.clf.backbone.tokenizer.all_special_ids)))
@@ -145,7 +146,13 @@ class ComposedMethod:
         selected = self.selector.select(eligible, round, st.history, numpy_rng(self.seed, round, SERVER, "select"))
         msg = self.trainer.downlink(self._shared(st, round), self.aggregator.broadcast(st.agg))
         msg.scalars = {"round": round, **msg.scalars, **self.sharing.instruction_scalars(st.sharing, round)}
-        return {c: self._encode_down(msg, st, c, round - 1) for c in selected}
+        return {c: self._encode_down(self._for_client(msg, st, c), st, c, round - 1) for c in selected}
+
+    def _for_client(self, msg: Message, st: ServerState, client: int) -> Message:
+        """``msg`` with the shared tensors as the sharing policy sends them to ``client`` (e.g. at its LoRA rank)."""
+        if not self.sharing.per_client:
+            return msg
+        return Message(self.sharing.for_client(dict(msg.tensors), client, st.sharing), dict(msg.scalars))
 
     def _encode_down(self, msg: Message, st: ServerState, client: int, upto: int) -> Message:
         """``msg`` with the codec's tensors in place of the global ones it compresses, for this client."""
@@ -177,10 +184,11 @@ class ComposedMethod:
         report, report_scalars = self.sharing.report_schema(st.sharing, round)
         return ReplySchema(self.sharing.wire_shapes(update) | aux | report, WIRE_DTYPES[self.wire.default],
                            (WEIGHT, *self.trainer.scalars, *report_scalars), frozenset(update),
-                           dtypes=dict(self.sharing.dtypes) | self.trainer.wire_dtypes(), check=self._check)
+                           dtypes=dict(self.sharing.dtypes) | self.trainer.wire_dtypes(),
+                           check=lambda reply, client: self._check(reply, client, st.sharing))
 
-    def _check(self, reply: Message) -> None:
-        self.sharing.check(reply)
+    def _check(self, reply: Message, client: int, sharing: Message) -> None:
+        self.sharing.check(reply, client, sharing)
         self.trainer.check(reply)
 
     def aggregate(self, state: Message, round: int, replies: dict[int, Message]) -> Message:
@@ -283,8 +291,8 @@ class ComposedMethod:
         """Whether every client's evaluation after ``round`` scores exactly the global tensors: no post-tuning now,
         no download codec rebuilding them from its own messages, no tensor the sharing policy keeps on the clients
         that the evaluation does not overwrite (FedPepTAO's layers after the selection; not during warm-up), and
-        nothing the wire changes (a float16 wire rounds them)."""
-        if self._post_tunes(round) or self.downlink.keys:
+        nothing the wire changes (a float16 wire rounds them), and the same tensors for every client."""
+        if self._post_tunes(round) or self.downlink.keys or self.sharing.per_client:
             return False
         received = self.trainer.params_of(decode(encode(self.trainer.eval_downlink(self._shared(st, round + 1)),
                                                         self.wire)))
@@ -327,7 +335,7 @@ class ComposedMethod:
         plan = plan if isinstance(plan, dict) else {}  # "params": what to train, "frozen", "static" (see sharing)
         update, trainer_state = self.trainer.fit(plan.get("params", start), instruction, client, round,
                                                  sub_state(client.state, OPT), frozen=plan.get("frozen"),
-                                                 static=plan.get("static"))
+                                                 static=plan.get("static"), penalty=plan.get("penalty"))
         trained = update.tensors
         private = set(start) - set(received)  # kept on the device, never uploaded
         update = update.with_tensors({k: v for k, v in trained.items() if k not in private})
@@ -352,7 +360,7 @@ class ComposedMethod:
         st = ServerState.from_message(state)
         msg = self.trainer.eval_downlink(self._shared(st, round + 1))
         msg.scalars = {"round": round, **msg.scalars, **({POST_TUNE: True} if self._post_tunes(round) else {})}
-        return {c: self._encode_down(msg, st, c, round) for c in clients}
+        return {c: self._encode_down(self._for_client(msg, st, c), st, c, round) for c in clients}
 
     def client_evaluate(self, instruction: Message, client: ClientContext) -> Message:
         """Personalised where the sharing policy keeps private tensors (FedPepTAO) or by post-tuning on a few

@@ -4,6 +4,18 @@ trainer: r = 16 on q/k/v, AdamW), so that they differ from it in the sharing pol
 - ``ffa-lora``: FFA-LoRA (Sun et al., ICLR 2024): A frozen at its seeded initialisation, B trained and averaged
   (``sharing.lora_factors``); exact aggregation at half the bytes.
 - ``fedsa-lora``: FedSA-LoRA (Guo et al., ICLR 2025): A averaged, B kept on each client; scored per client.
+- ``hetlora``: HetLoRA (Cho et al., 2024): each client at its tier's rank (``sharing.lora_ranks``), zero-padded
+  factors averaged by the norm of B·A (``aggregators.hetlora``), rank self-pruning.
+- ``flexlora``: FlexLoRA (Bai et al., NeurIPS 2024): the same clients, the server averages B·A and re-factorises it
+  by SVD (``aggregators.flexlora``); each client takes the leading components at its rank.
+
+The tiers are a federation setting, e.g. three ranks under the global r = 16::
+
+    federation:
+      client_profiles:
+        - {name: small, share: 0.34, rank: 4}
+        - {name: medium, share: 0.33, rank: 8}
+        - {name: large, share: 0.33, rank: 16}
 
 On generation tasks give the same sharing to ``fedit``: ``method.name=fedit method.sharing.name=ffa``.
 """
@@ -17,3 +29,10 @@ preset("ffa-lora", "FFA-LoRA: LoRA with A frozen at its seeded initialisation; o
 preset("fedsa-lora", "FedSA-LoRA: LoRA with A shared and averaged, B trained and kept on each client "
        "(personalised)",
        adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "fedavg"}, sharing={"name": "fedsa"})
+preset("hetlora", "HetLoRA: clients at their tiers' LoRA ranks (federation.client_profiles), zero-padded "
+       "aggregation weighted by the norm of B·A, rank self-pruning",
+       adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "hetlora"},
+       sharing={"name": "ranks", "self_prune": True})
+preset("flexlora", "FlexLoRA: clients at their tiers' LoRA ranks; the server averages B·A and hands each client the "
+       "rank-r_k truncated SVD",
+       adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "flexlora"}, sharing={"name": "ranks"})

@@ -100,6 +100,7 @@ def method_label(method: Any, summary: dict[str, Any] | None) -> str:
 READABLE = {
     "method_resolved": lambda v: components(v) or "–",
     "client_names": lambda v: ", ".join(f"{k} {n}" for k, n in v.items()),
+    "client_tiers": lambda v: ", ".join(f"{k} {n}" for k, n in v.items()),
     "per_class": lambda v: "; ".join(
         f"{c}: " + ", ".join(f"{k} {_plain(x)}" for k, x in m.items()) if isinstance(m, dict) else f"{c}: {m}"
         for c, m in v.items()),

@@ -70,7 +70,7 @@ class RoundDriver:
                 rec["bytes_up"] = len(res) if isinstance(res, (bytes, bytearray)) else 0
                 try:
                     reply = decode(res, self.cfg.federation.max_message_bytes)
-                    validate_reply(reply, schema)
+                    validate_reply(reply, schema, cid)
                 except Exception as e:  # noqa: BLE001 - untrusted bytes: whatever fails, the reply is not used
                     rec["status"] = "rejected"
                     rec["error"] = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"

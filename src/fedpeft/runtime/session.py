@@ -277,6 +277,8 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         "label_histograms": exp.label_histograms(),  # per client, train and test, classes as in class_names
         "class_names": exp.task.class_names,
         **({"client_names": dict(enumerate(names))} if (names := exp.client_names()) else {}),
+        **({"client_tiers": {c: p.name for c, p in enumerate(exp.profiles) if p is not None}}
+           if any(p is not None for p in exp.profiles) else {}),
         "method_resolved": cfg.method.components(),
         "preset_overrides": sorted(preset_differences(cfg)),
         **payload_split(method, state, driver),

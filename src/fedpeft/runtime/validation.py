@@ -15,8 +15,9 @@ class InvalidReply(ValueError):
     """A reply that must not be aggregated; the message says why."""
 
 
-def validate_reply(reply: Message, schema: ReplySchema) -> None:
-    """Check keys, shapes, wire dtype, finiteness and required scalars; raise InvalidReply otherwise."""
+def validate_reply(reply: Message, schema: ReplySchema, client: int) -> None:
+    """Check keys, shapes, wire dtype, finiteness and required scalars of client ``client``'s reply (and the
+    method's own check of what that client may send); raise InvalidReply otherwise."""
     got, want = set(reply.tensors), set(schema.tensors)
     if got != want:
         missing, extra = sorted(want - got), sorted(got - want)
@@ -40,7 +41,7 @@ def validate_reply(reply: Message, schema: ReplySchema) -> None:
         raise InvalidReply(f"num_examples must be a positive integer, got {n!r}")
     if schema.check is not None:
         try:
-            schema.check(reply)
+            schema.check(reply, client)
         except ValueError as e:
             raise InvalidReply(str(e)) from None
 

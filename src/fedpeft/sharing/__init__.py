@@ -1,6 +1,12 @@
 """Which adapter tensors are exchanged each round and which stay on the clients (the sharing policy)."""
 
 from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, SharingPolicy
-from fedpeft.sharing import head_pruning, layer_selection, lora_factors, private  # noqa: F401  (registration)
+from fedpeft.sharing import (  # noqa: F401  (registration)
+    head_pruning,
+    layer_selection,
+    lora_factors,
+    lora_ranks,
+    private,
+)
 
 __all__ = ["SHARING", "ShareAll", "SharingContext", "SharingPolicy"]

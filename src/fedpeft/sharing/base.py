@@ -4,7 +4,8 @@ The default shares everything. A policy may share a subset that changes over rou
 layers), keep the rest private on each client (personalisation), freeze and withhold parts of the update per
 client (head pruning), ask clients for extra reports (layer scores, head importances) and act on them after
 aggregation. The method calls it at fixed points of the round: server ``init`` / ``shared`` /
-``instruction_scalars`` / ``report_schema`` / ``wire_shapes`` / ``check`` / ``expand`` / ``after_aggregate``;
+``instruction_scalars`` / ``for_client`` (what one client receives) / ``report_schema`` / ``wire_shapes`` / ``check``
+/ ``expand`` / ``after_aggregate``;
 client ``client_params`` / ``plan`` (before training: which entries stay frozen) / ``finish`` (after training:
 reports, compression) / ``private_state``; and ``record`` (what a reply adds to its client's round record).
 """
@@ -32,6 +33,7 @@ class SharingContext:
     initial_params: Callable[[], Params]  # the adapter's initial tensors, identical on every process
     head_slices: HeadSlices = field(default_factory=dict)  # the adapter's head-assignable slices
     trainer: Any = None                   # the local trainer's settings
+    profiles: Sequence[Any] = ()          # each client's resource tier (``federation.client_profiles``) or None
 
 
 class SharingPolicy(Protocol):
@@ -50,8 +52,12 @@ class SharingPolicy(Protocol):
 
     def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]: ...
 
-    def check(self, reply: Message) -> None:
-        """Policy-specific consistency of a reply (raise ValueError to reject it)."""
+    def for_client(self, tensors: Params, client: int, state: Message) -> Params:
+        """The shared tensors as client ``client`` receives them (e.g. truncated to its LoRA rank)."""
+        ...
+
+    def check(self, reply: Message, client: int, state: Message) -> None:
+        """Policy-specific consistency of client ``client``'s reply (raise ValueError to reject it)."""
         ...
 
     def expand(self, update: Update, shared: Params) -> Update:
@@ -88,6 +94,7 @@ class ShareAll:
     adapters: frozenset[str] | None = None  # adapters whose tensors this policy understands (None: any)
     dtypes: dict[str, Any] = {}             # reply tensors it adds that are not floats (e.g. head ids)
     provides: frozenset[str] = frozenset()  # auxiliary values its clients upload (aggregators may read them)
+    per_client: bool = False                # clients receive different tensors (``for_client`` is not identity)
 
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         self.settings, self.ctx = settings, ctx
@@ -115,7 +122,10 @@ class ShareAll:
     def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]:
         return dict(update)
 
-    def check(self, reply: Message) -> None:
+    def for_client(self, tensors: Params, client: int, state: Message) -> Params:
+        return tensors
+
+    def check(self, reply: Message, client: int, state: Message) -> None:
         pass
 
     def expand(self, update: Update, shared: Params) -> Update:

@@ -196,7 +196,7 @@ class HeadPruning(ShareAll):
         selection can be audited from the run records."""
         return {"kept_head_ids": [int(h) for h in reply.tensors[HEADS].tolist()]}
 
-    def check(self, reply: Message) -> None:
+    def check(self, reply: Message, client: int, state: Message) -> None:
         """The kept slices' sizes must be what the kept head ids imply (else the reply is rejected)."""
         heads = reply.tensors[HEADS].tolist()
         if len(set(heads)) != len(heads) or any(not 0 <= h < self.num_heads for h in heads):

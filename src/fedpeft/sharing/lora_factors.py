@@ -15,13 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from fedpeft.comm.codec import Message
+from fedpeft.comm.lora_pairs import A, B
 from fedpeft.comm.update import Params
 from fedpeft.lazy import lazy
 from fedpeft.sharing.base import SHARING, ShareAll
 
 torch = lazy("torch")
-
-A, B = ".lora_A.weight", ".lora_B.weight"
 
 
 class FrozenA(ShareAll):

@@ -11,6 +11,7 @@ scores a set and subsets of it from one pass (the global test set and the client
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -25,6 +26,8 @@ from fedpeft.lazy import lazy, no_grad
 from fedpeft.registry import Registry
 
 torch = lazy("torch")
+
+Penalty = Callable[[Params], "torch.Tensor"]  # a differentiable term of the trained tensors added to the loss
 F = lazy("torch.nn.functional")
 
 PARAMS, DISTRIBUTION, NONE = "params", "distribution", "none"
@@ -57,9 +60,10 @@ class LocalTrainer(Protocol):
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
             state: Params, frozen: dict[str, torch.Tensor] | None = None,
-            static: Params | None = None) -> tuple[Update, Params]:
+            static: Params | None = None, penalty: Penalty | None = None) -> tuple[Update, Params]:
         """Train from ``params`` (entries where ``frozen`` is True keep their values; ``static`` backbone weights
-        replace the frozen ones in this client's forwards); returns the update and the trainer's new client state."""
+        replace the frozen ones in this client's forwards; ``penalty`` of the trained tensors is added to the loss);
+        returns the update and the trainer's new client state."""
         ...
 
     def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:

@@ -161,9 +161,9 @@ class CMAESTrainer(TrainerBase):
         return self._perturb_data
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
-            state: Params, frozen=None, static=None) -> tuple[Update, Params]:
+            state: Params, frozen=None, static=None, penalty=None) -> tuple[Update, Params]:
         """C1-C10: local CMA-ES from the global (m, sigma, C); upload z^k, the loss and sigmas or (sigma, C)."""
-        if frozen or static:
+        if frozen or static or penalty:
             raise ValueError("method.trainer.name: 'cmaes' searches the whole of z; it cannot freeze parts of it")
         s = self.settings
         start = CMAState(_f64(params[Z]), float(instruction.scalars["sigma"]), cov_from(instruction.tensors, self.d))

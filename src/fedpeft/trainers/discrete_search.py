@@ -150,8 +150,8 @@ class DiscreteSearchTrainer(TrainerBase):
     # ---------------------------------------------------------------- local search
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
-            state: Params, frozen=None, static=None) -> tuple[Update, Params]:
-        if frozen or static:
+            state: Params, frozen=None, static=None, penalty=None) -> tuple[Update, Params]:
+        if frozen or static or penalty:
             raise ValueError("method.trainer.name: 'discrete_search' searches whole rows; it cannot freeze parts")
         vocab = self.vocabulary()
         box = self._box(self.settings.max_rows, client)

@@ -16,7 +16,7 @@ class NoTraining(TrainerBase):
         return Message()  # nothing to train from: the instruction is the round number only
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
-            state: Params, frozen=None, static=None) -> tuple[Update, Params]:
+            state: Params, frozen=None, static=None, penalty=None) -> tuple[Update, Params]:
         return Update(client.client_id, {}, client.num_examples), {}
 
     def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:

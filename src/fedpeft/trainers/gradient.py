@@ -26,7 +26,7 @@ from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy
 from fedpeft.rng import torch_rng
-from fedpeft.trainers.base import PARAMS, TRAINERS, TrainerBase
+from fedpeft.trainers.base import PARAMS, TRAINERS, Penalty, TrainerBase
 
 torch = lazy("torch")
 F = lazy("torch.nn.functional")
@@ -89,13 +89,15 @@ def _load_flat_state(opt: torch.optim.Optimizer, names: list[str], flat: dict[st
 def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, cfg: GradientSettings,
                 generator: torch.Generator, optimizer_state: dict[str, torch.Tensor] | None = None,
                 frozen: dict[str, torch.Tensor] | None = None, static: Params | None = None,
-                together: ForwardGather | None = None, client: int = 0) -> TrainResult:
+                together: ForwardGather | None = None, client: int = 0,
+                penalty: Penalty | None = None) -> TrainResult:
     """Train copies of ``params`` on ``data`` (on the classifier's device); shuffling comes from ``generator``.
 
     Entries where ``frozen`` is True get no gradient and are restored after every step (weight decay and
     optimizer state cannot move them: head pruning's frozen slices, spec A4). ``static``: backbone weights that
     replace the frozen ones in every forward of this client (physically pruned heads). ``together``: the group
-    whose forward and backward each step shares (as client ``client``)."""
+    whose forward and backward each step shares (as client ``client``). ``penalty(tensors)`` is added to every
+    step's loss (HetLoRA's tail-norm regulariser)."""
     names = sorted(params)
     work = {k: params[k].detach().to(clf.device, torch.float32).clone().requires_grad_(True) for k in names}
     anchor = {k: v.detach().clone() for k, v in work.items()} if cfg.prox_mu > 0 else None
@@ -117,6 +119,8 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
             loss = clf.loss(outputs, b)
             if anchor is not None:  # FedProx Eq. 2
                 loss = loss + 0.5 * cfg.prox_mu * sum(((work[k] - anchor[k]) ** 2).sum() for k in names)
+            if penalty is not None:
+                loss = loss + penalty(work)
             return loss
 
         opt.zero_grad(set_to_none=True)
@@ -144,6 +148,11 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
 class GradientTrainer(TrainerBase):
     """Local gradient training of every tensor the client starts from; the update is the trained tensors."""
 
+    def settings_for(self, client: ClientContext) -> GradientSettings:
+        """The settings with the client's tier's step cap (``federation.client_profiles[].max_steps``)."""
+        steps = client.profile.max_steps if client.profile is not None else None
+        return self.settings if steps is None else self.settings.model_copy(update={"max_steps": steps})
+
     kind = PARAMS
     scalars = ("train_loss", "steps")
     provides = frozenset(scalars)
@@ -152,10 +161,10 @@ class GradientTrainer(TrainerBase):
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
             state: Params, frozen: dict[str, torch.Tensor] | None = None,
-            static: Params | None = None) -> tuple[Update, Params]:
+            static: Params | None = None, penalty: Penalty | None = None) -> tuple[Update, Params]:
         gen = torch_rng(client.seed, round, client.client_id, "local-train")
-        res = train_local(self.clf, params, client.train, self.optimizer, self.settings, gen, state or None, frozen,
-                          static, client.forward, client.client_id)
+        res = train_local(self.clf, params, client.train, self.optimizer, self.settings_for(client), gen,
+                          state or None, frozen, static, client.forward, client.client_id, penalty)
         update = Update(client.client_id, res.params, client.num_examples,
                         scalars={"train_loss": res.mean_loss, "steps": res.steps})
         return update, (res.optimizer_state or {})
