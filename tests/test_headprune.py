@@ -327,3 +327,34 @@ def test_physically_pruned_run_uploads_the_same_wire_format(tmp_path):
     with pytest.raises(ValueError, match="grouped-query"):
         run_embedded(_cfg(model="tiny-llama", **{"federation.rounds": 1, "method.sharing.mode": "pruned"}),
                      tmp_path / "gqa")
+
+
+def test_per_layer_quota_keeps_the_same_number_in_every_layer_and_the_remainder_by_order():
+    from fedpeft.sharing.head_pruning import kept_heads
+
+    order = [0, 1, 2, 3, 8, 9, 4, 5, 10, 11, 6, 7]  # 3 layers of 4 heads; layer 0's heads score best
+    assert kept_heads(order, 5) == [0, 1, 2, 3, 8]  # one global threshold
+    # ⌊5/3⌋ = 1 per layer (0, 8, 4), then one more in the layers whose next head comes first (1, then 9)
+    assert kept_heads(order, 5, per_layer=4) == [0, 1, 4, 8, 9]
+    assert kept_heads(order, 12, per_layer=4) == list(range(12))
+
+
+@pytest.mark.parametrize("variant", [{"scoring": "lowest"}, {"sinks": "cls_and_eos"}, {"quota": "per_layer"}])
+def test_scoring_variants_keep_other_heads_than_the_papers(variant):
+    """Each variant runs end to end and, on the same data and adapter, keeps another set of heads than Eq. 6-7."""
+    kept = {}
+    for name, extra in (("paper", {}), ("variant", variant)):
+        cfg = _cfg("headprune", **{f"method.sharing.{k}": v for k, v in (extra | {"sparsity": 0.5}).items()})
+        exp = build_experiment(cfg)
+        method = build_method(cfg, exp)
+        inst = method.configure_round(method.server_init(), 1, [0])[0]
+        client = exp.client(0)
+        start = method.sharing.client_params(method.trainer.params_of(inst), {})
+        kept[name] = method.sharing.plan(start, inst, client, 1)["kept"]
+        assert len(kept[name]) == method.sharing.keep
+    assert kept["paper"] != kept["variant"]
+    if variant.get("quota") == "per_layer":
+        per = exp.backbone.model.config.num_attention_heads
+        layers = method.sharing.num_heads // per
+        counts = [sum(h // per == layer for h in kept["variant"]) for layer in range(layers)]
+        assert max(counts) - min(counts) <= 1

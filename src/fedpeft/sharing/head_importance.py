@@ -41,7 +41,11 @@ def confidence(attn: torch.Tensor, query_mask: torch.Tensor, key_mask: torch.Ten
 
 
 def head_confidence(attentions: Sequence[torch.Tensor], query_mask: torch.Tensor, key_ids: torch.Tensor,
-                    key_mask: torch.Tensor, eos_id: int | None) -> torch.Tensor:
-    """Summed confidence per global head (layer·H + h) over the batch's samples, [L·H] (divide by n for Eq. 6)."""
-    keys_ok = key_mask.bool() & ((key_ids != eos_id) if eos_id is not None else True)
+                    key_mask: torch.Tensor, excluded: int | Sequence[int] | None) -> torch.Tensor:
+    """Summed confidence per global head (layer·H + h) over the batch's samples, [L·H] (divide by n for Eq. 6);
+    keys holding an ``excluded`` token id (the end-of-sequence token, optionally also [CLS]) do not count."""
+    ids = [] if excluded is None else [excluded] if isinstance(excluded, int) else list(excluded)
+    keys_ok = key_mask.bool()
+    for i in ids:
+        keys_ok = keys_ok & (key_ids != i)
     return torch.cat([confidence(a, query_mask, keys_ok).sum(0) for a in attentions])

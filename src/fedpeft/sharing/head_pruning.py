@@ -10,6 +10,10 @@ in slice order, plus the kept head ids (int32) and their importances. Tensors th
 linear head) travel in full. The server expands a reply back to full shape (pruned slices = global, so
 their delta is 0) with the importances of pruned heads set to 0, for Eq. 8 (``aggregators.head_weighted``)
 or plain FedAvg (B2, spec A10). The analytic OPs of the client step (spec §2.7) are reported per client.
+
+Variants beside the paper's scoring, to test whether importance beats random pruning: ``scoring: lowest`` keeps the
+least confident heads; ``sinks: cls_and_eos`` also discounts attention to the first token ([CLS]/BOS), which with
+[SEP] absorbs most of a confident head's attention; ``quota: per_layer`` keeps the same number in every layer.
 """
 
 from __future__ import annotations
@@ -38,8 +42,15 @@ HEADS, ALPHA = "heads", "head_alpha"  # reply tensors: kept head ids, their impo
 class HeadPruningSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     sparsity: float = Field(0.9, ge=0, lt=1, description="s: share of all attention heads pruned per client")
-    scoring: Literal["importance", "random", "none"] = Field(
-        "importance", description="importance (Eq. 6 confidence), random (B2 baseline), none (dense: keep all)")
+    scoring: Literal["importance", "lowest", "random", "none"] = Field(
+        "importance", description="importance (Eq. 6 confidence: the most confident heads kept), lowest (the least "
+                                  "confident kept, a control), random (B2 baseline), none (dense: keep all)")
+    sinks: Literal["eos", "cls_and_eos"] = Field(
+        "eos", description="key tokens whose attention does not count as confidence: the end-of-sequence token "
+                           "([SEP]; the paper), or also the first token ([CLS] / BOS), the other attention sink")
+    quota: Literal["global", "per_layer"] = Field(
+        "global", description="one threshold over all heads (Eq. 7), or the same number of kept heads in every "
+                              "layer (the remainder to the layers whose next head scores best)")
     importance_batches: int | None = Field(None, ge=1, description="cap on local batches of the importance pass")
     importance_batch_size: int = Field(32, ge=1, description="examples per batch of the importance pass")
     mode: Literal["lora_only", "masked", "pruned"] = Field(
@@ -50,6 +61,27 @@ class HeadPruningSettings(BaseModel):
 def n_keep(sparsity: float, num_heads: int) -> int:
     """Kept heads: ⌈(1 − s)·N⌉, at least 1 (T5-small, s = 0.9: 15 of 144 heads, the paper's 1.86 MB)."""
     return max(1, min(num_heads, math.ceil((1 - sparsity) * num_heads - 1e-9)))
+
+
+def kept_heads(order: list[int], keep: int, per_layer: int | None = None) -> list[int]:
+    """The first ``keep`` heads of ``order`` (best first; Eq. 7's global threshold), or with ``per_layer`` heads
+    in each layer (ids l·H + h) the best ⌊keep / L⌋ of every layer plus one more in the layers whose next head
+    comes first in ``order``, sorted."""
+    if per_layer is None:
+        return sorted(order[:keep])
+    layers = len(order) // per_layer
+    base, taken, out = keep // layers, [0] * layers, []
+    for h in order:
+        if taken[h // per_layer] < base:
+            taken[h // per_layer] += 1
+            out.append(h)
+    for h in order:  # the remainder: at most one more head per layer, in order
+        if len(out) == keep:
+            break
+        if h not in out and taken[h // per_layer] == base:
+            taken[h // per_layer] += 1
+            out.append(h)
+    return sorted(out)
 
 
 def kept_slices(slices: HeadSlices, kept: set[int]) -> dict[str, list[int]]:
@@ -74,7 +106,7 @@ class HeadPruning(ShareAll):
     @classmethod
     def side_by_side(cls, settings: HeadPruningSettings) -> bool:
         """Not while scoring importance: reading attentions switches the shared model to eager attention."""
-        return settings.scoring != "importance"
+        return settings.scoring not in ("importance", "lowest")
 
     def __init__(self, settings: HeadPruningSettings, ctx: SharingContext) -> None:
         super().__init__(settings, ctx)
@@ -101,6 +133,8 @@ class HeadPruning(ShareAll):
         clf, data = self.ctx.classifier, client.train
         tok = clf.backbone.tokenizer
         eos = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
+        first = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
+        excluded = [i for i in (eos, first if self.settings.sinks == "cls_and_eos" else None) if i is not None]
         total = torch.zeros(self.num_heads, dtype=torch.float64)
         bs = self.settings.importance_batch_size
         starts = list(range(0, len(data), bs))[: self.settings.importance_batches]
@@ -110,16 +144,17 @@ class HeadPruning(ShareAll):
             attn, prep = clf.attentions(params, batch)
             keys = prep.extra.get("attention_mask", prep.attention_mask)
             ids = key_token_ids(batch["input_ids"], keys.shape[1], prep.insert_at, prep.inserted)
-            total += head_confidence(attn, prep.attention_mask, ids, keys, eos).double().cpu()
+            total += head_confidence(attn, prep.attention_mask, ids, keys, excluded).double().cpu()
             seen += batch["input_ids"].shape[0]
         return total / max(seen, 1)
 
     def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> dict[str, Any]:
         """Eq. 7 before training: the kept heads, their importances, and the frozen mask of pruned slices."""
         s = self.settings
-        if s.scoring == "importance":
+        if s.scoring in ("importance", "lowest"):
             alpha = self.importance(start, client)
-            order = sorted(range(self.num_heads), key=lambda h: (-float(alpha[h]), h))
+            sign = -1.0 if s.scoring == "importance" else 1.0
+            order = sorted(range(self.num_heads), key=lambda h: (sign * float(alpha[h]), h))
         elif s.scoring == "random":
             alpha = torch.ones(self.num_heads, dtype=torch.float64)
             gen = torch_rng(client.seed, round, client.client_id, "random-heads")
@@ -127,7 +162,8 @@ class HeadPruning(ShareAll):
         else:
             alpha = torch.ones(self.num_heads, dtype=torch.float64)
             order = list(range(self.num_heads))
-        kept = sorted(order[: self.keep])
+        per_layer = int(self.ctx.classifier.backbone.model.config.num_attention_heads) if s.quota == "per_layer" else None
+        kept = kept_heads(order, self.keep, per_layer)
         frozen = {}
         keep_set = set(kept)
         for name, spec in self.slices.items():
