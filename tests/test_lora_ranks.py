@@ -1,6 +1,6 @@
 """Clients of different LoRA ranks: resource tiers (``federation.client_profiles``), the ``ranks`` sharing policy
 (truncated download, zero-padded upload), HetLoRA's sparsity-weighted aggregation and self-pruning, FlexLoRA's
-SVD redistribution: each rule on small hand-made tensors, then whole runs."""
+SVD redistribution, FLoRA's stacking: each rule on small hand-made tensors, then whole runs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from conftest import tiny_overrides
 
 from fedpeft.aggregators.flexlora import FlexLoRA, svd_factors
 from fedpeft.aggregators.hetlora import HetLoRA, sparsity_weights
+from fedpeft.aggregators.stacking import compact, stack
 from fedpeft.build import build_method
 from fedpeft.comm.codec import Message, decode, encode
 from fedpeft.comm.lora_pairs import A, B, pad, products, rank_mask, truncate
@@ -110,6 +111,22 @@ def test_tail_score_is_the_sum_of_products_of_the_tail_norms():
     p = _lora(g, 4)
     want = sum(float(p[m + B][:, 3:].norm() * p[m + A][3:].norm()) for m in ("m1", "m2"))
     assert float(tail_score(p, [(f"m1{A}", f"m1{B}"), (f"m2{A}", f"m2{B}")], 3, 4)) == pytest.approx(want)
+
+
+def test_stacking_adds_the_weighted_products_exactly_and_compaction_keeps_them():
+    g = torch.Generator().manual_seed(6)
+    glob = _lora(g, 2)
+    ups = [_lora(g, r) for r in (1, 3)]
+    new = stack(glob, ups, [1.0, 3.0])
+    assert new[f"m1{A}"].shape == (6, 5) and new[f"m1{B}"].shape == (4, 6)
+    for m in ("m1", "m2"):  # B A + Σ p_k B_k A_k, p = (1/4, 3/4), with no cross terms
+        want = products(glob)[m] + 0.25 * products(ups[0])[m] + 0.75 * products(ups[1])[m]
+        torch.testing.assert_close(products(new)[m], want, rtol=1e-5, atol=1e-5)
+    small = compact(new)  # 6 rows > D = min(4, 5): re-factorised exactly at rank 4
+    assert small[f"m1{A}"].shape == (4, 5) and small[f"m1{B}"].shape == (4, 4)
+    for m in ("m1", "m2"):
+        torch.testing.assert_close(products(small)[m], products(new)[m], rtol=1e-5, atol=1e-5)
+    assert compact(glob) is glob  # 2 rows: nothing to do
 
 
 # ---------------------------------------------------------------- runs with resource tiers
@@ -241,3 +258,82 @@ def test_a_tiered_run_on_flower_sim_matches_embedded(tmp_path):
     skip = TIMING_FIELDS + ("flower_record_bytes", "model_loads")
     strip = lambda rs: [{k: v for k, v in r.items() if k not in skip} for r in rs]  # noqa: E731
     assert strip(RunDir(tmp_path / "sim").read_metrics()) == strip(RunDir(tmp_path / "embedded").read_metrics())
+
+
+def test_flora_clients_train_a_fresh_lora_over_the_frozen_stack_and_upload_it_alone():
+    cfg = _cfg("flora", **{"method.trainer.weight_decay": 0.1})
+    exp, method, state, inst = _round_one(cfg)
+    glob = ServerState.from_message(state).glob
+    schema = method.reply_schema(state)
+    replies = {}
+    for c in range(4):
+        client = exp.client(c)
+        start = method.sharing.client_params(method.trainer.params_of(inst[c]), {})
+        plan = method.sharing.plan(start, inst[c], client, 1)
+        rank = exp.profiles[c].rank
+        update, _ = method.trainer.fit(plan["params"], inst[c], client, 1, {}, frozen=plan["frozen"])
+        for k, v in update.tensors.items():  # the stack is frozen, the fresh block (A drawn anew, B = 0) trained
+            if k.endswith(A):
+                assert torch.equal(v[:8], glob[k]) and v.shape == (8 + rank, 32) and v[8:].ne(0).any()
+            elif k.endswith(B):
+                assert torch.equal(v[:, :8], glob[k]) and v[:, 8:].ne(0).any()
+        reply = decode(encode(method.client_update(inst[c], client), method.wire))
+        validate_reply(reply, schema, c)
+        assert {tuple(v.shape) for k, v in reply.tensors.items() if k.endswith(A)} == {(rank, 32)}
+        replies[c] = reply
+    small = next(c for c in range(4) if exp.profiles[c].rank == 2)
+    large = next(c for c in range(4) if exp.profiles[c].rank == 8)
+    with pytest.raises(InvalidReply, match="rank"):
+        validate_reply(replies[small], schema, large)
+    new = ServerState.from_message(method.aggregate(state, 1, replies)).glob
+    n = {c: float(len(exp.client(c).train)) for c in range(4)}
+    ups = {c: {k: v.float() for k, v in replies[c].tensors.items()} for c in range(4)}
+    for m in products(glob):  # exact: the global product gains Σ_k (n_k / N) B_k A_k
+        want = products(glob)[m] + sum(n[c] / sum(n.values()) * products(ups[c])[m] for c in range(4))
+        torch.testing.assert_close(products(new)[m], want, rtol=1e-4, atol=1e-6)
+
+
+def test_flora_runs_with_tiers_resumes_and_exports_its_grown_stack_for_peft(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModel
+    from typer.testing import CliRunner
+
+    from fedpeft.cli import app
+    from fedpeft.predict import open_model
+
+    cfg = _cfg("flora", **{"federation.rounds": 2})
+    exp = build_experiment(cfg)
+    run_embedded(cfg, tmp_path / "full", experiment=exp)
+    with pytest.raises(StopAfterRound):
+        run_embedded(cfg, tmp_path / "cut", experiment=exp, stop_after_round=1)
+    run_embedded(cfg, tmp_path / "cut", experiment=exp, resume=True)
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]  # noqa: E731
+    full = RunDir(tmp_path / "full").read_metrics()
+    assert strip(RunDir(tmp_path / "cut").read_metrics()) == strip(full)
+    assert full[1]["bytes_down"] > full[0]["bytes_down"]  # the stack (and its download) grew
+    res = CliRunner().invoke(app, ["export", str(tmp_path / "full"), str(tmp_path / "peft")])
+    assert res.exit_code == 0, res.output
+    params = open_model(tmp_path / "full").params
+    assert {tuple(v.shape) for k, v in params.items() if k.endswith(A)} == {(32, 32)}  # compacted to D = 32
+    bb = exp.backbone
+    state = {k.replace(".base_layer.", "."): v for k, v in bb.model.state_dict().items() if "lora_" not in k}
+    base = AutoModel.from_config(AutoConfig.for_model(**bb.model.config.to_dict()))
+    base.load_state_dict(state, strict=False)
+    peft_model = PeftModel.from_pretrained(base.eval(), tmp_path / "peft")
+    batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
+    with torch.no_grad():
+        ours = exp.classifier.hidden_states(params, batch)[-1]
+        theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            output_hidden_states=True).hidden_states[-1]
+    assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"method.aggregator.name": "fedavg"}, "sharing 'stacking' uploads what only stack can combine"),
+    ({"method.sharing.name": "all"}, "'stack' reads \\['fresh_lora'\\]"),
+])
+def test_stacking_and_its_aggregator_go_together(over, match):
+    from fedpeft.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=match):
+        _cfg("flora", tiers=[], **over)

@@ -92,7 +92,14 @@ def _json(value):
 
 
 def _lora(model: TrainedModel, glob):
+    """PEFT's LoRA config at the rank the tensors have (FLoRA's stack grows beyond the adapter's r), with alpha
+    scaled alike so that PEFT's alpha / r is the scaling the run used."""
+    from fedpeft.comm.lora_pairs import rank_of
+
     peft_config = model.classifier.adapter.peft_config(model.classifier.backbone)
+    rank = rank_of({k: v for k, v in glob.items() if ".lora_" in k})
+    if rank is not None and rank != peft_config.r:
+        peft_config.lora_alpha, peft_config.r = peft_config.lora_alpha * rank / peft_config.r, rank
     return peft_config, {PEFT_PREFIX + k: v for k, v in glob.items() if ".lora_" in k}
 
 

@@ -16,6 +16,7 @@ from fedpeft.aggregators import (  # noqa: F401  (registration)
     momentum_cv,
     outlier_filter,
     server_cmaes,
+    stacking,
     trimmed_mean,
 )
 

@@ -98,6 +98,9 @@ def check_combination(cfg: ExperimentConfig) -> None:
     if missing:
         raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' reads {sorted(missing)} from every client, "
                          f"which neither trainer '{m.trainer.name}' nor sharing '{m.sharing.name}' uploads")
+    if policy.aggregators is not None and m.aggregator.name not in policy.aggregators:
+        raise ValueError(f"method.aggregator.name: sharing '{m.sharing.name}' uploads what only "
+                         f"{' or '.join(sorted(policy.aggregators))} can combine, not '{m.aggregator.name}'")
     if policy.adapters is not None and m.adapter.name not in policy.adapters:
         raise ValueError(f"method.sharing.name: '{m.sharing.name}' shares the layers of "
                          f"{' or '.join(sorted(policy.adapters))}, not of the adapter '{m.adapter.name}'")
@@ -121,8 +124,8 @@ def check_profiles(cfg: ExperimentConfig) -> None:
     policy = SHARING.get(m.sharing.name)
     for i, p in enumerate(cfg.federation.client_profiles):
         where = f"federation.client_profiles.{i}"
-        if p.rank is not None and not policy.per_client:
-            ranked = sorted(n for n in SHARING.names() if SHARING.get(n).per_client)
+        if p.rank is not None and not policy.ranked:
+            ranked = sorted(n for n in SHARING.names() if SHARING.get(n).ranked)
             raise ValueError(f"{where}.rank: sharing '{m.sharing.name}' sends every client the same tensors; clients "
                              f"of different LoRA ranks need method.sharing.name: {' or '.join(ranked)}")
         r = getattr(m.adapter.typed_settings, "r", None)

@@ -8,6 +8,8 @@ trainer: r = 16 on q/k/v, AdamW), so that they differ from it in the sharing pol
   factors averaged by the norm of B·A (``aggregators.hetlora``), rank self-pruning.
 - ``flexlora``: FlexLoRA (Bai et al., NeurIPS 2024): the same clients, the server averages B·A and re-factorises it
   by SVD (``aggregators.flexlora``); each client takes the leading components at its rank.
+- ``flora``: FLoRA (Wang et al., NeurIPS 2024): clients merge the stacked global LoRA and train a fresh one at
+  their rank; the server stacks the fresh factors (``aggregators.stacking``): exact, its download grows.
 
 The tiers are a federation setting, e.g. three ranks under the global r = 16::
 
@@ -36,3 +38,7 @@ preset("hetlora", "HetLoRA: clients at their tiers' LoRA ranks (federation.clien
 preset("flexlora", "FlexLoRA: clients at their tiers' LoRA ranks; the server averages B·A and hands each client the "
        "rank-r_k truncated SVD",
        adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "flexlora"}, sharing={"name": "ranks"})
+preset("flora", "FLoRA: clients merge the stacked global LoRA and train a fresh LoRA at their tiers' ranks; the "
+       "server stacks them (exact aggregation of any mix of ranks)",
+       adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "stack"},
+       sharing={"name": "stacking"})

@@ -6,6 +6,7 @@ from fedpeft.sharing import (  # noqa: F401  (registration)
     layer_selection,
     lora_factors,
     lora_ranks,
+    lora_stacking,
     private,
 )
 

@@ -95,6 +95,8 @@ class ShareAll:
     dtypes: dict[str, Any] = {}             # reply tensors it adds that are not floats (e.g. head ids)
     provides: frozenset[str] = frozenset()  # auxiliary values its clients upload (aggregators may read them)
     per_client: bool = False                # clients receive different tensors (``for_client`` is not identity)
+    ranked: bool = False                    # trains each client at its tier's LoRA rank (client_profiles[].rank)
+    aggregators: frozenset[str] | None = None  # the aggregators that can combine its replies (None: any)
 
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         self.settings, self.ctx = settings, ctx

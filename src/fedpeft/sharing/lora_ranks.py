@@ -51,6 +51,7 @@ class RankSettings(BaseModel):
 class RankTiers(ShareAll):
     adapters = frozenset({"lora"})
     per_client = True
+    ranked = True
 
     def __init__(self, settings: RankSettings, ctx: SharingContext) -> None:
         super().__init__(settings, ctx)
