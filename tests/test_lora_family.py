@@ -159,3 +159,15 @@ def test_fedsa_lora_exports_each_clients_own_adapter_for_peft(tmp_path):
                             output_hidden_states=True).hidden_states[-1]
         plain = exp.classifier.hidden_states(open_model(tmp_path / "run").params, batch)[-1]
     assert torch.allclose(ours, theirs, atol=1e-5) and not torch.allclose(ours, plain, atol=1e-4)
+
+
+@pytest.mark.parametrize("preset, factor", [("ffa-lora", A), ("fedsa-lora", B)])
+def test_a_linear_task_head_is_shared_and_averaged_beside_the_shared_factor(preset, factor):
+    exp, method, state, inst, replies, ctxs, new = _one_round(_cfg(preset, **{"model.readout": "linear"}))
+    init = method.initial_params()
+    head = sorted(k for k in init if not k.endswith((A, B)))
+    assert head  # the linear readout's weight and bias
+    for reply in replies.values():
+        assert sorted(reply.tensors) == sorted(k for k in init if not k.endswith(factor))
+    g = ServerState.from_message(new).glob
+    assert all(not torch.equal(g[k], init[k]) for k in head)  # trained and averaged: the global head moved

@@ -8,6 +8,8 @@
 - ``fedsa`` (FedSA-LoRA, Guo et al., ICLR 2025, Sec. 4.2): A is trained and averaged (it learns what the clients
   share), B is trained and kept on each device (what is client-specific): each client's model is B_k·Ā, scored on
   its own test shard; the global B stays at its initial zeros, so the global model alone is the frozen backbone.
+
+Tensors that are not LoRA factors (a linear task head) are trained and averaged by both, as in FedAvg.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class FrozenA(ShareAll):
     adapters = frozenset({"lora"})
 
     def shared(self, glob: Params, state: Message, round: int) -> list[str]:
-        return sorted(k for k in glob if k.endswith(B))
+        """B and any tensor that is not a LoRA factor (a linear task head), averaged as in FedAvg."""
+        return sorted(k for k in glob if not k.endswith(A))
 
     def client_params(self, received: Params, private: Params) -> Params:
         return self.ctx.initial_params() | received
@@ -44,7 +47,8 @@ class PersonalB(ShareAll):
     adapters = frozenset({"lora"})
 
     def shared(self, glob: Params, state: Message, round: int) -> list[str]:
-        return sorted(k for k in glob if k.endswith(A))
+        """A and any tensor that is not a LoRA factor (a linear task head), averaged as in FedAvg."""
+        return sorted(k for k in glob if not k.endswith(B))
 
     def client_params(self, received: Params, private: Params) -> Params:
         """Ā from the server, the device's own B (its initial zeros until it first trains)."""
