@@ -14,7 +14,7 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 def bench(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     yield
-    for name in ("runner", "fedbpt", "fedbpt_arms", "fedbpt_report", "generation", "flowertune"):
+    for name in ("runner", "fedbpt", "fedbpt_arms", "fedbpt_report", "generation", "flowertune", "lora_family"):
         sys.modules.pop(name, None)
 
 
@@ -84,3 +84,31 @@ def test_the_flowertune_comparison_runs_fedit_on_both_runtimes(bench):
         assert (cfg.method.name, cfg.runtime.name, cfg.federation.num_clients) == ("fedit", runtime, args.clients)
         assert (cfg.method.adapter.r, cfg.method.adapter.lora_alpha) == (args.r, args.alpha)  # the template's LoRA
         assert cfg.method.trainer.max_steps == args.steps and cfg.method.trainer.lr == args.lr
+
+
+@pytest.mark.parametrize("argv", [[], ["--full", "--device", "cuda"]])
+def test_every_lora_family_job_resolves_and_the_empty_table_renders(bench, tmp_path, argv):
+    from lora_family import FAMILY, GENERATION, HEADPRUNE, job_name, overrides, parse, plan, render
+
+    from fedpeft.resolve import load_config
+
+    args = parse([*argv, "--runs-dir", str(tmp_path), "--results", str(tmp_path / "f.md"), "--notes",
+                  str(tmp_path / "none.md"), "--generation-runs", str(tmp_path / "gen")])
+    jobs = plan(args)
+    family = len(args.family_tasks) * len(args.family_partitions) * len(FAMILY)
+    assert len({job_name(*j) for j in jobs}) == len(jobs) == 3 * (family + 2 * len(HEADPRUNE) + len(GENERATION))
+    for part, task, partition, arm, seed in jobs:
+        cfg = load_config(None, overrides(args, part, task, partition, arm, seed))
+        assert (cfg.task.name, cfg.seed) == (task, seed)
+        tiered = "4/8/16" in arm
+        assert [p.rank for p in cfg.federation.client_profiles] == ([4, 8, 16] if tiered else [])
+        if part == "generation":
+            assert cfg.model.name == "smollm2" and cfg.method.adapter.target_modules == ["all-linear"]
+            continue
+        assert cfg.model.name == "minilm" and cfg.federation.num_clients == args.clients
+        if cfg.method.adapter.name == "lora":  # one LoRA scaling alpha / r = 2 in every arm
+            assert cfg.method.adapter.lora_alpha / cfg.method.adapter.r == 2
+        if part == "headprune":
+            assert cfg.method.sharing.name == "head_pruning" and cfg.federation.partition.scheme == "iid"
+    table = render(args).read_text()
+    assert table.count("| 0/3 |") == len(jobs) // 3 + 3  # every arm unfinished, and the generation rows read back

@@ -1,0 +1,317 @@
+"""The federated LoRA family side by side (benchmarks/results/lora_family.md): the same data, partition, initial
+adapter and byte count for FedAvg-LoRA, FFA-LoRA, FedSA-LoRA, HetLoRA, FlexLoRA, FLoRA and head-pruned LoRA, with
+full fine-tuning and FedPrompt's soft prompt as reference points; head pruning's scoring variants; the generation
+arms on WebNLG.
+
+Criteria, fixed before the runs:
+- classification (``family``): MiniLM with a linear task head, ``--clients`` clients (``--per-round`` a round),
+  Dirichlet 0.5 label skew (IID in the full grid), ``--rounds`` rounds; the tiered arms put a third of the clients at
+  each LoRA rank 4 / 8 / 16 (seeded, the same clients in every tiered arm of a seed); the homogeneous arms train
+  rank 4 (the smallest tier: what every client can afford) or 16 (the upper bound). LoRA scaling alpha / r = 2
+  everywhere. Reported: the final round's global test accuracy (never the best round) and the mean of the clients'
+  accuracies on their own test shards (personalised: FedSA-LoRA's own B, each tier's own rank, local-only's own
+  adapter), bytes up and down per client-round from the codec, and the upload spent until the global accuracy
+  first reaches 95 % of FedAvg-LoRA r = 16's final accuracy of the same seed. Baselines: the majority class and the
+  per-client majority (each client predicts its training shard's majority on its test shard).
+- head pruning (``headprune``): IID, s = 0.9, random client selection, Eq. 8 aggregation; the paper's confidence
+  score against random heads, the lowest-confidence heads, [CLS] and [SEP] both discounted, a per-layer quota;
+  paired by seed (same partition, adapter and client sample).
+- generation (``generation``): SmolLM2-135M-Instruct on WebNLG's 10 category clients at the generation benchmark's
+  budget (``benchmarks/generation.py``; its FedAvg-LoRA = fedit, zero-shot and local-only rows are read from its
+  runs), LoRA r = 16 on every linear layer; BLEU on the seen / unseen test categories, final round.
+- >= 3 paired seeds; each row says how many are done and on which device.
+
+    python benchmarks/lora_family.py --runs-dir runs/lora_family --workers 2      # CPU cut, resumable
+    python benchmarks/lora_family.py --runs-dir runs/lora_family --render-only    # rewrite the table
+    python benchmarks/lora_family.py --full --device cuda --workers 8             # the full grid, for a GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from runner import mean_std, paired_cell, run_config, run_pool
+
+TIERS = "federation.client_profiles=[{name: small, share: 0.34, rank: 4}, {name: medium, share: 0.33, rank: 8}, " \
+        "{name: large, share: 0.33, rank: 16}]"
+FAMILY = {  # label -> overrides on top of the preset
+    "local-only LoRA r=16": ["method.name=local-only", "method.adapter.name=lora", "method.adapter.r=16",
+                             "method.adapter.lora_alpha=32.0"],
+    "FedAvg-LoRA r=4 (all at the smallest rank)": ["method.name=fedavg-lora", "method.adapter.r=4",
+                                                   "method.adapter.lora_alpha=8.0"],
+    "FedAvg-LoRA r=16 (all at the largest rank)": ["method.name=fedavg-lora"],
+    "FFA-LoRA r=16": ["method.name=ffa-lora"],
+    "FedSA-LoRA r=16": ["method.name=fedsa-lora"],
+    "HetLoRA 4/8/16": ["method.name=hetlora", TIERS],
+    "FlexLoRA 4/8/16": ["method.name=flexlora", TIERS],
+    "FLoRA 4/8/16": ["method.name=flora", TIERS],
+    "head-pruned LoRA r=16, s=0.9": ["method.name=headprune-rand-cs"],
+    "full fine-tuning (fedavg-full)": ["method.name=fedavg-full"],
+    "soft prompt (fedprompt)": ["method.name=fedprompt"],
+}
+OWN_LR = ("full fine-tuning (fedavg-full)", "soft prompt (fedprompt)")  # keep their presets' learning rates
+REFERENCE = "FedAvg-LoRA r=16 (all at the largest rank)"
+HEADPRUNE = {
+    "confidence, Eq. 6-7 (paper)": [],
+    "random heads": ["method.sharing.scoring=random"],
+    "lowest confidence": ["method.sharing.scoring=lowest"],
+    "[CLS] and [SEP] discounted": ["method.sharing.sinks=cls_and_eos"],
+    "per-layer quota": ["method.sharing.quota=per_layer"],
+}
+GENERATION = {  # on top of generation.py's fedit run
+    "FFA-LoRA": ["method.sharing.name=ffa"],
+    "FedSA-LoRA": ["method.sharing.name=fedsa"],
+    "HetLoRA 4/8/16": ["method.sharing.name=ranks", "method.sharing.self_prune=true", "method.aggregator.name=hetlora",
+                       TIERS],
+    "FlexLoRA 4/8/16": ["method.sharing.name=ranks", "method.aggregator.name=flexlora", TIERS],
+    "FLoRA 4/8/16": ["method.sharing.name=stacking", "method.aggregator.name=stack", TIERS],
+}
+FROM_GENERATION = {"zero-shot (round 0 of fedit)": "fedit (LoRA all-linear, FedAvg)",
+                   "FedAvg-LoRA (fedit)": "fedit (LoRA all-linear, FedAvg)", "local-only LoRA": "local-only LoRA"}
+TASKS = {"agnews": 64, "20ng": 128, "mnli": 96}  # max_length
+PARTITIONS = {"iid": ["federation.partition.scheme=iid"],
+              "dir0.5": ["federation.partition.scheme=dirichlet", "federation.partition.alpha=0.5",
+                         "federation.partition.min_size=8"]}
+
+
+def job_name(part: str, task: str, partition: str, arm: str, seed: int) -> str:
+    slug = "".join(ch if ch.isalnum() else "-" for ch in arm.lower()).strip("-")
+    return f"{part}__{task}__{partition}__{slug}__s{seed}"
+
+
+def overrides(args, part: str, task: str, partition: str, arm: str, seed: int) -> list[str]:
+    if part == "generation":
+        import generation
+
+        return generation.overrides(generation.parse([]), "webnlg", "fedit (LoRA all-linear, FedAvg)", seed) \
+            + GENERATION[arm]
+    arms = FAMILY if part == "family" else HEADPRUNE
+    method = arms[arm] if part == "family" else ["method.name=headprune-rand-cs", *arms[arm]]
+    lr = [] if arm in OWN_LR else [f"method.trainer.lr={args.lr}"]
+    return [f"task.name={task}", f"task.max_train={args.max_train}", f"task.max_test={args.max_test}",
+            f"task.max_length={TASKS[task]}", "model.name=minilm", "model.readout=linear", f"seed={seed}",
+            f"federation.num_clients={args.clients}", f"federation.clients_per_round={args.per_round}",
+            f"federation.rounds={args.rounds}", f"evaluation.every={args.eval_every}", "evaluation.batch_size=128",
+            "runtime.progress=false", f"runtime.threads={args.threads}", f"runtime.device={args.device}",
+            *PARTITIONS[partition], *method, *lr, f"method.trainer.batch_size={args.batch}"]
+
+
+def plan(args) -> list[tuple[str, str, str, str, int]]:
+    jobs = []
+    for s in args.seeds:
+        if "family" in args.parts:
+            jobs += [("family", t, p, a, s) for t in args.family_tasks for p in args.family_partitions for a in FAMILY]
+        if "headprune" in args.parts:
+            jobs += [("headprune", t, "iid", a, s) for t in args.headprune_tasks for a in HEADPRUNE]
+        if "generation" in args.parts:
+            jobs += [("generation", "webnlg", "category", a, s) for a in GENERATION]
+    return jobs
+
+
+def run_job(args, *job) -> str:
+    return run_config(Path(args.runs_dir) / job_name(*job), overrides(args, *job))
+
+
+# ---------------------------------------------------------------- the results file
+
+
+def _records(out: Path) -> tuple[list[dict], dict] | None:
+    if not (out / "summary.json").exists():
+        return None
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in recs if r["round"] > 0], json.loads((out / "summary.json").read_text())
+
+
+def _row(out: Path) -> dict | None:
+    loaded = _records(out)
+    if loaded is None:
+        return None
+    recs, summary = loaded
+    up, curve = 0.0, []
+    for r in recs:  # cumulative upload after each round, beside the accuracy reached then
+        up += r["bytes_up"]
+        if r.get("accuracy") is not None:
+            curve.append((r["accuracy"], up))
+    return {"final": recs[-1]["accuracy"], "local": recs[-1].get("local_accuracy"), "curve": curve,
+            "up": summary["bytes_up_per_client_round"], "down": summary["bytes_down_per_client_round"],
+            "hist": summary["label_histograms"], "device": _device(out)}
+
+
+def _device(out: Path) -> str:
+    import yaml
+
+    return str(yaml.safe_load((out / "config.yaml").read_text())["runtime"]["device"])
+
+
+def _devices(done: dict) -> str:
+    return ", ".join(sorted({r["device"] for r in done.values()}))
+
+
+def majorities(hist: dict) -> tuple[float, float, int]:
+    """(majority class, per-client majority, test size) from a run's per-client label histograms."""
+    train, test = hist["train"], hist["test"]
+    n = sum(map(sum, test))
+    classes = [sum(col) for col in zip(*train)]
+    top = max(range(len(classes)), key=classes.__getitem__)
+    per_client = sum(te[max(range(len(tr)), key=tr.__getitem__)] for tr, te in zip(train, test))
+    return sum(te[top] for te in test) / n, per_client / n, n
+
+
+def _upload_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    return next((up for acc, up in curve if acc >= target), None)
+
+
+def _mb(x: float | None) -> str:
+    return "–" if x is None else f"{x / 1e6:.2f}"
+
+
+def render(args) -> Path:
+    runs = Path(args.runs_dir)
+    lines = ["# The federated LoRA family on the same data", "",
+             f"Rendered with: `python benchmarks/lora_family.py {' '.join(args.argv)}`", "",
+             f"Classification: MiniLM (d = 384, 6 layers) with LoRA on query/key/value and a linear task head; "
+             f"{args.clients} clients, {args.per_round} a round, {args.rounds} rounds; AdamW lr {args.lr} (full fine-"
+             f"tuning and the soft prompt: their presets' 2e-5 and 0.03), batch {args.batch}, one local epoch; "
+             f"train capped at {args.max_train}, test at {args.max_test}. Tiers: a third of the clients at each LoRA "
+             "rank 4 / 8 / 16 under a global r = 16. Accuracy: the final round, mean ± std over the finished seeds; "
+             "personalised: the mean of the clients' accuracies on their own test shards with what each client runs. "
+             "Bytes: real codec payloads per client-round. 'Upload to target': cumulative upload until the global "
+             "accuracy first reaches 95 % of FedAvg-LoRA r = 16's final accuracy of the same seed (evaluated every "
+             f"{args.eval_every} rounds).", ""]
+    if args.notes and Path(args.notes).exists():
+        lines += [Path(args.notes).read_text().strip(), ""]
+    for task in args.family_tasks:
+        for part in args.family_partitions:
+            rows = {a: {s: _row(runs / job_name("family", task, part, a, s)) for s in args.seeds} for a in FAMILY}
+            any_run = next((r for a in rows.values() for r in a.values() if r), None)
+            lines += [f"## {task}, {part}", ""]
+            if any_run:
+                maj, per_client, n = majorities(any_run["hist"])
+                lines += [f"Test n = {n} (standard error of one accuracy ≤ {math.sqrt(0.25 / n) * 100:.1f} points); "
+                          f"majority class {maj * 100:.1f} %, per-client majority {per_client * 100:.1f} % "
+                          "(personalised).", ""]
+            lines += ["| arm | seeds done | global acc % | Δ vs FedAvg-LoRA r=16, paired | personalised acc % | "
+                      "MB up / client-round | MB down / client-round | MB uploaded to target | device |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            ref = rows[REFERENCE]
+            for arm, res in rows.items():
+                done = {s: r for s, r in res.items() if r}
+                if not done:
+                    lines.append(f"| {arm} | 0/{len(args.seeds)} | – | – | – | – | – | – | – |")
+                    continue
+                d = [(r["final"] - ref[s]["final"]) * 100 for s, r in done.items() if ref.get(s)]
+                to = [_upload_to(r["curve"], 0.95 * ref[s]["final"]) for s, r in done.items() if ref.get(s)]
+                reached = [x for x in to if x is not None]
+                lines.append(
+                    f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['final'] for r in done.values()])} | "
+                    f"{paired_cell(d) if arm != REFERENCE else '0'} | "
+                    f"{mean_std([r['local'] for r in done.values()])} | "
+                    f"{_mb(statistics.fmean(r['up'] for r in done.values()))} | "
+                    f"{_mb(statistics.fmean(r['down'] for r in done.values()))} | "
+                    f"{_mb(statistics.fmean(reached)) if reached else '–'} ({len(reached)}/{len(to)} reached) | "
+                    f"{_devices(done)} |")
+            lines.append("")
+    for task in args.headprune_tasks:
+        rows = {a: {s: _row(runs / job_name("headprune", task, "iid", a, s)) for s in args.seeds} for a in HEADPRUNE}
+        lines += [f"## Head pruning's scoring, {task}, iid (s = 0.9)", "",
+                  "| scoring | seeds done | global acc % | Δ vs random heads, paired | device |", "|---|---|---|---|---|"]
+        rand = rows["random heads"]
+        for arm, res in rows.items():
+            done = {s: r for s, r in res.items() if r}
+            d = [(r["final"] - rand[s]["final"]) * 100 for s, r in done.items() if rand.get(s)]
+            lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['final'] for r in done.values()])} "
+                         f"| {paired_cell(d) if arm != 'random heads' else '0'} | {_devices(done) or '–'} |")
+        lines.append("")
+    if "generation" in args.parts:
+        lines += _generation_rows(args)
+    out = Path(args.results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _generation_rows(args) -> list[str]:
+    """WebNLG: this benchmark's arms beside the generation benchmark's zero-shot, fedit and local-only runs."""
+    import generation
+
+    def bleu(rec: dict, part: str) -> float | None:
+        return ((rec.get("generation") or {}).get(part) or {}).get("bleu")
+
+    lines = ["## Generation: WebNLG, SmolLM2-135M-Instruct, 10 category clients", "",
+             "| arm | seeds done | seen BLEU | unseen BLEU | test loss | MB up / client-round | "
+             "MB down / client-round |", "|---|---|---|---|---|---|---|"]
+    sources = {a: (Path(args.generation_runs), g) for a, g in FROM_GENERATION.items()}
+    sources |= {a: (Path(args.runs_dir), None) for a in GENERATION}
+    for arm, (root, gen_arm) in sources.items():
+        done = []
+        for s in args.seeds:
+            out = root / (generation.job_name("webnlg", gen_arm, s) if gen_arm else
+                          job_name("generation", "webnlg", "category", arm, s))
+            loaded = _records(out) if out.exists() else None
+            if loaded:
+                recs, summary = loaded
+                if arm.startswith("zero-shot"):
+                    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][:1]
+                done.append((recs[-1], summary))
+        if not done:
+            lines.append(f"| {arm} | 0/{len(args.seeds)} | – | – | – | – | – |")
+            continue
+        zero = arm.startswith("zero-shot")
+        lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | "
+                     f"{mean_std([bleu(r, 'seen') for r, _ in done], 1)} | "
+                     f"{mean_std([bleu(r, 'unseen') for r, _ in done], 1)} | "
+                     f"{mean_std([r.get('loss') for r, _ in done], 1, 3)} | "
+                     f"{'0' if zero else _mb(statistics.fmean(s['bytes_up_per_client_round'] for _, s in done))} | "
+                     f"{'0' if zero else _mb(statistics.fmean(s['bytes_down_per_client_round'] for _, s in done))} |")
+    return lines + [""]
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs-dir", default="runs/lora_family")
+    p.add_argument("--generation-runs", default="runs/generation", help="the generation benchmark's runs (fedit, "
+                                                                        "zero-shot and local-only rows)")
+    p.add_argument("--results", default=str(Path(__file__).parent / "results" / "lora_family.md"))
+    p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "lora_family_notes.md"))
+    p.add_argument("--parts", nargs="+", default=["family", "headprune", "generation"],
+                   choices=["family", "headprune", "generation"])
+    p.add_argument("--family-tasks", nargs="+", default=["agnews", "20ng"], choices=list(TASKS))
+    p.add_argument("--family-partitions", nargs="+", default=["dir0.5"], choices=list(PARTITIONS))
+    p.add_argument("--headprune-tasks", nargs="+", default=["mnli", "20ng"], choices=list(TASKS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--clients", type=int, default=20)
+    p.add_argument("--per-round", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--eval-every", type=int, default=4)
+    p.add_argument("--max-train", type=int, default=3000)
+    p.add_argument("--max-test", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--full", action="store_true", help="the full grid: the family on MNLI, AG News and 20 "
+                                                       "Newsgroups, IID and Dirichlet 0.5, 40 rounds, 6000 "
+                                                       "training examples (a GPU machine)")
+    p.add_argument("--render-only", action="store_true")
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    if args.full:
+        args.family_tasks, args.family_partitions, args.rounds, args.max_train = list(TASKS), list(PARTITIONS), 40, 6000
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    if not args.render_only:
+        run_pool(run_job, [(args, *j) for j in plan(args)], args.workers)
+    print(f"wrote {render(args)}")
+
+
+if __name__ == "__main__":
+    main()
