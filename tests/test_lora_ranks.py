@@ -222,6 +222,16 @@ def test_a_tiered_run_resumes_to_the_uninterrupted_records(tmp_path):
     full = RunDir(tmp_path / "full").read_metrics()
     assert strip(RunDir(tmp_path / "cut").read_metrics()) == strip(full)
     assert "local_accuracy" in full[-1]  # each client scored at its own rank
+    # a client's adapter (predict / export --client) is the global LoRA at that client's rank
+    from fedpeft.predict import open_model
+
+    glob = open_model(tmp_path / "full").params
+    ranks = ServerState.from_message(RunDir(tmp_path / "full").load_checkpoint()[1]).sharing.scalars["ranks"]
+    for c in range(4):  # (its tier's rank, or lower after self-pruning)
+        own = open_model(tmp_path / "full", client=c).params
+        want = pad(truncate(glob, ranks[str(c)]), 8)
+        assert set(own) == set(want), set(own) ^ set(want)
+        assert all(torch.equal(own[k], want[k]) for k in own)
 
 
 @pytest.mark.parametrize("over, match", [

@@ -13,7 +13,8 @@ says which round's they are, so an unfinished run is never mistaken for a finish
 - with a client (its id, or its name with natural clients): its personalised adapter where the method keeps one,
   i.e. what its local evaluation scores: the shared global tensors merged with the private tensors the client
   state holds under ``u/`` (FedPepTAO: its own copy of the non-selected layers; a client that never trained starts
-  from the seeded initial prompts, as on the device). Post-tuning is not stored in any state and is not applied.
+  from the seeded initial prompts, as on the device), or what the server sends that client alone (LoRA truncated to
+  its tier's rank, sharing ``ranks``). Post-tuning is not stored in any state and is not applied.
   A run whose checkpoint holds no private tensors (sharing ``all``, or a Flower deployment whose client states
   stay on the SuperNodes) is refused: every client would predict with the global adapter.
 
@@ -175,12 +176,12 @@ def adapter_params(method: ComposedMethod, server: Message, client_states: dict[
     init = method.initial_params()  # the adapter's (and linear head's) tensor names; glob holds exactly these
     if client is None:
         return {k: v for k, v in st.glob.items() if k in init}
-    if not any(sub_state(m, PRIVATE) for m in client_states.values()):
+    if not method.sharing.per_client and not any(sub_state(m, PRIVATE) for m in client_states.values()):
         raise ValueError(f"--client: the checkpoint holds no client's private tensors (method.sharing "
                          f"'{method.cfg.method.sharing.name}' keeps none, or a Flower deployment kept the client "
                          "states on the SuperNodes); every client predicts with the global adapter: drop --client")
     trainer = method.trainer
-    received = trainer.params_of(trainer.eval_downlink(method._shared(st, st.round + 1)))
+    received = trainer.params_of(method._for_client(trainer.eval_downlink(method._shared(st, st.round + 1)), st, client))
     private = sub_state(client_states.get(client, Message()), PRIVATE)
     return method.sharing.client_params(received, private)
 
