@@ -385,6 +385,25 @@ def test_every_method_runs_on_a_generation_task(tmp_path: Path, method: str, ext
     assert np.isfinite(last["loss"]) and last["generation"]["num_generated"] == 4
 
 
+@pytest.mark.parametrize("method", ["hetlora", "flexlora", "flora"])
+def test_clients_of_different_lora_ranks_tune_a_generative_model(tmp_path: Path, method: str) -> None:
+    """Resource tiers on a generation task: each client uploads at its tier's rank, the global loss falls."""
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    _write_task(tmp_path)
+    raw = _config(tmp_path, method, adapter={"r": 4, "lora_alpha": 8.0}, trainer={"lr": 0.01, "max_steps": 3})
+    raw["federation"]["client_profiles"] = [{"name": "small", "share": 0.5, "rank": 1},
+                                            {"name": "large", "share": 0.5, "rank": 4}]
+    summary = run_embedded(resolve(raw), tmp_path / "run")
+    records = RunDir(tmp_path / "run").read_metrics()
+    tier_rank = {"small": 1, "large": 4}
+    for c in records[-1]["clients"]:
+        assert c["status"] == "ok" and 1 <= c["rank"] <= tier_rank[summary["client_tiers"][c["client"]]]
+    assert records[-1]["loss"] < records[0]["loss"]
+
+
 def test_predict_refuses_a_generation_run(tmp_path: Path) -> None:
     from fedpeft.cli import app
     from typer.testing import CliRunner
