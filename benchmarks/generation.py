@@ -7,8 +7,9 @@ scored by multi-reference BLEU, chrF, ROUGE-L and exact match, with bootstrap st
 and perplexity per response token; Dolly: per-category loss/perplexity and ROUGE-L. >= 3 paired seeds (the seed
 fixes the training sample, the adapter's initial tensors and the data order of every arm alike). The zero-shot
 baseline is every LoRA arm's round 0 (B = 0: exactly the instruct model with the same prompt). Local-only is scored
-by each client on its own category's test entries (``local_generation``); centralised training is one client holding
-all the data with the steps of all clients together.
+by each client on its own category's test entries (``local_generation``) and, post hoc from the final checkpoint,
+with each client's adapter on the unseen categories' entries (``score_local_unseen``); centralised training is one
+client holding all the data with the steps of all clients together.
 
     python benchmarks/generation.py --runs-dir runs/generation --workers 1     # CPU, resumable
     python benchmarks/generation.py --runs-dir runs/generation --render-only   # rewrite the table
@@ -74,12 +75,47 @@ def plan(args) -> list[tuple[str, str, int]]:
 
 def _load(out: Path) -> list[dict] | None:
     """The run's records when it finished, else None (an unfinished row is reported as such); every record gets
-    the clients' category names from summary.json (``client_names``)."""
+    the clients' category names from summary.json (``client_names``), the last one the clients' own adapters'
+    scores on the unseen categories when they were measured (``local_unseen``, see ``score_local_unseen``)."""
     if not (out / "summary.json").exists():
         return None
     names = json.loads((out / "summary.json").read_text()).get("client_names") or {}
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r | {"client_names": names} for r in recs]
+    recs = [r | {"client_names": names} for r in recs]
+    if (out / UNSEEN_FILE).exists():
+        recs[-1]["local_unseen"] = json.loads((out / UNSEEN_FILE).read_text())
+    return recs
+
+
+UNSEEN_FILE = "local_unseen.json"
+
+
+def score_local_unseen(out: Path) -> Path:
+    """Post hoc, from a finished local-only run's checkpoint: each client's own adapter decodes the run's fixed
+    test sample of the categories no client trained on (WebNLG's unseen ones), scored like the global adapter is;
+    written to ``local_unseen.json`` in the run directory ({client: scores})."""
+    import numpy as np
+
+    from fedpeft.build import build
+    from fedpeft.generation_eval import generation_metrics, sample_rows
+    from fedpeft.predict import adapter_params
+    from fedpeft.resolve import load_config
+    from fedpeft.tracking.rundir import RunDir
+    from fedpeft.trainers.base import floats
+
+    cfg = load_config(out / "config.yaml")
+    b = build(cfg)
+    _, server, client_states, _ = RunDir(out).load_checkpoint()
+    test, ev = b.exp.task.test, cfg.evaluation
+    seen = {e.group for e in b.exp.task.train}
+    rows = np.array([r for r in sample_rows(test, ev.generate_examples, cfg.seed) if test[r].group not in seen])
+    scores = {}
+    for c in range(b.exp.num_clients):
+        params = floats(adapter_params(b.method, server, client_states, c))
+        scores[str(c)] = generation_metrics(b.exp.classifier, params, test, rows, set(), ev.max_new_tokens,
+                                            ev.batch_size, 0)
+    (out / UNSEEN_FILE).write_text(json.dumps(scores, indent=1))
+    return out / UNSEEN_FILE
 
 
 def _device(out: Path) -> str:
@@ -127,9 +163,16 @@ def _own(rec: dict, key: str) -> float | None:
 def _webnlg_rows(arm: str, done: list[list[dict]]) -> list[str]:
     last = [r[-1] for r in done]
     own = [_cell([_own(r, k) for r in last]) for k in ("bleu", "chrf")]
-    if arm.startswith("local-only"):  # each client's own adapter, on its own category only
-        return own + ["–"] * len(WEBNLG_PARTS)
+    if arm.startswith("local-only"):  # each client's own adapter: its own category; the unseen ones post hoc
+        unseen = [_cell([_mean_over_clients(r.get("local_unseen"), k) for r in last]) for k in ("bleu", "chrf",
+                                                                                                  "rouge_l")]
+        return own + ["–"] * 3 + unseen
     return own + [_cell([_gen(r, p, k) for r in last]) for p, k in WEBNLG_PARTS]
+
+
+def _mean_over_clients(scores: dict | None, key: str) -> float | None:
+    vals = [v.get(key) for v in (scores or {}).values() if v.get(key) is not None]
+    return statistics.fmean(vals) if vals else None
 
 
 def _dolly_rows(arm: str, done: list[list[dict]]) -> list[str]:
@@ -187,7 +230,9 @@ def render(args) -> Path:
              "is evaluated after the last round, and at round 0 in the fedit runs (the zero-shot row). WebNLG's \"own "
              "category\" columns average the clients' scores on their own category's 10 test entries (local-only: "
              "each client's own adapter; the others: the global adapter); \"seen\"/\"unseen\" pool the test "
-             "entries of the training categories / of the 5 categories no client holds. Test loss: all test entries "
+             "entries of the training categories / of the 5 categories no client holds (local-only: the mean over "
+             "the clients of each own adapter's score on the unseen entries, decoded post hoc from the final "
+             "checkpoint). Test loss: all test entries "
              "(local-only: the mean of the clients' losses on their own category).", ""]
     for task in args.tasks:
         heads = HEADERS[task]
@@ -251,6 +296,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if not args.render_only:
         run_pool(run_job, [(args, *j) for j in plan(args)], args.workers)
+        for s in args.seeds if "webnlg" in args.tasks and "local-only LoRA" in args.arms else []:
+            out = Path(args.runs_dir) / job_name("webnlg", "local-only LoRA", s)
+            if (out / "summary.json").exists() and not (out / UNSEEN_FILE).exists():
+                print(f"wrote {score_local_unseen(out)}", flush=True)
     print(f"wrote {render(args)}")
 
 

@@ -262,7 +262,7 @@ def test_a_tiered_run_on_flower_sim_matches_embedded(tmp_path):
     pytest.importorskip("flwr")
     from fedpeft.runtime.flower.simulation import run_flower_sim
 
-    cfg = _cfg("hetlora", **{"federation.rounds": 2})
+    cfg = _cfg("hetlora", **{"federation.rounds": 1})
     run_embedded(cfg, tmp_path / "embedded")
     run_flower_sim(cfg, tmp_path / "sim")
     skip = TIMING_FIELDS + ("flower_record_bytes", "model_loads")
