@@ -167,6 +167,42 @@ class ClientProfile(_Strict):
                                                           "(gradient trainers; None: the trainer's)")
 
 
+class SecureAggregationConfig(_Strict):
+    """SecAgg+ (Bell et al., CCS 2020) as Flower implements it: the server learns the weighted sum of the clients'
+    update tensors, never one client's. Names and meanings follow Flower's ``SecAggPlusWorkflow``."""
+
+    protocol: Literal["secaggplus"] = Field("secaggplus", description="the protocol: SecAgg+ (Bell et al. 2020)")
+    num_shares: int | float = Field(
+        3, gt=0, description="shares each client's secrets are split into (its neighbours, itself included); a float "
+                             "is a share of the sampled clients (Flower's num_shares; its example app: 3)")
+    reconstruction_threshold: int | float = Field(
+        2, gt=0, description="shares needed to rebuild a secret (to unmask a dropped client); a float is a share of "
+                             "num_shares (Flower's reconstruction_threshold; its example app: 2)")
+    max_weight: float = Field(1000.0, gt=0, description="largest client weight (num_examples) the quantized field "
+                                                        "holds without overflow")
+    clipping_range: float = Field(8.0, gt=0, description="update values are clipped to [-c, c] before quantization")
+    quantization_range: int = Field(4194304, gt=0, description="integers a clipped value is quantized to (2^22)")
+    modulus_range: int = Field(4294967296, gt=0, description="the field of the masks, a power of 2 above "
+                                                             "quantization_range (2^32)")
+    timeout: float | None = Field(None, gt=0, description="seconds each protocol stage waits for replies "
+                                                          "(None: no limit)")
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> SecureAggregationConfig:
+        if self.modulus_range <= self.quantization_range or self.modulus_range & (self.modulus_range - 1):
+            raise ValueError("secure_aggregation.modulus_range must be a power of 2 above quantization_range")
+        if isinstance(self.num_shares, int) and self.num_shares <= 2:
+            raise ValueError("secure_aggregation.num_shares as an integer must be greater than 2 (or a float share)")
+        if isinstance(self.num_shares, float) and self.num_shares > 1:
+            raise ValueError("secure_aggregation.num_shares as a float is a share of the sampled clients: at most 1")
+        if isinstance(self.reconstruction_threshold, float) and self.reconstruction_threshold > 1:
+            raise ValueError("secure_aggregation.reconstruction_threshold as a float is a share: at most 1")
+        if isinstance(self.num_shares, int) and isinstance(self.reconstruction_threshold, int) \
+                and self.reconstruction_threshold >= self.num_shares:
+            raise ValueError("secure_aggregation.reconstruction_threshold must be below num_shares")
+        return self
+
+
 class FederationConfig(_Strict):
     num_clients: int = Field(10, ge=1, description="clients in the federation")
     clients_per_round: int | None = Field(None, ge=1, description="default: all clients")
@@ -184,6 +220,8 @@ class FederationConfig(_Strict):
     partition: PartitionConfig = Field(PartitionConfig(), description="how the data is split over the clients")
     non_participants: NonParticipantConfig = Field(NonParticipantConfig(), description="clients that never train, "
                                                    "only evaluated (generalisation to unseen clients)")
+    secure_aggregation: SecureAggregationConfig | None = Field(
+        None, description="SecAgg+: the server learns only the weighted sum of the clients' updates (None: off)")
     client_profiles: list[ClientProfile] = Field(
         [], description="resource tiers (rank, local steps) assigned to seeded shares of the clients; empty: every "
                         "client alike")

@@ -9,7 +9,8 @@ belong to one global tensor are named ``<slot>::<tensor>`` (e.g. ``m::prompt``, 
 
 Compatibility is declared, not checked by the methods: ``accepts`` lists the kinds of update an aggregator
 can combine (``params``: trained tensors; ``distribution``: a CMA-ES search distribution; ``none``: no
-tensors), ``needs`` the auxiliary values it reads from every update.
+tensors), ``needs`` the auxiliary values it reads from every update, ``secure_sum`` whether it needs nothing but
+the sample-weighted mean of the updates (then it runs under secure aggregation, given that mean as one update).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class AggregatorBase:
 
     accepts: ClassVar[frozenset[str]] = frozenset({PARAMS})
     needs: ClassVar[frozenset[str]] = frozenset()
+    # computable from the weighted mean of the updates alone (what secure aggregation reveals)
+    secure_sum: ClassVar[bool] = False
 
     def __init__(self, settings: Any, ctx: AggregatorContext) -> None:
         self.settings, self.ctx = settings, ctx

@@ -41,6 +41,7 @@ class FedAvg(AggregatorBase):
     """P_{t+1} = sum_k (n_k / N_t) P_{t+1}^k; also averages CMA-ES distributions (FedAvg-BBT)."""
 
     accepts = frozenset({PARAMS, DISTRIBUTION})
+    secure_sum = True
 
     def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
         return weighted_mean([u.tensors for u in updates], weights_of(updates)), state

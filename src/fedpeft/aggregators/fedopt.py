@@ -170,6 +170,7 @@ class _AdaptiveFedOpt(AggregatorBase):
 
     accepts = frozenset({PARAMS})
     needs = frozenset()
+    secure_sum = True  # a server step on the pseudo-gradient w - (the weighted mean)
     rule: ClassVar[Rule]
 
     def _hyper(self, round: int) -> dict[str, float]:
@@ -212,6 +213,7 @@ class FedAdagrad(_AdaptiveFedOpt):
 class FedAvgM(AggregatorBase):
     accepts = frozenset({PARAMS})
     needs = frozenset()
+    secure_sum = True  # a server step on the pseudo-gradient w - (the weighted mean)
 
     def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
         s = self.settings

@@ -12,6 +12,7 @@ from fedpeft.config import ExperimentConfig
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS
 from fedpeft.downlink import DOWNLINKS
 from fedpeft.post_tuning import POST_TUNING
+from fedpeft.selection import SELECTORS
 from fedpeft.sharing import SHARING
 from fedpeft.trainers import TRAINERS
 from fedpeft.transforms import TRANSFORMS
@@ -109,6 +110,7 @@ def check_combination(cfg: ExperimentConfig) -> None:
             raise ValueError(f"method.transforms.{i}.name: '{t.name}' transforms trained tensors; trainer "
                              f"'{m.trainer.name}' uploads {KINDS[kind]}")
     check_profiles(cfg)
+    check_secure_aggregation(cfg)
     for field, registry in (("downlink", DOWNLINKS), ("post_tuning", POST_TUNING)):
         name = getattr(m, field).name
         adapters = registry.get(name).adapters
@@ -134,3 +136,33 @@ def check_profiles(cfg: ExperimentConfig) -> None:
         if p.max_steps is not None and not hasattr(TRAINERS.get(m.trainer.name), "settings_for"):
             raise ValueError(f"{where}.max_steps: trainer '{m.trainer.name}' takes no optimizer steps; a step cap "
                              "applies to the gradient trainers (adam, adamw, sgd)")
+
+
+def check_secure_aggregation(cfg: ExperimentConfig) -> None:
+    """Under secure aggregation the server learns only the sample-weighted mean of the replies' tensors: every
+    component must need no more (``aggregators.base``'s ``secure_sum``, a sharing policy's ``summable``, a selector's
+    ``reads_clients``). Refused here, with the reason; where the literature has a secure variant, the docs say."""
+    if cfg.federation.secure_aggregation is None:
+        return
+    m = cfg.method
+    if cfg.runtime.name != "embedded":
+        raise ValueError(f"federation.secure_aggregation: runs in the embedded runtime so far; runtime "
+                         f"'{cfg.runtime.name}' does not carry it yet")
+    if not AGGREGATORS.get(m.aggregator.name).secure_sum:
+        able = sorted(n for n in AGGREGATORS.names() if AGGREGATORS.get(n).secure_sum)
+        raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' needs each client's update; secure "
+                         f"aggregation reveals only their weighted mean (aggregators that need no more: "
+                         f"{', '.join(able)})")
+    for i, w in enumerate(m.wrappers):
+        raise ValueError(f"method.wrappers.{i}.name: '{w.name}' acts on each client's update before aggregation, "
+                         "which secure aggregation hides from the server")
+    trainer = TRAINERS.get(m.trainer.name)
+    if trainer.kind != "params" or not trainer.summable:
+        raise ValueError(f"method.trainer.name: '{m.trainer.name}' uploads {KINDS.get(trainer.kind, trainer.kind)} "
+                         "that are not summed (secure aggregation sums float tensors)")
+    if not SHARING.get(m.sharing.name).summable:
+        raise ValueError(f"method.sharing.name: '{m.sharing.name}' uploads what cannot be summed across clients "
+                         "(see its summable note); secure aggregation reveals only the sum")
+    if SELECTORS.get(m.selector.name).reads_clients:
+        raise ValueError(f"method.selector.name: '{m.selector.name}' ranks clients by what each reported; under "
+                         "secure aggregation use uniform or all")

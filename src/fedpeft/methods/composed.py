@@ -197,14 +197,28 @@ class ComposedMethod:
         shared = self._shared(st, round)
         updates = [self.trainer.decode(self.sharing.expand(unpack(replies[c], schema, c), shared), shared)
                    for c in sorted(replies)]
+        return self._apply(st, round, shared, updates, {u.client: u.scalars for u in updates})
+
+    def aggregate_mean(self, state: Message, round: int, mean: Params, weight: int,
+                       scalars: dict[int, dict[str, Any]]) -> Message:
+        """The round's new state from the sample-weighted mean of the replies' tensors alone (secure aggregation:
+        the server never sees one client's), given to the aggregator as one update of the total weight; each
+        client's clear scalars (its training loss) still enter the history."""
+        st = ServerState.from_message(state)
+        shared = self._shared(st, round)
+        update = self.trainer.decode(Update(-1, {k: v.float() for k, v in mean.items()}, weight), shared)
+        return self._apply(st, round, shared, [update], scalars)
+
+    def _apply(self, st: ServerState, round: int, shared: Params, updates: list[Update],
+               scalars: dict[int, dict[str, Any]]) -> Message:
         new, agg = self.aggregator.aggregate(shared, updates, st.agg, round)
         glob = st.glob | new
         sharing, keep = self.sharing.after_aggregate(glob, updates, st.sharing, round)
         if keep is not None:
             agg = self.aggregator.restrict(agg, keep)
         history = dict(st.history)
-        for u in updates:
-            history[u.client] = {"round": round, **_numeric({"loss": u.scalars.get("train_loss")})}
+        for client, s in scalars.items():
+            history[client] = {"round": round, **_numeric({"loss": s.get("train_loss")})}
         down = st.down
         if self.downlink.keys:  # the server keeps exactly the p' the clients will rebuild
             keys = self.downlink.keys

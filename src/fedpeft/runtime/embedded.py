@@ -28,6 +28,8 @@ from fedpeft.methods.base import Method
 from fedpeft.runtime.client import handle_evaluate, handle_train
 from fedpeft.runtime.faults import inject
 from fedpeft.runtime.heap import HeapTrimmer
+from fedpeft.runtime.secure.inprocess import grid_class, task_identity
+from fedpeft.runtime.secure.protocol import SecureOutcome, client_handler, node_id, secure_round
 from fedpeft.runtime.session import StopAfterRound, log_to, open_run, progress, run_rounds
 from fedpeft.runtime.workers import ClientWorkers, encode_state
 
@@ -144,6 +146,37 @@ class InProcessTransport:
                 yield d.client, RuntimeError(d.error), Message(), d.seconds
             else:
                 yield d.client, d.reply, decode(d.state), d.seconds
+
+    def train_secure(self, round: int, instructions: dict[int, bytes]) -> SecureOutcome:
+        """The round under SecAgg+: Flower's workflow over an in-process grid whose nodes are these clients, each
+        behind Flower's mod (``runtime.secure``); a client that raises (or a fault) drops out where it failed. A
+        client's new state is kept when it survives the round."""
+        self.bar.reset(self.clients_task, total=len(instructions), description=f"round {round} clients (secure)")
+        new_states: dict[int, Message] = {}
+
+        def train(cid: int):
+            def run(payload: bytes) -> bytes:
+                ctx = self.exp.client(cid)
+                ctx.state = _copy(self.states.get(cid, Message()))
+                inject(self.cfg.faults, self.cfg.seed, round, cid)
+                reply = handle_train(self.method, payload, ctx)
+                new_states[cid] = ctx.state
+                self.bar.advance(self.clients_task)
+                return reply
+            return run
+
+        handlers = {node_id(c): client_handler(train(c), self.cfg.seed, round, c) for c in instructions}
+        grid = grid_class()(handlers)
+        with task_identity():
+            outcome = secure_round(self.cfg.federation.secure_aggregation, self.cfg.seed, round, instructions, grid)
+        client_of = {node_id(c): c for c in instructions}
+        outcome.bytes_down = {client_of[n]: b for n, b in grid.bytes_down.items()}
+        outcome.bytes_up = {client_of[n]: b for n, b in grid.bytes_up.items()}
+        outcome.errors = {client_of[n]: e for n, e in grid.errors.items()} | {
+            client_of[n]: f"no reply at the {stage} stage" for n, stage in grid.dropped_at.items()}
+        for cid in outcome.scalars:
+            self.states[cid] = new_states[cid]
+        return outcome
 
     def evaluate(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
         results: dict[int, bytes | BaseException] = {}

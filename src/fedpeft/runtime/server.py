@@ -90,6 +90,43 @@ class RoundDriver:
                               f"federation.min_clients is {need}", records)
         return self.method.aggregate(state, plan.round, accepted), records
 
+    def finish_secure_round(self, state: Message, plan: RoundPlan, outcome: Any) -> tuple[Message, list[dict[str, Any]]]:
+        """Apply a round run under secure aggregation (``runtime.secure``): the server has the survivors' weighted
+        mean and clear scalars only. A halted protocol, fewer survivors than ``federation.min_clients`` or a
+        non-finite or misshapen mean fail the round with nothing applied."""
+        import torch
+
+        schema = self.method.reply_schema(state)
+        records = []
+        for cid in sorted(plan.instructions):
+            rec: dict[str, Any] = {"client": cid, "bytes_down": outcome.bytes_down.get(cid, 0),
+                                   "bytes_up": outcome.bytes_up.get(cid, 0)}
+            if cid in outcome.scalars:
+                rec["status"] = "ok"
+                rec.update({k: v for k, v in outcome.scalars[cid].items() if isinstance(v, (int, float))})
+            else:
+                rec["status"] = "failed"
+                rec["error"] = outcome.errors.get(cid, "no reply")
+                log.warning("round %d: %s dropped out of secure aggregation: %s", plan.round, self.name(cid),
+                            rec["error"])
+            records.append(rec)
+        if outcome.mean is None:
+            raise RoundFailed(f"round {plan.round}: secure aggregation halted (fewer surviving clients than the "
+                              "reconstruction threshold needs)", records)
+        need = self.cfg.federation.min_clients
+        if len(outcome.scalars) < need:
+            raise RoundFailed(f"round {plan.round}: {len(outcome.scalars)} clients survived secure aggregation, "
+                              f"federation.min_clients is {need}", records)
+        mean = {k: torch.from_numpy(v.astype("float64")) for k, v in outcome.mean.items()}
+        want = {k: s for k, s in schema.tensors.items() if schema.is_update(k)}
+        if sorted(mean) != sorted(want) or any(tuple(mean[k].shape) != tuple(want[k]) for k in want):
+            raise RoundFailed(f"round {plan.round}: the securely aggregated tensors "
+                              f"{ {k: tuple(v.shape) for k, v in mean.items()} } are not the update's {want}", records)
+        if not all(bool(torch.isfinite(v).all()) for v in mean.values()):
+            raise RoundFailed(f"round {plan.round}: the securely aggregated mean is not finite", records)
+        self.last_tensor_bytes = None
+        return self.method.aggregate_mean(state, plan.round, mean, round(outcome.weight), outcome.scalars), records
+
     def plan_evaluate(self, state: Message, round: int) -> dict[int, bytes]:
         ids = list(range(self.cfg.federation.num_clients))
         msgs = self.method.configure_evaluate(state, round, ids)

@@ -249,9 +249,11 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
     for rnd in range(start, cfg.federation.rounds + 1):
         t0 = time.perf_counter()
         plan = driver.plan_round(state, rnd)
-        results = transport.train(rnd, plan.instructions)
         try:
-            state, clients = driver.finish_round(state, plan, results)
+            if cfg.federation.secure_aggregation is not None:
+                state, clients = driver.finish_secure_round(state, plan, transport.train_secure(rnd, plan.instructions))
+            else:
+                state, clients = driver.finish_round(state, plan, transport.train(rnd, plan.instructions))
             failed = None
         except RoundFailed as e:  # nothing was applied: the server state is that of the round before
             if cfg.federation.on_round_failure == "stop":

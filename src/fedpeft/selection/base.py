@@ -28,6 +28,8 @@ class Selector(Protocol):
 
 
 class SelectorBase:
+    reads_clients: bool = False  # ranks clients by what each one reported (refused under secure aggregation)
+
     def __init__(self, settings: Any, ctx: SelectorContext) -> None:
         self.settings, self.ctx = settings, ctx
 

@@ -26,5 +26,6 @@ def loss_difference(clients: list[int], k: int, history: History, rng: np.random
 @SELECTORS.register("loss_difference", "the federation.clients_per_round clients with the highest last training "
                     "loss; never-seen clients first (head-pruning paper Eq. 9)")
 class LossDifference(SelectorBase):
+    reads_clients = True
     def select(self, clients: list[int], round: int, history: History, rng: np.random.Generator) -> list[int]:
         return loss_difference(clients, self.k, history, rng)

@@ -97,6 +97,7 @@ class ShareAll:
     per_client: bool = False                # clients receive different tensors (``for_client`` is not identity)
     ranked: bool = False                    # trains each client at its tier's LoRA rank (client_profiles[].rank)
     aggregators: frozenset[str] | None = None  # the aggregators that can combine its replies (None: any)
+    summable: bool = True                   # its replies are dense tensors of fixed shapes, nothing per client
 
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         self.settings, self.ctx = settings, ctx

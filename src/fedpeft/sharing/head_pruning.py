@@ -99,6 +99,7 @@ def _take(t: torch.Tensor, spec: list[tuple], idx: list[int]) -> torch.Tensor:
 @SHARING.register("head_pruning", "per-client pruning of attention heads by importance (head-pruning paper Eq. 6-7): "
                   "pruned heads' slices frozen and not uploaded", HeadPruningSettings)
 class HeadPruning(ShareAll):
+    summable = False  # secure aggregation: sparse uploads with per-client head ids and importances
     adapters = frozenset({"lora", "deep_prompt"})
     dtypes = lazy_dict(lambda: {HEADS: torch.int32})
     provides = frozenset({HEADS, ALPHA})

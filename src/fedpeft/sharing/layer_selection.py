@@ -77,6 +77,7 @@ class LayerSelectionSettings(BaseModel):
 @SHARING.register("layer_selection", "FedPepTAO: all layers during warm-up, then only the score-selected layers; "
                   "the others stay on each client", LayerSelectionSettings)
 class LayerSelection(PrivateLayers):
+    summable = False  # secure aggregation: each client reports its own layer scores
     # ---------------------------------------------------------------- server
 
     def init(self, glob: Params) -> Message:

@@ -49,6 +49,7 @@ class RankSettings(BaseModel):
 @SHARING.register("ranks", "LoRA at each client's own rank (federation.client_profiles): truncated download, "
                   "zero-padded upload (HetLoRA, FlexLoRA)", RankSettings)
 class RankTiers(ShareAll):
+    summable = False  # secure aggregation: each client uploads at its own rank
     adapters = frozenset({"lora"})
     per_client = True
     ranked = True

@@ -131,6 +131,7 @@ class TrainerBase:
     adapters: ClassVar[frozenset[str] | None] = None
     scalars: ClassVar[tuple[str, ...]] = ()
     provides: ClassVar[frozenset[str]] = frozenset()
+    summable: ClassVar[bool] = True  # its update tensors can be summed across clients (secure aggregation)
 
     def __init__(self, settings: Any, ctx: TrainerContext) -> None:
         self.settings, self.ctx = settings, ctx

@@ -104,6 +104,7 @@ def search(box: BlackBox, vocab: Vocabulary, prompt: torch.Tensor, data: Encoded
                    DiscreteSearchSettings)
 class DiscreteSearchTrainer(TrainerBase):
     kind = PARAMS
+    summable = False  # token indices (an index is not summed; vote counts could be, not yet)
     vectorised = True
     adapters = frozenset({"token_prompt"})
     scalars = ("train_loss",)

@@ -1,0 +1,212 @@
+"""Secure aggregation (SecAgg+ by Flower's own workflow and mod): the unmasked mean equals the plain weighted mean
+within the quantization bound, dropped clients are unmasked through the threshold, too many drops halt the round,
+and nothing a client sends carries its update in the clear."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedpeft.comm.codec import Message, decode, encode
+from fedpeft.config import SecureAggregationConfig
+
+flwr = pytest.importorskip("flwr")
+
+from fedpeft.runtime.secure.inprocess import grid_class, task_identity  # noqa: E402
+from fedpeft.runtime.secure.protocol import client_handler, node_id, secure_round  # noqa: E402
+
+CLIENTS = [0, 1, 2, 3, 4]
+WEIGHTS = {0: 10, 1: 20, 2: 30, 3: 40, 4: 50}
+
+
+def _update(c: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(c)
+    return {"a": torch.randn(30, 40, generator=g) * 0.1, "b": torch.randn(5, generator=g)}
+
+
+def _train(c: int):
+    def train(payload: bytes) -> bytes:
+        assert decode(payload).scalars["round"] == 1
+        return encode(Message(_update(c), {"num_examples": WEIGHTS[c], "train_loss": 0.5 + c}))
+    return train
+
+
+def _run(cfg=None, drop=None, seed=0):
+    cfg = cfg or SecureAggregationConfig(num_shares=5, reconstruction_threshold=3)
+    instructions = {c: encode(Message(scalars={"round": 1})) for c in CLIENTS}
+    handlers = {node_id(c): client_handler(_train(c), seed, 1, c) for c in CLIENTS}
+    grid = grid_class()(handlers, drop)
+    with task_identity():
+        outcome = secure_round(cfg, seed, 1, instructions, grid)
+    return outcome, grid
+
+
+def _plain(clients):
+    total = sum(WEIGHTS[c] for c in clients)
+    return {k: sum(WEIGHTS[c] * _update(c)[k].double() for c in clients) / total for k in ("a", "b")}
+
+
+def test_the_unmasked_mean_is_the_weighted_mean_within_the_quantization_bound():
+    cfg = SecureAggregationConfig(num_shares=5, reconstruction_threshold=3)
+    outcome, grid = _run(cfg)
+    want = _plain(CLIENTS)
+    # one client's value is rounded to a step of 2c / Q after scaling by n_k / max_weight: |error| <= step / ratio
+    step = 2 * cfg.clipping_range / cfg.quantization_range
+    bound = max(step * cfg.max_weight / WEIGHTS[c] for c in CLIENTS)
+    for k in want:
+        err = np.abs(outcome.mean[k] - want[k].numpy()).max()
+        assert 0 < err <= bound, (k, err, bound)
+    assert outcome.weight == sum(WEIGHTS.values())
+    assert {c: s["train_loss"] for c, s in outcome.scalars.items()} == {c: 0.5 + c for c in CLIENTS}
+    assert all(grid.bytes_up[node_id(c)] > 0 and grid.bytes_down[node_id(c)] > 0 for c in CLIENTS)
+
+
+def test_the_same_seed_gives_the_same_mean_bit_for_bit():
+    a, _ = _run(seed=3)
+    b, _ = _run(seed=3)
+    c, _ = _run(seed=4)
+    assert all(np.array_equal(a.mean[k], b.mean[k]) for k in a.mean)
+    assert any(not np.array_equal(a.mean[k], c.mean[k]) for k in a.mean)  # only the rounding differs
+
+
+def test_a_client_that_drops_after_sharing_its_keys_is_unmasked_and_left_out():
+    outcome, grid = _run(drop=lambda node, stage: node == node_id(2) and stage == "collect_masked_vectors")
+    assert outcome.mean is not None and set(outcome.scalars) == {0, 1, 3, 4}
+    want = _plain([0, 1, 3, 4])
+    for k in want:
+        assert np.abs(outcome.mean[k] - want[k].numpy()).max() < 1e-3
+
+
+def test_too_many_dropouts_halt_the_round_with_nothing_applied():
+    outcome, _ = _run(drop=lambda node, stage: node in (node_id(1), node_id(2), node_id(3))
+                      and stage == "collect_masked_vectors")
+    assert outcome.mean is None and not outcome.scalars
+
+
+def test_no_masked_reply_carries_a_clients_update():
+    """What each client uploads in the masked stage is uniform noise mod 2^32 to the server: uncorrelated with the
+    client's own values (which its quantized, unmasked vector follows exactly)."""
+    from flwr.common import bytes_to_ndarray
+
+    seen = []
+
+    cfg = SecureAggregationConfig(num_shares=5, reconstruction_threshold=3)
+    instructions = {c: encode(Message(scalars={"round": 1})) for c in CLIENTS}
+    handlers = {}
+    for c in CLIENTS:
+        inner = client_handler(_train(c), 0, 1, c)
+
+        def handler(msg, inner=inner, c=c):
+            reply = inner(msg)
+            cfgs = reply.content.config_records["secaggplus_configs"]
+            if "masked_params" in cfgs:
+                seen.append((c, [bytes_to_ndarray(b) for b in cfgs["masked_params"]]))
+            return reply
+        handlers[node_id(c)] = handler
+    with task_identity():
+        secure_round(cfg, 0, 1, instructions, grid_class()(handlers))
+    assert len(seen) == len(CLIENTS)
+    for c, arrays in seen:
+        # the mod's vector is [weight factor, a, b]; each entry in [0, 2^32), the masks uniform over it
+        masked = np.concatenate([a.ravel() for a in arrays[1:]]).astype(np.float64)
+        mine = np.concatenate([_update(c)[k].numpy().ravel() for k in ("a", "b")]).astype(np.float64)
+        assert masked.min() >= 0 and masked.max() < cfg.modulus_range
+        assert abs(np.corrcoef(masked, mine)[0, 1]) < 0.15
+        assert masked.std() > 0.2 * cfg.modulus_range  # spread over the whole field, not around the values
+
+
+# ---------------------------------------------------------------- whole runs
+
+
+def _cfg(**extra):
+    from conftest import tiny_overrides
+
+    from fedpeft.resolve import load_config
+
+    over = {"method.name": "fedprompt", "federation.num_clients": 5, "federation.rounds": 2,
+            "federation.secure_aggregation": {"num_shares": 5, "reconstruction_threshold": 3}} | extra
+    return load_config(None, tiny_overrides(**{k.replace(".", "__"): v for k, v in over.items()}))
+
+
+def test_a_secure_run_learns_what_the_plain_run_learns_and_counts_the_protocols_bytes(tmp_path, one_thread):
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    secure = _cfg()
+    plain = _cfg(**{"federation.secure_aggregation": None})
+    run_embedded(secure, tmp_path / "secure")
+    run_embedded(plain, tmp_path / "plain")
+    s, p = RunDir(tmp_path / "secure").read_metrics(), RunDir(tmp_path / "plain").read_metrics()
+    assert [r["num_ok"] for r in s] == [5, 5]
+    # the same training, the mean off by the quantization error only
+    assert abs(s[-1]["loss"] - p[-1]["loss"]) < 1e-3
+    a = RunDir(tmp_path / "secure").load_checkpoint()[1].tensors["prompt"]
+    b = RunDir(tmp_path / "plain").load_checkpoint()[1].tensors["prompt"]
+    assert 0 < float((a - b).abs().max()) < 1e-3
+    # every stage's messages counted: more than the plain exchange, both ways
+    assert s[0]["bytes_up"] > p[0]["bytes_up"] and s[0]["bytes_down"] > p[0]["bytes_down"]
+    assert [c["train_loss"] for c in s[0]["clients"]] == [c["train_loss"] for c in p[0]["clients"]]
+
+
+def test_dropped_clients_are_left_out_and_too_many_fail_the_round(tmp_path, one_thread):
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.runtime.server import RoundFailed
+    from fedpeft.tracking.rundir import RunDir
+
+    run_embedded(_cfg(**{"faults.fail_clients": [2]}), tmp_path / "one")
+    rec = RunDir(tmp_path / "one").read_metrics()[0]
+    assert {c["client"]: c["status"] for c in rec["clients"]} == {0: "ok", 1: "ok", 2: "failed", 3: "ok", 4: "ok"}
+    assert "InjectedFault" in next(c["error"] for c in rec["clients"] if c["client"] == 2)
+    with pytest.raises(RoundFailed, match="secure aggregation halted"):
+        run_embedded(_cfg(**{"faults.fail_clients": [1, 2, 3]}), tmp_path / "three")
+    run_embedded(_cfg(**{"faults.fail_clients": [1, 2, 3], "faults.rounds": [1],
+                         "federation.on_round_failure": "skip"}), tmp_path / "skip")
+    recs = RunDir(tmp_path / "skip").read_metrics()
+    assert "round_failed" in recs[0] and "round_failed" not in recs[1]
+
+
+def test_a_secure_run_resumes_to_the_uninterrupted_records(tmp_path, one_thread):
+    from fedpeft.runtime.embedded import StopAfterRound, run_embedded
+    from fedpeft.tracking.rundir import RunDir
+    from fedpeft.tracking.summary import TIMING_FIELDS
+
+    cfg = _cfg()
+    run_embedded(cfg, tmp_path / "full")
+    with pytest.raises(StopAfterRound):
+        run_embedded(cfg, tmp_path / "cut", stop_after_round=1)
+    run_embedded(cfg, tmp_path / "cut", resume=True)
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]  # noqa: E731
+    assert strip(RunDir(tmp_path / "cut").read_metrics()) == strip(RunDir(tmp_path / "full").read_metrics())
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"method.aggregator.name": "median"}, "method.aggregator.name: 'median' needs each client's update"),
+    ({"method.aggregator.name": "krum"}, "'krum' needs each client's update"),
+    ({"method.wrappers": [{"name": "clip", "max_norm": 1.0}]}, "method.wrappers.0.name: 'clip'"),
+    ({"method.name": "headprune", "method.adapter.num_tokens": None}, "'head_weighted' needs each client's update"),
+    ({"method.name": "fedavg-lora", "method.adapter.num_tokens": None}, "method.sharing.name: 'head_pruning'"),
+    ({"method.name": "fedbpt", "method.trainer.max_steps": None, "method.trainer.batch_size": None},
+     "'server_cmaes' needs each client's update"),
+    ({"method.selector.name": "loss_difference"}, "method.selector.name: 'loss_difference'"),
+    ({"runtime.name": "flower-sim"}, "runtime 'flower-sim' does not carry it yet"),
+])
+def test_what_needs_individual_updates_is_refused_before_loading(over, match):
+    from fedpeft.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=match):
+        _cfg(**over)
+
+
+@pytest.mark.parametrize("over", [
+    {"method.name": "ffa-lora", "method.adapter.num_tokens": None},   # only B travels, and is summed
+    {"method.aggregator.name": "fedadam"},                           # a server step on the mean's pseudo-gradient
+    {"method.name": "fedsa-lora", "method.adapter.num_tokens": None},  # A summed, B kept on the clients
+])
+def test_methods_that_need_only_the_mean_run_securely(tmp_path, one_thread, over):
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    run_embedded(_cfg(**over, **{"federation.rounds": 1}), tmp_path / "run")
+    rec = RunDir(tmp_path / "run").read_metrics()[-1]
+    assert rec["num_ok"] == 5 and np.isfinite(rec["loss"])
