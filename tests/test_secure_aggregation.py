@@ -14,7 +14,7 @@ from fedpeft.config import SecureAggregationConfig
 flwr = pytest.importorskip("flwr")
 
 from fedpeft.runtime.secure.inprocess import grid_class, task_identity  # noqa: E402
-from fedpeft.runtime.secure.protocol import client_handler, node_id, secure_round  # noqa: E402
+from fedpeft.runtime.secure.protocol import node_handler, node_id, secure_round  # noqa: E402
 
 CLIENTS = [0, 1, 2, 3, 4]
 WEIGHTS = {0: 10, 1: 20, 2: 30, 3: 40, 4: 50}
@@ -25,20 +25,26 @@ def _update(c: int) -> dict[str, torch.Tensor]:
     return {"a": torch.randn(30, 40, generator=g) * 0.1, "b": torch.randn(5, generator=g)}
 
 
-def _train(c: int):
-    def train(payload: bytes) -> bytes:
+def _run_node(settings, payloads):
+    """Each client of the node trains: its reply is its fixed update, weight and loss."""
+    for payload in payloads.values():
         assert decode(payload).scalars["round"] == 1
-        return encode(Message(_update(c), {"num_examples": WEIGHTS[c], "train_loss": 0.5 + c}))
-    return train
+    return {c: encode(Message(_update(c), {"num_examples": WEIGHTS[c], "train_loss": 0.5 + c})) for c in payloads}, {}
+
+
+def _handlers(seed=0):
+    return {node_id(c): node_handler(_run_node, seed, 1, node_id(c)) for c in CLIENTS}
+
+
+def _groups():
+    return {node_id(c): {c: encode(Message(scalars={"round": 1}))} for c in CLIENTS}
 
 
 def _run(cfg=None, drop=None, seed=0):
     cfg = cfg or SecureAggregationConfig(num_shares=5, reconstruction_threshold=3)
-    instructions = {c: encode(Message(scalars={"round": 1})) for c in CLIENTS}
-    handlers = {node_id(c): client_handler(_train(c), seed, 1, c) for c in CLIENTS}
-    grid = grid_class()(handlers, drop)
+    grid = grid_class()(_handlers(seed), drop)
     with task_identity():
-        outcome = secure_round(cfg, seed, 1, instructions, grid)
+        outcome = secure_round(cfg, seed, 1, _groups(), grid)
     return outcome, grid
 
 
@@ -78,6 +84,19 @@ def test_a_client_that_drops_after_sharing_its_keys_is_unmasked_and_left_out():
         assert np.abs(outcome.mean[k] - want[k].numpy()).max() < 1e-3
 
 
+def test_a_node_with_several_clients_masks_their_weighted_mean_together():
+    """A deployed SuperNode owning clients 0 and 1 is one party: the server's mean is still every client's."""
+    groups = {1: {0: encode(Message(scalars={"round": 1})), 1: encode(Message(scalars={"round": 1}))}}
+    groups |= {node_id(c): {c: encode(Message(scalars={"round": 1}))} for c in (2, 3, 4)}
+    handlers = {n: node_handler(_run_node, 0, 1, n) for n in groups}
+    with task_identity():
+        outcome = secure_round(SecureAggregationConfig(num_shares=4, reconstruction_threshold=2), 0, 1, groups,
+                               grid_class()(handlers))
+    want = _plain(CLIENTS)
+    assert set(outcome.scalars) == set(CLIENTS) and outcome.weight == sum(WEIGHTS.values())
+    assert all(np.abs(outcome.mean[k] - want[k].numpy()).max() < 1e-3 for k in want)
+
+
 def test_too_many_dropouts_halt_the_round_with_nothing_applied():
     outcome, _ = _run(drop=lambda node, stage: node in (node_id(1), node_id(2), node_id(3))
                       and stage == "collect_masked_vectors")
@@ -92,10 +111,9 @@ def test_no_masked_reply_carries_a_clients_update():
     seen = []
 
     cfg = SecureAggregationConfig(num_shares=5, reconstruction_threshold=3)
-    instructions = {c: encode(Message(scalars={"round": 1})) for c in CLIENTS}
     handlers = {}
     for c in CLIENTS:
-        inner = client_handler(_train(c), 0, 1, c)
+        inner = _handlers()[node_id(c)]
 
         def handler(msg, inner=inner, c=c):
             reply = inner(msg)
@@ -105,7 +123,7 @@ def test_no_masked_reply_carries_a_clients_update():
             return reply
         handlers[node_id(c)] = handler
     with task_identity():
-        secure_round(cfg, 0, 1, instructions, grid_class()(handlers))
+        secure_round(cfg, 0, 1, _groups(), grid_class()(handlers))
     assert len(seen) == len(CLIENTS)
     for c, arrays in seen:
         # the mod's vector is [weight factor, a, b]; each entry in [0, 2^32), the masks uniform over it

@@ -29,7 +29,7 @@ from fedpeft.runtime.client import handle_evaluate, handle_train
 from fedpeft.runtime.faults import inject
 from fedpeft.runtime.heap import HeapTrimmer
 from fedpeft.runtime.secure.inprocess import grid_class, task_identity
-from fedpeft.runtime.secure.protocol import SecureOutcome, client_handler, node_id, secure_round
+from fedpeft.runtime.secure.protocol import SecureOutcome, node_handler, node_id, secure_round
 from fedpeft.runtime.session import StopAfterRound, log_to, open_run, progress, run_rounds
 from fedpeft.runtime.workers import ClientWorkers, encode_state
 
@@ -154,25 +154,30 @@ class InProcessTransport:
         self.bar.reset(self.clients_task, total=len(instructions), description=f"round {round} clients (secure)")
         new_states: dict[int, Message] = {}
 
-        def train(cid: int):
-            def run(payload: bytes) -> bytes:
+        def run_node(settings: dict, payloads: dict[int, bytes]) -> tuple[dict[int, bytes], dict[int, str]]:
+            replies, errors = {}, {}
+            for cid, payload in payloads.items():
                 ctx = self.exp.client(cid)
                 ctx.state = _copy(self.states.get(cid, Message()))
-                inject(self.cfg.faults, self.cfg.seed, round, cid)
-                reply = handle_train(self.method, payload, ctx)
-                new_states[cid] = ctx.state
+                try:
+                    inject(self.cfg.faults, self.cfg.seed, round, cid)
+                    replies[cid] = handle_train(self.method, payload, ctx)
+                    new_states[cid] = ctx.state
+                except Exception as e:  # noqa: BLE001 - the client drops out of the protocol
+                    log.exception("round %d: client %d raised", round, cid)
+                    errors[cid] = f"{type(e).__name__}: {e}"
                 self.bar.advance(self.clients_task)
-                return reply
-            return run
+            return replies, errors
 
-        handlers = {node_id(c): client_handler(train(c), self.cfg.seed, round, c) for c in instructions}
+        handlers = {node_id(c): node_handler(run_node, self.cfg.seed, round, node_id(c)) for c in instructions}
         grid = grid_class()(handlers)
         with task_identity():
-            outcome = secure_round(self.cfg.federation.secure_aggregation, self.cfg.seed, round, instructions, grid)
+            outcome = secure_round(self.cfg.federation.secure_aggregation, self.cfg.seed, round,
+                                   {node_id(c): {c: p} for c, p in instructions.items()}, grid)
         client_of = {node_id(c): c for c in instructions}
         outcome.bytes_down = {client_of[n]: b for n, b in grid.bytes_down.items()}
         outcome.bytes_up = {client_of[n]: b for n, b in grid.bytes_up.items()}
-        outcome.errors = {client_of[n]: e for n, e in grid.errors.items()} | {
+        outcome.errors |= {client_of[n]: e for n, e in grid.errors.items()} | {
             client_of[n]: f"no reply at the {stage} stage" for n, stage in grid.dropped_at.items()}
         for cid in outcome.scalars:
             self.states[cid] = new_states[cid]

@@ -1,12 +1,14 @@
 """One round under SecAgg+ (Bell et al., CCS 2020), run by Flower's own implementation in every runtime.
 
-The server side is Flower's ``SecAggPlusWorkflow`` (setup, share keys, collect masked vectors, unmask) and each client
+The server side is Flower's ``SecAggPlusWorkflow`` (setup, share keys, collect masked vectors, unmask) and each node
 is wrapped by Flower's ``secaggplus_mod``; fedpeft supplies what they call: a legacy ``Strategy`` whose
-``configure_fit`` hands out the round's encoded instructions and whose ``aggregate_fit`` receives the unmasked
-weighted mean (``RoundStrategy``), and the train handler behind the mod, which runs ``client_update`` and returns
-its update tensors as the ``FitRes`` parameters the mod quantizes, masks and uploads (``masked_train``). The clear
-part of a reply is its scalars (the example count, the training loss, steps): the tensors never leave a client
-unmasked. The workflow's randomness that changes results is seeded from (seed, round, client): the stochastic
+``configure_fit`` hands each node the encoded instructions of its clients and whose ``aggregate_fit`` receives the
+unmasked weighted mean (``RoundStrategy``), and the train handler behind the mod, which runs ``client_update`` for
+the node's clients and returns their update tensors, averaged over the node's clients by example count, as the
+``FitRes`` parameters the mod quantizes, masks and uploads (``masked_train``). The parties are Flower nodes: in the
+embedded runtime and in simulation one client each; a deployed SuperNode owning several clients masks their sum
+together. The clear part of a reply is each client's scalars (the example count, the training loss, steps) and
+the names of the tensors: the tensors never leave a node unmasked. The workflow's randomness that changes results is seeded from (seed, round, client): the stochastic
 rounding of the quantization (``numpy``'s global generator, which Flower's ``quantize`` draws from) and the
 neighbour graph (``random.shuffle``); keys and mask seeds stay random, their masks cancel exactly.
 """
@@ -25,8 +27,11 @@ from fedpeft.comm.codec import decode
 from fedpeft.config import SecureAggregationConfig
 from fedpeft.rng import SERVER, numpy_rng
 
-CONFIG_KEY = "fedpeft.instruction"   # the FitIns config entry carrying a client's encoded instruction
-NAMES_KEY = "fedpeft.tensors"        # the FitRes metric naming the update tensors, in parameter order
+CLIENT = "fedpeft.client."     # FitIns config: "<prefix><client id>" -> that client's encoded instruction
+SETTING = "fedpeft.setting."   # FitIns config: "<prefix><key>" -> the node's run settings (Flower runtimes)
+NAMES_KEY = "fedpeft.tensors"  # FitRes metric: the update tensors' names, in parameter order
+ERROR = "error"                # FitRes metric "<client id>.error": why that client of the node failed
+RunNode = Callable[[dict[str, Any], dict[int, bytes]], tuple[dict[int, bytes], dict[int, str]]]
 
 
 @contextlib.contextmanager
@@ -86,27 +91,30 @@ def strategy_class():
         get_parameters = fit = evaluate = reconnect = get_properties
 
     class RoundStrategy(Strategy):
-        def __init__(self, instructions: dict[int, bytes], node_of: Callable[[int], int]) -> None:
-            self.instructions, self.node_of = instructions, node_of
-            self.client_of = {node_of(c): c for c in instructions}
+        def __init__(self, groups: dict[int, dict[int, bytes]], settings: dict[str, Any]) -> None:
+            self.groups, self.settings = groups, settings  # node id -> {client id: instruction}
             self.outcome = SecureOutcome()
 
         def initialize_parameters(self, client_manager):
             return None
 
         def configure_fit(self, server_round, parameters, client_manager):
-            empty = Parameters([], "")
-            return [(NodeProxy(self.node_of(c)), FitIns(empty, {CONFIG_KEY: payload}))
-                    for c, payload in self.instructions.items()]
+            empty, common = Parameters([], ""), {SETTING + k: v for k, v in self.settings.items()}
+            return [(NodeProxy(node), FitIns(empty, common | {CLIENT + str(c): p for c, p in payloads.items()}))
+                    for node, payloads in sorted(self.groups.items())]
 
         def aggregate_fit(self, server_round, results, failures):
             from flwr.common import parameters_to_ndarrays
 
-            names = None
-            for proxy, res in results:
-                metrics = dict(res.metrics)
-                names = str(metrics.pop(NAMES_KEY, ""))
-                self.outcome.scalars[self.client_of[proxy.node_id]] = metrics | {"num_examples": res.num_examples}
+            names = ""
+            for _, res in results:
+                per_client = split_metrics(res.metrics)
+                names = str(per_client.pop(None, {}).get(NAMES_KEY, ""))
+                for c, m in per_client.items():
+                    if ERROR in m:
+                        self.outcome.errors[c] = str(m[ERROR])
+                    else:
+                        self.outcome.scalars[c] = m
                 self.outcome.weight += float(res.num_examples)
             if results:  # every result carries the same unmasked mean (the workflow's backward compatibility)
                 arrays = parameters_to_ndarrays(results[0][1].parameters)
@@ -126,42 +134,78 @@ def strategy_class():
     return RoundStrategy
 
 
-def masked_train(train: Callable[[bytes], bytes]) -> Callable[[Any, Any], Any]:
-    """The handler behind ``secaggplus_mod`` in the collect-masked-vectors stage: ``train`` (instruction bytes ->
-    encoded reply) runs fedpeft's client step; its update tensors become the ``FitRes`` parameters (float32, sorted by
-    name, the names in a metric) and its numeric scalars the metrics; ``num_examples`` is the weight the mod applies."""
+def split_metrics(metrics: dict[str, Any]) -> dict[int | None, dict[str, Any]]:
+    """A node's FitRes metrics per client ("<client id>.<key>"); the node's own ones under None."""
+    out: dict[int | None, dict[str, Any]] = {}
+    for key, value in metrics.items():
+        head, _, rest = key.partition(".")
+        client = int(head) if head.isdigit() and rest else None
+        out.setdefault(client, {})[rest if client is not None else key] = value
+    return out
+
+
+def node_reply(replies: dict[int, bytes], errors: dict[int, str]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
+    """A node's (parameters, num_examples, metrics) for its FitRes: its clients' update tensors averaged by example
+    count (the mod weights the average by their total), each client's numeric scalars and errors as metrics."""
+    decoded = {c: decode(b) for c, b in sorted(replies.items())}
+    if not decoded:
+        raise RuntimeError("no client of this node trained: " + "; ".join(f"{c}: {e}" for c, e in errors.items()))
+    names = sorted(next(iter(decoded.values())).tensors)
+    weights = {c: int(r.scalars["num_examples"]) for c, r in decoded.items()}
+    total = sum(weights.values())
+    arrays = [sum(weights[c] / total * r.tensors[k].double().numpy() for c, r in decoded.items()).astype(np.float32)
+              for k in names]
+    metrics: dict[str, Any] = {NAMES_KEY: ",".join(names)}
+    for c, r in decoded.items():
+        if sorted(r.tensors) != names:
+            raise ValueError(f"client {c} uploads {sorted(r.tensors)}, the node's other clients {names}")
+        metrics |= {f"{c}.{k}": v for k, v in r.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    metrics |= {f"{c}.{ERROR}": e for c, e in errors.items()}
+    return arrays, total, metrics
+
+
+def masked_train(run_node: RunNode) -> Callable[[Any, Any], Any]:
+    """The handler behind ``secaggplus_mod`` in the collect-masked-vectors stage: ``run_node`` (the node's settings
+    and its clients' instructions -> their encoded replies and errors) runs fedpeft's client steps; ``node_reply``
+    makes them the ``FitRes`` the mod quantizes, masks and uploads."""
     import flwr.compat.common.recorddict_compat as compat
     from flwr.app import Message
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
     def call_next(msg, ctxt):
-        fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
-        reply = decode(train(bytes(fitins.config[CONFIG_KEY])))
-        names = sorted(reply.tensors)
-        arrays = [reply.tensors[k].float().numpy() for k in names]
-        metrics = {k: v for k, v in reply.scalars.items()
-                   if k != "num_examples" and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), int(reply.scalars["num_examples"]),
-                     metrics | {NAMES_KEY: ",".join(names)})
+        config = compat.recorddict_to_fitins(msg.content, keep_input=True).config
+        settings = {k[len(SETTING):]: v for k, v in config.items() if k.startswith(SETTING)}
+        payloads = {int(k[len(CLIENT):]): bytes(v) for k, v in config.items() if k.startswith(CLIENT)}
+        arrays, total, metrics = node_reply(*run_node(settings, payloads))
+        res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), total, metrics)
         return Message(compat.fitres_to_recorddict(res, keep_input=True), reply_to=msg)
 
     return call_next
 
 
-def client_handler(train: Callable[[bytes], bytes], seed: int, round: int, client: int) -> Callable[[Any], Any]:
-    """One client's side of a round: Flower's ``secaggplus_mod`` (its state kept across the four stages in the
-    client's Flower context) around ``masked_train``, the quantization's rounding seeded by (seed, round, client)."""
-    from flwr.app import Context, RecordDict
+def secure_mod(seed: int, round: int, node: int) -> Callable[[Any, Any, Any], Any]:
+    """Flower's ``secaggplus_mod`` with the quantization's rounding seeded by (seed, round, node); messages of other
+    kinds (plain training, evaluation, discovery) pass through."""
     from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-    context = Context(run_id=0, node_id=node_id(client), node_config={}, state=RecordDict(), run_config={})
-    call_next = masked_train(train)
-
-    def handle(msg):
-        with seeded(seed, round, client, "secagg-quantize"):
+    def mod(msg, context, call_next):
+        if RECORD_KEY_CONFIGS not in msg.content.config_records:
+            return call_next(msg, context)
+        with seeded(seed, round, node, "secagg-quantize"):
             return secaggplus_mod(msg, context, call_next)
 
-    return handle
+    return mod
+
+
+def node_handler(run_node: RunNode, seed: int, round: int, node: int) -> Callable[[Any], Any]:
+    """One in-process node's side of a round: ``secure_mod`` (its protocol state kept across the four stages in the
+    node's Flower context) around ``masked_train``."""
+    from flwr.app import Context, RecordDict
+
+    context = Context(run_id=0, node_id=node, node_config={}, state=RecordDict(), run_config={})
+    mod, call_next = secure_mod(seed, round, node), masked_train(run_node)
+    return lambda msg: mod(msg, context, call_next)
 
 
 def node_id(client: int) -> int:
@@ -169,10 +213,11 @@ def node_id(client: int) -> int:
     return client + 1
 
 
-def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, instructions: dict[int, bytes], grid: Any,
-                 node_of: Callable[[int], int] = node_id) -> SecureOutcome:
-    """Run Flower's SecAgg+ workflow for one round over ``grid`` (the clients' encoded instructions handed out by
-    ``configure_fit``); the outcome has no mean when the protocol halted (too few survivors for the threshold)."""
+def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, groups: dict[int, dict[int, bytes]], grid: Any,
+                 settings: dict[str, Any] | None = None) -> SecureOutcome:
+    """Run Flower's SecAgg+ workflow for one round over ``grid``: ``groups`` maps each node to its clients' encoded
+    instructions (``settings``: what a Flower node needs besides them); the outcome has no mean when the protocol
+    halted (too few survivors for the threshold)."""
     import flwr.compat.common.recorddict_compat as compat
     from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.common import Parameters
@@ -180,7 +225,7 @@ def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, instructio
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
     from flwr.server.workflow.constant import Key as WorkflowKey
 
-    strategy = strategy_class()(instructions, node_of)
+    strategy = strategy_class()(groups, settings or {})
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
                             strategy=strategy)
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: round})
