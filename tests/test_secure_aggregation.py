@@ -32,8 +32,8 @@ def _run_node(settings, payloads):
     return {c: encode(Message(_update(c), {"num_examples": WEIGHTS[c], "train_loss": 0.5 + c})) for c in payloads}, {}
 
 
-def _handlers(seed=0):
-    return {node_id(c): node_handler(_run_node, seed, 1, node_id(c)) for c in CLIENTS}
+def _handlers():
+    return {node_id(c): node_handler(_run_node, node_id(c)) for c in CLIENTS}
 
 
 def _groups():
@@ -42,7 +42,7 @@ def _groups():
 
 def _run(cfg=None, drop=None, seed=0):
     cfg = cfg or SecureAggregationConfig(num_shares=5, reconstruction_threshold=3)
-    grid = grid_class()(_handlers(seed), drop)
+    grid = grid_class()(_handlers(), drop)
     with task_identity():
         outcome = secure_round(cfg, seed, 1, _groups(), grid)
     return outcome, grid
@@ -88,7 +88,7 @@ def test_a_node_with_several_clients_masks_their_weighted_mean_together():
     """A deployed SuperNode owning clients 0 and 1 is one party: the server's mean is still every client's."""
     groups = {1: {0: encode(Message(scalars={"round": 1})), 1: encode(Message(scalars={"round": 1}))}}
     groups |= {node_id(c): {c: encode(Message(scalars={"round": 1}))} for c in (2, 3, 4)}
-    handlers = {n: node_handler(_run_node, 0, 1, n) for n in groups}
+    handlers = {n: node_handler(_run_node, n) for n in groups}
     with task_identity():
         outcome = secure_round(SecureAggregationConfig(num_shares=4, reconstruction_threshold=2), 0, 1, groups,
                                grid_class()(handlers))

@@ -169,7 +169,7 @@ class InProcessTransport:
                 self.bar.advance(self.clients_task)
             return replies, errors
 
-        handlers = {node_id(c): node_handler(run_node, self.cfg.seed, round, node_id(c)) for c in instructions}
+        handlers = {node_id(c): node_handler(run_node, node_id(c)) for c in instructions}
         grid = grid_class()(handlers)
         with task_identity():
             outcome = secure_round(self.cfg.federation.secure_aggregation, self.cfg.seed, round,

@@ -1,7 +1,7 @@
 """A Flower ``Grid`` whose nodes are in this process: the embedded runtime's way to run Flower's SecAgg+ workflow.
 
 Every message crosses as Flower would send it: its records are serialized with Flower's protobuf serde and parsed
-again on the other side (so no object is shared, and the byte counts are the wire's), then handed to the node's
+again on the other side (so no object is shared, and the byte counts are the serialized records'), then handed to the node's
 handler (``secaggplus_mod`` around fedpeft's train step). A node whose handler raises, or that a test drops at a
 stage, gives no reply, as a node that failed or timed out.
 """
@@ -17,12 +17,20 @@ Handler = Callable[[Any], Any]  # Message -> reply Message
 STAGE_KEY = ("secaggplus_configs", "stage")
 
 
+def wire_bytes(content) -> bytes:
+    """A message's records as Flower serializes them (protobuf); their length is what every runtime counts for the
+    protocol's messages (Flower's ``count_bytes`` cannot size the protocol's lists of byte strings)."""
+    from flwr.common.serde import recorddict_to_proto
+
+    return recorddict_to_proto(content).SerializeToString()
+
+
 def _wire(content) -> tuple[Any, int]:
-    """The records as the receiver gets them (serialized and parsed) and their length in bytes."""
-    from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+    """The records as the receiver gets them (serialized and parsed) and their serialized length."""
+    from flwr.common.serde import recorddict_from_proto
     from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-    data = recorddict_to_proto(content).SerializeToString()
+    data = wire_bytes(content)
     proto = ProtoRecordDict()
     proto.ParseFromString(data)
     return recorddict_from_proto(proto), len(data)

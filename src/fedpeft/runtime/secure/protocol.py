@@ -8,9 +8,10 @@ the node's clients and returns their update tensors, averaged over the node's cl
 ``FitRes`` parameters the mod quantizes, masks and uploads (``masked_train``). The parties are Flower nodes: in the
 embedded runtime and in simulation one client each; a deployed SuperNode owning several clients masks their sum
 together. The clear part of a reply is each client's scalars (the example count, the training loss, steps) and
-the names of the tensors: the tensors never leave a node unmasked. The workflow's randomness that changes results is seeded from (seed, round, client): the stochastic
-rounding of the quantization (``numpy``'s global generator, which Flower's ``quantize`` draws from) and the
-neighbour graph (``random.shuffle``); keys and mask seeds stay random, their masks cancel exactly.
+the names of the tensors: the tensors never leave a node unmasked. The workflow's randomness that changes results is seeded, the same in every runtime: the stochastic
+rounding of the quantization (``numpy``'s global generator, which Flower's ``quantize`` draws from) by (seed, round,
+the node's first client), read from the message itself; the neighbour graph (``random.shuffle``) by (seed, round).
+Keys and mask seeds stay random: their masks cancel exactly.
 """
 
 from __future__ import annotations
@@ -183,29 +184,37 @@ def masked_train(run_node: RunNode) -> Callable[[Any, Any], Any]:
     return call_next
 
 
-def secure_mod(seed: int, round: int, node: int) -> Callable[[Any, Any, Any], Any]:
-    """Flower's ``secaggplus_mod`` with the quantization's rounding seeded by (seed, round, node); messages of other
-    kinds (plain training, evaluation, discovery) pass through."""
-    from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
+def is_secure(msg: Any) -> bool:
+    """Whether a Flower message is a stage of the SecAgg+ protocol."""
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-    def mod(msg, context, call_next):
-        if RECORD_KEY_CONFIGS not in msg.content.config_records:
-            return call_next(msg, context)
-        with seeded(seed, round, node, "secagg-quantize"):
-            return secaggplus_mod(msg, context, call_next)
-
-    return mod
+    return RECORD_KEY_CONFIGS in msg.content.config_records
 
 
-def node_handler(run_node: RunNode, seed: int, round: int, node: int) -> Callable[[Any], Any]:
+def secure_mod(msg: Any, context: Any, call_next: Callable[[Any, Any], Any]) -> Any:
+    """A ClientApp mod: Flower's ``secaggplus_mod`` for the protocol's messages, with the quantization's rounding (in
+    the masked-vector stage, which carries the node's instructions) seeded by (run seed, round, first client); other
+    messages (plain training, evaluation, discovery) pass through."""
+    from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
+
+    if not is_secure(msg):
+        return call_next(msg, context)
+    config = msg.content.config_records.get("fitins.config")
+    clients = sorted(int(k[len(CLIENT):]) for k in (config or {}) if k.startswith(CLIENT))
+    if not clients:
+        return secaggplus_mod(msg, context, call_next)
+    with seeded(int(config[SETTING + "seed"]), int(config[SETTING + "round"]), clients[0], "secagg-quantize"):
+        return secaggplus_mod(msg, context, call_next)
+
+
+def node_handler(run_node: RunNode, node: int) -> Callable[[Any], Any]:
     """One in-process node's side of a round: ``secure_mod`` (its protocol state kept across the four stages in the
     node's Flower context) around ``masked_train``."""
     from flwr.app import Context, RecordDict
 
     context = Context(run_id=0, node_id=node, node_config={}, state=RecordDict(), run_config={})
-    mod, call_next = secure_mod(seed, round, node), masked_train(run_node)
-    return lambda msg: mod(msg, context, call_next)
+    call_next = masked_train(run_node)
+    return lambda msg: secure_mod(msg, context, call_next)
 
 
 def node_id(client: int) -> int:
@@ -225,7 +234,7 @@ def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, groups: di
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
     from flwr.server.workflow.constant import Key as WorkflowKey
 
-    strategy = strategy_class()(groups, settings or {})
+    strategy = strategy_class()(groups, (settings or {}) | {"seed": seed, "round": round})
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
                             strategy=strategy)
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: round})
