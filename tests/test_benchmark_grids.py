@@ -14,7 +14,8 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 def bench(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     yield
-    for name in ("runner", "fedbpt", "fedbpt_arms", "fedbpt_report", "generation", "flowertune", "lora_family"):
+    for name in ("runner", "fedbpt", "fedbpt_arms", "fedbpt_report", "generation", "flowertune", "lora_family",
+                 "secagg"):
         sys.modules.pop(name, None)
 
 
@@ -112,3 +113,18 @@ def test_every_lora_family_job_resolves_and_the_empty_table_renders(bench, tmp_p
             assert cfg.method.sharing.name == "head_pruning" and cfg.federation.partition.scheme == "iid"
     table = render(args).read_text()
     assert table.count("| 0/3 |") == len(jobs) // 3 + 3  # every arm unfinished, and the generation rows read back
+
+
+def test_every_secagg_job_resolves_and_the_empty_table_renders(bench, tmp_path):
+    from secagg import MODES, job_name, overrides, parse, plan, render
+
+    from fedpeft.resolve import load_config
+
+    args = parse(["--runs-dir", str(tmp_path), "--results", str(tmp_path / "s.md"), "--notes", str(tmp_path / "n.md")])
+    jobs = plan(args)
+    assert len({job_name(*j) for j in jobs}) == len(jobs) == 3 * 2 * 3 * len(MODES)
+    for method, clients, mode, seed in jobs:
+        cfg = load_config(None, overrides(args, method, clients, mode, seed))
+        assert cfg.federation.num_clients == clients and cfg.seed == seed
+        assert (cfg.federation.secure_aggregation is not None) == (mode != "plain")
+    assert render(args).read_text().count("| 0/3 |") == len(jobs) // 3

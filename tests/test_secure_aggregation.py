@@ -176,12 +176,32 @@ def test_dropped_clients_are_left_out_and_too_many_fail_the_round(tmp_path, one_
     rec = RunDir(tmp_path / "one").read_metrics()[0]
     assert {c["client"]: c["status"] for c in rec["clients"]} == {0: "ok", 1: "ok", 2: "failed", 3: "ok", 4: "ok"}
     assert "InjectedFault" in next(c["error"] for c in rec["clients"] if c["client"] == 2)
-    with pytest.raises(RoundFailed, match="secure aggregation halted"):
+    with pytest.raises(RoundFailed, match="secure aggregation halted .fewer surviving clients"):
         run_embedded(_cfg(**{"faults.fail_clients": [1, 2, 3]}), tmp_path / "three")
     run_embedded(_cfg(**{"faults.fail_clients": [1, 2, 3], "faults.rounds": [1],
                          "federation.on_round_failure": "skip"}), tmp_path / "skip")
     recs = RunDir(tmp_path / "skip").read_metrics()
     assert "round_failed" in recs[0] and "round_failed" not in recs[1]
+
+
+def test_a_misshapen_masked_vector_fails_the_round_and_applies_nothing():
+    """A node that uploads a masked vector of another shape breaks the sum: the round halts, nothing is applied."""
+    from flwr.common import ndarray_to_bytes
+
+    handlers = _handlers()
+    honest = handlers[node_id(4)]
+
+    def liar(msg):
+        reply = honest(msg)
+        cfgs = reply.content.config_records["secaggplus_configs"]
+        if "masked_params" in cfgs:
+            cfgs["masked_params"] = [ndarray_to_bytes(np.zeros(3, dtype=np.int64))] * len(cfgs["masked_params"])
+        return reply
+    handlers[node_id(4)] = liar
+    with task_identity():
+        outcome = secure_round(SecureAggregationConfig(num_shares=5, reconstruction_threshold=3), 0, 1, _groups(),
+                               grid_class()(handlers))
+    assert outcome.mean is None and outcome.halted and "ValueError" in outcome.halted
 
 
 def test_a_secure_run_resumes_to_the_uninterrupted_records(tmp_path, one_thread):
@@ -207,7 +227,6 @@ def test_a_secure_run_resumes_to_the_uninterrupted_records(tmp_path, one_thread)
     ({"method.name": "fedbpt", "method.trainer.max_steps": None, "method.trainer.batch_size": None},
      "'server_cmaes' needs each client's update"),
     ({"method.selector.name": "loss_difference"}, "method.selector.name: 'loss_difference'"),
-    ({"runtime.name": "flower-sim"}, "runtime 'flower-sim' does not carry it yet"),
 ])
 def test_what_needs_individual_updates_is_refused_before_loading(over, match):
     from fedpeft.config import ConfigError
@@ -228,3 +247,33 @@ def test_methods_that_need_only_the_mean_run_securely(tmp_path, one_thread, over
     run_embedded(_cfg(**over, **{"federation.rounds": 1}), tmp_path / "run")
     rec = RunDir(tmp_path / "run").read_metrics()[-1]
     assert rec["num_ok"] == 5 and np.isfinite(rec["loss"])
+
+
+@pytest.mark.slow
+def test_a_secure_run_on_flower_sim_equals_the_embedded_one(tmp_path):
+    """Flower's workflow over the simulation's grid and its mod in the ClientApp give the embedded run's records:
+    the same masked means (the quantization seeded alike), one dropout unmasked, the protocol's bytes per client up
+    to the size of node ids."""
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.runtime.flower.simulation import run_flower_sim
+    from fedpeft.tracking.rundir import RunDir
+    from fedpeft.tracking.summary import TIMING_FIELDS
+
+    cfg = _cfg(**{"faults.fail_clients": [3], "faults.rounds": [2], "runtime.threads": 1})
+    run_embedded(cfg, tmp_path / "embedded")
+    run_flower_sim(cfg, tmp_path / "sim")
+    emb, sim = RunDir(tmp_path / "embedded").read_metrics(), RunDir(tmp_path / "sim").read_metrics()
+    assert [r["num_ok"] for r in sim] == [5, 4]
+    # bytes differ only by how node ids encode: Flower's are random 64-bit integers, the embedded ones small
+    bytes_keys = ("bytes_up", "bytes_down")
+    for e, s in zip(emb, sim):
+        for k in bytes_keys:
+            assert abs(s[k] - e[k]) < 0.05 * e[k], (k, s[k], e[k])
+    skip = TIMING_FIELDS + ("flower_record_bytes", "model_loads", *bytes_keys)
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in skip}  # noqa: E731
+                        | {"clients": [{k: v for k, v in c.items() if k not in bytes_keys and k != "error"}
+                                       for c in r["clients"]]} for r in rs]
+    assert strip(sim) == strip(emb)
+    a = RunDir(tmp_path / "embedded").load_checkpoint()[1].tensors
+    b = RunDir(tmp_path / "sim").load_checkpoint()[1].tensors
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -145,9 +145,6 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
     if cfg.federation.secure_aggregation is None:
         return
     m = cfg.method
-    if cfg.runtime.name != "embedded":
-        raise ValueError(f"federation.secure_aggregation: runs in the embedded runtime so far; runtime "
-                         f"'{cfg.runtime.name}' does not carry it yet")
     if not AGGREGATORS.get(m.aggregator.name).secure_sum:
         able = sorted(n for n in AGGREGATORS.names() if AGGREGATORS.get(n).secure_sum)
         raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' needs each client's update; secure "
@@ -160,7 +157,7 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
     if trainer.kind != "params" or not trainer.summable:
         raise ValueError(f"method.trainer.name: '{m.trainer.name}' uploads {KINDS.get(trainer.kind, trainer.kind)} "
                          "that are not summed (secure aggregation sums float tensors)")
-    if not SHARING.get(m.sharing.name).summable:
+    if not SHARING.get(m.sharing.name).summable_with(m.sharing.typed_settings):
         raise ValueError(f"method.sharing.name: '{m.sharing.name}' uploads what cannot be summed across clients "
                          "(see its summable note); secure aggregation reveals only the sum")
     if SELECTORS.get(m.selector.name).reads_clients:

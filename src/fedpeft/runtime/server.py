@@ -111,8 +111,7 @@ class RoundDriver:
                             rec["error"])
             records.append(rec)
         if outcome.mean is None:
-            raise RoundFailed(f"round {plan.round}: secure aggregation halted (fewer surviving clients than the "
-                              "reconstruction threshold needs)", records)
+            raise RoundFailed(f"round {plan.round}: secure aggregation halted ({outcome.halted})", records)
         need = self.cfg.federation.min_clients
         if len(outcome.scalars) < need:
             raise RoundFailed(f"round {plan.round}: {len(outcome.scalars)} clients survived secure aggregation, "

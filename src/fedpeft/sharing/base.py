@@ -103,6 +103,11 @@ class ShareAll:
         self.settings, self.ctx = settings, ctx
 
     @classmethod
+    def summable_with(cls, settings: Any) -> bool:
+        """Whether, with these settings, its replies can be summed across clients (secure aggregation)."""
+        return cls.summable
+
+    @classmethod
     def side_by_side(cls, settings: Any) -> bool:
         """Whether its client steps may run in threads beside other clients' (``runtime.client_batch``)."""
         return True

@@ -78,6 +78,11 @@ class LayerSelectionSettings(BaseModel):
                   "the others stay on each client", LayerSelectionSettings)
 class LayerSelection(PrivateLayers):
     summable = False  # secure aggregation: each client reports its own layer scores
+
+    @classmethod
+    def summable_with(cls, settings: LayerSelectionSettings) -> bool:
+        """Without a selection round (``warmup_rounds: None``, every layer exchanged) nothing is reported."""
+        return settings.warmup_rounds is None
     # ---------------------------------------------------------------- server
 
     def init(self, glob: Params) -> Message:

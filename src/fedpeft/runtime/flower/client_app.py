@@ -20,7 +20,8 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedpeft.runtime.flower import node_worker
-from fedpeft.runtime.flower.records import CLIENTS, NODE, Instruction
+from fedpeft.runtime.flower.records import CLIENTS, NODE, Instruction, Reply
+from fedpeft.runtime.secure.protocol import is_secure, secure_mod
 
 
 def owned_clients(node_config: dict[str, Any]) -> list[int]:
@@ -36,25 +37,41 @@ def owned_clients(node_config: dict[str, Any]) -> list[int]:
     return sorted(set(ids))
 
 
+def _run(settings: dict[str, Any], payloads: dict[int, bytes], node_config: dict[str, Any], train: bool) -> Reply:
+    if node_worker.uses_worker(node_config):
+        return node_worker.request(node_config, settings, payloads, train)
+    # imported here: a ClientApp process that only forwards to the node worker never loads torch
+    from fedpeft.runtime.flower.node_service import serve
+
+    return serve(settings, payloads, node_config, train)
+
+
 def _serve(msg: Message, context: Context, train: bool) -> Message:
     ins = Instruction.from_content(msg.content)
-    node_config = dict(context.node_config)
-    if node_worker.uses_worker(node_config):
-        reply = node_worker.request(node_config, ins.settings, ins.payloads, train)
-    else:
-        # imported here: a ClientApp process that only forwards to the node worker never loads torch
-        from fedpeft.runtime.flower.node_service import serve
-
-        reply = serve(ins.settings, ins.payloads, node_config, train)
-    return Message(reply.content(), reply_to=msg)
+    return Message(_run(ins.settings, ins.payloads, dict(context.node_config), train).content(), reply_to=msg)
 
 
-client_app = ClientApp()
+def _serve_masked(msg: Message, context: Context) -> Message:
+    """The masked-vector stage of secure aggregation (behind ``secure_mod``): the node's clients train, and their
+    update tensors become the FitRes Flower's mod quantizes and masks."""
+    from fedpeft.runtime.secure.protocol import masked_train
+
+    def run_node(settings: dict[str, Any], payloads: dict[int, bytes]) -> tuple[dict[int, bytes], dict[int, str]]:
+        reply = _run(settings, payloads, dict(context.node_config), True)
+        return reply.payloads, reply.errors
+
+    return masked_train(run_node)(msg, context)
+
+
+client_app = ClientApp(mods=[secure_mod])
 
 
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
-    """``client_update`` for every client of this node named in the message."""
+    """``client_update`` for every client of this node named in the message (under secure aggregation, their
+    masked update: see ``runtime.secure``)."""
+    if is_secure(msg):
+        return _serve_masked(msg, context)
     return _serve(msg, context, train=True)
 
 

@@ -31,8 +31,10 @@ class NodeFailure(RuntimeError):
 
 class FlowerTransport:
     def __init__(self, grid: Grid, settings: dict[str, Any], num_clients: int, round_timeout: float | None = None,
-                 join_timeout: float = 300.0, rejoin_wait: float = 0.0, poll_interval: float = 0.2) -> None:
+                 join_timeout: float = 300.0, rejoin_wait: float = 0.0, poll_interval: float = 0.2,
+                 secure: Any = None, seed: int = 0) -> None:
         self.grid, self.settings, self.num_clients = grid, dict(settings), num_clients
+        self.secure, self.seed = secure, seed  # federation.secure_aggregation and the run seed
         self.round_timeout, self.join_timeout, self.rejoin_wait = round_timeout, join_timeout, rejoin_wait
         self.poll = poll_interval
         self.owner: dict[int, int] = {}  # fedpeft client id -> Flower node id
@@ -122,19 +124,27 @@ class FlowerTransport:
             time.sleep(self.poll)
         return out
 
-    def _round(self, kind: str, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
+    def _by_node(self, kind: str, instructions: dict[int, bytes]) -> tuple[dict[int, dict[int, bytes]],
+                                                                          dict[int, BaseException]]:
+        """The instructions grouped by the node that owns each client (discovering nodes first), and a failure for
+        each client no connected node owns."""
         if not self._started:
             self._discover(self.join_timeout)
             self._started = True
         else:
             self._discover(self.rejoin_wait if kind == MessageType.TRAIN else 0.0)
-        results: dict[int, bytes | BaseException] = {}
         by_node: dict[int, dict[int, bytes]] = defaultdict(dict)
+        unowned: dict[int, BaseException] = {}
         for cid, payload in instructions.items():
             if cid in self.owner:
                 by_node[self.owner[cid]][cid] = payload
             else:
-                results[cid] = NodeFailure(f"no SuperNode owning client {cid} is connected")
+                unowned[cid] = NodeFailure(f"no SuperNode owning client {cid} is connected")
+        return by_node, unowned
+
+    def _round(self, kind: str, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
+        by_node, unowned = self._by_node(kind, instructions)
+        results: dict[int, bytes | BaseException] = dict(unowned)
         msgs = []
         for nid, payloads in sorted(by_node.items()):
             content = Instruction(payloads, {**self.settings, "round": round}).content()
@@ -183,6 +193,29 @@ class FlowerTransport:
         self._round_procs.clear()
         return self._round(MessageType.TRAIN, round, instructions)
 
+    def train_secure(self, round: int, instructions: dict[int, bytes]) -> Any:
+        """The round under SecAgg+: Flower's workflow over this grid, each node behind Flower's mod
+        (``runtime.secure``); the bytes of every stage counted per node, split evenly over its clients."""
+        from fedpeft.runtime.secure.protocol import secure_round
+
+        self._round_bytes.clear()
+        self._round_procs.clear()
+        by_node, unowned = self._by_node(MessageType.TRAIN, instructions)
+        grid = CountingGrid(self.grid)
+        cfg = self.secure.model_copy(update={"timeout": self.secure.timeout or self.round_timeout})
+        outcome = secure_round(cfg, self.seed, round, dict(by_node), grid, {**self.settings, "round": round})
+        for nid, clients in by_node.items():
+            for i, cid in enumerate(sorted(clients)):
+                share = lambda total: total // len(clients) + (total % len(clients) if i == 0 else 0)  # noqa: E731
+                outcome.bytes_down[cid] = share(grid.bytes_down.get(nid, 0))
+                outcome.bytes_up[cid] = share(grid.bytes_up.get(nid, 0))
+                if cid not in outcome.scalars and cid not in outcome.errors:
+                    outcome.errors[cid] = grid.errors.get(nid, f"node {nid} dropped out of secure aggregation")
+        outcome.errors |= {cid: str(e) for cid, e in unowned.items()}
+        self._round_bytes["train_down"] = sum(grid.bytes_down.values())
+        self._round_bytes["train_up"] = sum(grid.bytes_up.values())
+        return outcome
+
     def evaluate(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]:
         return self._round(MessageType.EVALUATE, round, instructions)
 
@@ -206,6 +239,34 @@ class FlowerTransport:
                            "max_backbone_loads_per_process": max(loads, default=0),
                            "processes": dict(sorted(self.processes.items())),
                            "node_failures": self._failures}}
+
+
+class CountingGrid:
+    """A ``Grid`` that counts the protocol bytes (``secure.inprocess.protocol_bytes``) of what it sends to and
+    receives from each node, and why a node failed (the secure-aggregation workflow only talks to a grid through ``send_and_receive``)."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+        self.bytes_down: dict[int, int] = defaultdict(int)
+        self.bytes_up: dict[int, int] = defaultdict(int)
+        self.errors: dict[int, str] = {}
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from fedpeft.runtime.secure.inprocess import protocol_bytes
+
+        messages = list(messages)
+        for m in messages:
+            self.bytes_down[m.metadata.dst_node_id] += protocol_bytes(m.content)
+        replies = list(self.grid.send_and_receive(messages, timeout=timeout))
+        for r in replies:
+            if r.has_error():
+                self.errors[r.metadata.src_node_id] = f"Flower error {r.error.code}: {r.error.reason}"
+            else:
+                self.bytes_up[r.metadata.src_node_id] += protocol_bytes(r.content)
+        return replies
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.grid, name)
 
 
 def _checked_reply(reply: Message, nid: int, round: int) -> Reply:

@@ -18,11 +18,26 @@ STAGE_KEY = ("secaggplus_configs", "stage")
 
 
 def wire_bytes(content) -> bytes:
-    """A message's records as Flower serializes them (protobuf); their length is what every runtime counts for the
-    protocol's messages (Flower's ``count_bytes`` cannot size the protocol's lists of byte strings)."""
+    """A message's records as Flower serializes them (protobuf)."""
     from flwr.common.serde import recorddict_to_proto
 
     return recorddict_to_proto(content).SerializeToString()
+
+
+def protocol_bytes(content) -> int:
+    """What every runtime counts for one protocol message: its serialized records without the run settings a Flower
+    node gets beside its instructions (the config YAML, paths; not counted in plain rounds either). Flower's
+    ``count_bytes`` cannot size the protocol's lists of byte strings."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from fedpeft.runtime.secure.protocol import SETTING
+
+    config = content.config_records.get("fitins.config")
+    if config is None or not any(k.startswith(SETTING) for k in config):
+        return len(wire_bytes(content))
+    slim = RecordDict(dict(content))
+    slim["fitins.config"] = ConfigRecord({k: v for k, v in config.items() if not k.startswith(SETTING)})
+    return len(wire_bytes(slim))
 
 
 def _wire(content) -> tuple[Any, int]:
@@ -94,8 +109,8 @@ def grid_class():
                 if self.drop(node, stage):
                     self.dropped_at[node] = stage
                     continue
-                content, size = _wire(msg.content)
-                self.bytes_down[node] += size
+                content, _ = _wire(msg.content)
+                self.bytes_down[node] += protocol_bytes(msg.content)
                 received = Message(content=content, dst_node_id=node, message_type=msg.metadata.message_type,
                                    group_id=msg.metadata.group_id)
                 try:

@@ -22,11 +22,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import logging
+
 import numpy as np
 
-from fedpeft.comm.codec import decode
 from fedpeft.config import SecureAggregationConfig
 from fedpeft.rng import SERVER, numpy_rng
+
+log = logging.getLogger(__name__)
 
 CLIENT = "fedpeft.client."     # FitIns config: "<prefix><client id>" -> that client's encoded instruction
 SETTING = "fedpeft.setting."   # FitIns config: "<prefix><key>" -> the node's run settings (Flower runtimes)
@@ -71,6 +74,7 @@ class SecureOutcome:
     bytes_down: dict[int, int] = field(default_factory=dict)  # per client: every stage's messages, as sent
     bytes_up: dict[int, int] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)      # per client that gave no reply at some stage: why
+    halted: str | None = None  # why the protocol stopped without a mean (too few survivors, a malformed vector)
 
 
 def strategy_class():
@@ -148,6 +152,8 @@ def split_metrics(metrics: dict[str, Any]) -> dict[int | None, dict[str, Any]]:
 def node_reply(replies: dict[int, bytes], errors: dict[int, str]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
     """A node's (parameters, num_examples, metrics) for its FitRes: its clients' update tensors averaged by example
     count (the mod weights the average by their total), each client's numeric scalars and errors as metrics."""
+    from fedpeft.comm.codec import decode
+
     decoded = {c: decode(b) for c, b in sorted(replies.items())}
     if not decoded:
         raise RuntimeError("no client of this node trained: " + "; ".join(f"{c}: {e}" for c, e in errors.items()))
@@ -239,6 +245,12 @@ def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, groups: di
                             strategy=strategy)
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: round})
     context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(Parameters([], ""), True)
-    with seeded(seed, round, SERVER, "secagg-neighbours"):
-        workflow(cfg)(grid, context)
+    try:
+        with seeded(seed, round, SERVER, "secagg-neighbours"):
+            workflow(cfg)(grid, context)
+    except Exception as e:  # noqa: BLE001 - e.g. a masked vector of the wrong shape: the sum is lost, nothing applied
+        log.warning("round %d: secure aggregation failed: %s: %s", round, type(e).__name__, e)
+        strategy.outcome.mean, strategy.outcome.halted = None, f"{type(e).__name__}: {e}"
+    if strategy.outcome.mean is None and strategy.outcome.halted is None:
+        strategy.outcome.halted = "fewer surviving clients than the reconstruction threshold needs"
     return strategy.outcome
