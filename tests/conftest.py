@@ -42,3 +42,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+def plain_copy(backbone):
+    """The shared frozen weights as a plain transformers model (what a PEFT user starts from), without fedpeft's
+    injected LoRA layers."""
+    from transformers import AutoConfig
+
+    from fedpeft.backbones.loading import _auto_class
+
+    state = {k.replace(".base_layer.", "."): v for k, v in backbone.model.state_dict().items() if ".lora_" not in k}
+    config = AutoConfig.for_model(**backbone.model.config.to_dict())
+    base = _auto_class(backbone.family).from_config(config, attn_implementation="eager")
+    base.load_state_dict(state, strict=True)
+    return base.eval()

@@ -5,6 +5,7 @@ express is refused with the field named. (LoRA: tests/test_headprune.py.)"""
 from __future__ import annotations
 
 import pytest
+from conftest import plain_copy
 import torch
 
 from fedpeft.experiment import build_experiment
@@ -16,19 +17,6 @@ from fedpeft.tracking.rundir import RunDir
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _plain_copy(backbone):
-    """The shared frozen weights as a plain transformers model (what a PEFT user starts from)."""
-    from transformers import AutoConfig
-
-    from fedpeft.backbones.loading import _auto_class
-
-    state = {k.replace(".base_layer.", "."): v for k, v in backbone.model.state_dict().items() if ".lora_" not in k}
-    config = AutoConfig.for_model(**backbone.model.config.to_dict())
-    base = _auto_class(backbone.family).from_config(config, attn_implementation="eager")
-    base.load_state_dict(state, strict=True)
-    return base.eval()
-
-
 def test_soft_prompt_exports_as_peft_prompt_tuning(tiny_cfg, tmp_path):
     from peft import PeftModel
 
@@ -36,7 +24,7 @@ def test_soft_prompt_exports_as_peft_prompt_tuning(tiny_cfg, tmp_path):
     exp = build_experiment(cfg)
     run_embedded(cfg, tmp_path / "run", experiment=exp)
     out, _ = export_peft(tmp_path / "run", tmp_path / "peft")
-    model = PeftModel.from_pretrained(_plain_copy(exp.backbone), out)
+    model = PeftModel.from_pretrained(plain_copy(exp.backbone), out)
     glob = ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob
     batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
     with torch.no_grad():
@@ -54,7 +42,7 @@ def test_deep_prompt_exports_as_peft_prefix_tuning(tiny_cfg, tmp_path, model):
     exp = build_experiment(cfg)
     run_embedded(cfg, tmp_path / "run", experiment=exp)
     out, _ = export_peft(tmp_path / "run", tmp_path / "peft")
-    peft_model = PeftModel.from_pretrained(_plain_copy(exp.backbone), out)
+    peft_model = PeftModel.from_pretrained(plain_copy(exp.backbone), out)
     glob = ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob
     batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
     with torch.no_grad():
@@ -128,7 +116,7 @@ def test_a_lora_export_is_reusable_as_is_from_another_folder(tmp_path):
 
     bb = load_backbone("tiny-bert")
     base = tmp_path / "my-base-model"  # a user's own checkpoint folder
-    _plain_copy(bb).save_pretrained(base)
+    plain_copy(bb).save_pretrained(base)
     bb.tokenizer.save_pretrained(base)
     cfg = load_config(None, ["method.name=fedavg-lora", f"model.name={base}", "task.name=synthetic-sentiment",
                              "task.num_examples=96", "task.max_length=24", "federation.num_clients=3",

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_overrides
+from conftest import plain_copy, tiny_overrides
 
 from fedpeft.aggregators.head_weighted import head_weighted
 from fedpeft.build import build_method
@@ -229,7 +229,6 @@ def test_gqa_key_value_rows_belong_to_their_query_head_group():
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
 def test_export_loads_in_peft_with_the_same_outputs(model, tmp_path):
     from peft import PeftModel
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     from fedpeft.export import export_peft
     from fedpeft.methods.composed import ServerState
@@ -241,13 +240,7 @@ def test_export_loads_in_peft_with_the_same_outputs(model, tmp_path):
     glob = ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob
     assert any(float(v.abs().sum()) > 0 for k, v in glob.items() if "lora_B" in k)  # trained, not the zero init
     # the same frozen weights as a plain transformers model, then PEFT's own loader on top
-    bb = exp.backbone
-    base_state = {k: v for k, v in bb.model.state_dict().items() if "lora_" not in k}
-    base_state = {k.replace(".base_layer.", "."): v for k, v in base_state.items()}
-    config = AutoConfig.for_model(**bb.model.config.to_dict())
-    base = (AutoModelForCausalLM if bb.family == "causal" else AutoModel).from_config(config)
-    base.load_state_dict(base_state, strict=False)
-    peft_model = PeftModel.from_pretrained(base.eval(), out)
+    peft_model = PeftModel.from_pretrained(plain_copy(exp.backbone), out)
     batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
     with torch.no_grad():
         ours = exp.classifier.hidden_states(glob, batch)[-1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_overrides
+from conftest import plain_copy, tiny_overrides
 
 from fedpeft.build import build_method
 from fedpeft.clients import sub_state
@@ -134,7 +134,6 @@ def test_fedsa_lora_exports_each_clients_own_adapter_for_peft(tmp_path):
     """``fedpeft export --client K``: Ā with client K's B, loaded by PEFT, gives K's personalised outputs; the
     global export (B = 0) is the frozen backbone."""
     from peft import PeftModel
-    from transformers import AutoConfig, AutoModel
     from typer.testing import CliRunner
 
     from fedpeft.cli import app
@@ -147,11 +146,7 @@ def test_fedsa_lora_exports_each_clients_own_adapter_for_peft(tmp_path):
     assert res.exit_code == 0, res.output
     own = open_model(tmp_path / "run", client=1).params
     assert any(bool(v.abs().sum() > 0) for k, v in own.items() if k.endswith(B))
-    bb = exp.backbone
-    state = {k.replace(".base_layer.", "."): v for k, v in bb.model.state_dict().items() if "lora_" not in k}
-    base = AutoModel.from_config(AutoConfig.for_model(**bb.model.config.to_dict()))
-    base.load_state_dict(state, strict=False)
-    peft_model = PeftModel.from_pretrained(base.eval(), tmp_path / "c1")
+    peft_model = PeftModel.from_pretrained(plain_copy(exp.backbone), tmp_path / "c1")
     batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
     with torch.no_grad():
         ours = exp.classifier.hidden_states(own, batch)[-1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_overrides
+from conftest import plain_copy, tiny_overrides
 
 from fedpeft.aggregators.flexlora import FlexLoRA, svd_factors
 from fedpeft.aggregators.hetlora import HetLoRA, sparsity_weights
@@ -305,7 +305,6 @@ def test_flora_clients_train_a_fresh_lora_over_the_frozen_stack_and_upload_it_al
 
 def test_flora_runs_with_tiers_resumes_and_exports_its_grown_stack_for_peft(tmp_path):
     from peft import PeftModel
-    from transformers import AutoConfig, AutoModel
     from typer.testing import CliRunner
 
     from fedpeft.cli import app
@@ -325,11 +324,7 @@ def test_flora_runs_with_tiers_resumes_and_exports_its_grown_stack_for_peft(tmp_
     assert res.exit_code == 0, res.output
     params = open_model(tmp_path / "full").params
     assert {tuple(v.shape) for k, v in params.items() if k.endswith(A)} == {(32, 32)}  # compacted to D = 32
-    bb = exp.backbone
-    state = {k.replace(".base_layer.", "."): v for k, v in bb.model.state_dict().items() if "lora_" not in k}
-    base = AutoModel.from_config(AutoConfig.for_model(**bb.model.config.to_dict()))
-    base.load_state_dict(state, strict=False)
-    peft_model = PeftModel.from_pretrained(base.eval(), tmp_path / "peft")
+    peft_model = PeftModel.from_pretrained(plain_copy(exp.backbone), tmp_path / "peft")
     batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
     with torch.no_grad():
         ours = exp.classifier.hidden_states(params, batch)[-1]

@@ -46,6 +46,11 @@ class Transport(Protocol):
 
     def evaluate(self, round: int, instructions: dict[int, bytes]) -> dict[int, bytes | BaseException]: ...
 
+    def train_secure(self, round: int, instructions: dict[int, bytes]) -> Any:
+        """The round under secure aggregation (``runtime.secure.protocol.SecureOutcome``: the survivors' weighted
+        mean, their clear scalars, each client's protocol bytes)."""
+        ...
+
     def client_states(self) -> dict[int, Message]:
         """Client states the server checkpoints (empty when they live on the clients)."""
         ...

@@ -80,22 +80,14 @@ class RankTiers(ShareAll):
         return truncate(tensors, self.rank(client, state))
 
     def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]:
-        """LoRA factors travel at the client's rank: a variable size along the rank dimension."""
-        return {k: tuple(None if (f := factor(k)) and d == RANK_DIM[f] else n for d, n in enumerate(s))
-                for k, s in update.items()}
+        return rank_wire_shapes(update)
 
     def report_schema(self, state: Message, round: int) -> tuple[Shapes, tuple[str, ...]]:
         return {}, (RANK,)
 
     def check(self, reply: Message, client: int, state: Message) -> None:
-        """The factors' rank must be the rank the reply states, which is the client's current rank (or below it
-        after self-pruning)."""
-        r, allowed = reply.scalars[RANK], self.rank(client, state)
-        if not (isinstance(r, int) and 1 <= r <= allowed) or (r != allowed and not self.settings.self_prune):
-            raise ValueError(f"'{RANK}' is {r!r}; client {client} trains LoRA at rank {allowed}")
-        got = rank_of({k: v for k, v in reply.tensors.items() if factor(k)})
-        if got is not None and got != r:
-            raise ValueError(f"LoRA factors at rank {got}, the reply states rank {r}")
+        """At the client's current rank (or below it after self-pruning)."""
+        check_rank(reply, client, self.rank(client, state), lower=self.settings.self_prune)
 
     def expand(self, update: Update, shared: Params) -> Update:
         """Zero-padded to the global rank (HetLoRA Sec. 3.2): the client's B A is unchanged."""
@@ -146,3 +138,19 @@ def tail_score(params: Params, modules: list[tuple[str, str]], keep: int, r: int
     """Σ_m ‖B_m[:, keep:r]‖_F · ‖A_m[keep:r, :]‖_F (differentiable; a zero subgradient at zero)."""
     norm = torch.linalg.vector_norm
     return sum(norm(params[b][:, keep:r]) * norm(params[a][keep:r]) for a, b in modules)
+
+
+def rank_wire_shapes(update: Shapes) -> dict[str, tuple[int | None, ...]]:
+    """LoRA factors travel at the client's rank: a variable size along the rank dimension."""
+    return {k: tuple(None if (f := factor(k)) and d == RANK_DIM[f] else n for d, n in enumerate(s))
+            for k, s in update.items()}
+
+
+def check_rank(reply: Message, client: int, allowed: int, lower: bool = False) -> None:
+    """The reply states rank ``allowed`` (or, with ``lower``, one in [1, allowed]) and its factors have it."""
+    r = reply.scalars[RANK]
+    if not (isinstance(r, int) and 1 <= r <= allowed) or (r != allowed and not lower):
+        raise ValueError(f"'{RANK}' is {r!r}; client {client} trains LoRA at rank {allowed}")
+    got = rank_of({k: v for k, v in reply.tensors.items() if factor(k)})
+    if got is not None and got != r:
+        raise ValueError(f"LoRA factors at rank {got}, the reply states rank {r}")

@@ -20,12 +20,12 @@ from typing import Any
 
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
-from fedpeft.comm.lora_pairs import RANK_DIM, factor, pairs, rank_of
+from fedpeft.comm.lora_pairs import RANK_DIM, factor, pairs
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy
 from fedpeft.rng import torch_rng
 from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, Shapes
-from fedpeft.sharing.lora_ranks import RANK
+from fedpeft.sharing.lora_ranks import RANK, check_rank, rank_wire_shapes
 
 torch = lazy("torch")
 
@@ -78,16 +78,10 @@ class Stacking(ShareAll):
     # ---------------------------------------------------------------- server
 
     def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]:
-        return {k: tuple(None if (f := factor(k)) and d == RANK_DIM[f] else n for d, n in enumerate(s))
-                for k, s in update.items()}
+        return rank_wire_shapes(update)
 
     def report_schema(self, state: Message, round: int) -> tuple[Shapes, tuple[str, ...]]:
         return {}, (RANK,)
 
     def check(self, reply: Message, client: int, state: Message) -> None:
-        r, want = reply.scalars[RANK], self.tier_rank(client)
-        if r != want:
-            raise ValueError(f"'{RANK}' is {r!r}; client {client} trains LoRA at rank {want}")
-        got = rank_of({k: v for k, v in reply.tensors.items() if factor(k)})
-        if got is not None and got != r:
-            raise ValueError(f"LoRA factors at rank {got}, the reply states rank {r}")
+        check_rank(reply, client, self.tier_rank(client))
