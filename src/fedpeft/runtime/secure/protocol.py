@@ -8,21 +8,22 @@ the node's clients and returns their update tensors, averaged over the node's cl
 ``FitRes`` parameters the mod quantizes, masks and uploads (``masked_train``). The parties are Flower nodes: in the
 embedded runtime and in simulation one client each; a deployed SuperNode owning several clients masks their sum
 together. The clear part of a reply is each client's scalars (the example count, the training loss, steps) and
-the names of the tensors: the tensors never leave a node unmasked. The workflow's randomness that changes results is seeded, the same in every runtime: the stochastic
-rounding of the quantization (``numpy``'s global generator, which Flower's ``quantize`` draws from) by (seed, round,
-the node's first client), read from the message itself; the neighbour graph (``random.shuffle``) by (seed, round).
-Keys and mask seeds stay random: their masks cancel exactly.
+the names of the tensors: the tensors never leave a node unmasked.
+
+The workflow's randomness that changes results is seeded, the same in every runtime: the stochastic rounding of the
+quantization (``numpy``'s global generator, which Flower's ``quantize`` draws from) by (seed, round, the node's first
+client), read from the message itself; the neighbour graph (``random.shuffle``) by (seed, round). Keys and mask
+seeds stay random: their masks cancel exactly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import logging
 
 import numpy as np
 
