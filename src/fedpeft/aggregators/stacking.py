@@ -51,7 +51,7 @@ def compact(factors: Params) -> Params:
 
 @AGGREGATORS.register("stack", "FLoRA: the clients' LoRA factors stacked (A scaled by n_k / N), exact aggregation of "
                       "any mix of ranks; the stack is re-factorised exactly once it outgrows the modules")
-class Stacking(AggregatorBase):
+class StackFactors(AggregatorBase):
     needs = frozenset({"fresh_lora"})  # fresh LoRA blocks (sharing.lora_stacking), not trained global tensors
 
     def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):

@@ -34,7 +34,7 @@ FRESH = "fresh_lora"  # what the clients upload: a fresh LoRA block to stack, no
 
 @SHARING.register("stacking", "FLoRA: clients merge the stacked global LoRA into their frozen weights and train a "
                   "fresh LoRA at their own rank; only the fresh factors are uploaded")
-class Stacking(ShareAll):
+class FreshLora(ShareAll):
     summable = False  # secure aggregation: the fresh factors are stacked, not summed
     adapters = frozenset({"lora"})
     ranked = True
