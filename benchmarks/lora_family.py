@@ -219,7 +219,8 @@ def render(args) -> Path:
     for task in args.headprune_tasks:
         rows = {a: {s: _row(runs / job_name("headprune", task, "iid", a, s)) for s in args.seeds} for a in HEADPRUNE}
         lines += [f"## Head pruning's scoring, {task}, iid (s = 0.9)", "",
-                  "| scoring | seeds done | global acc % | Δ vs random heads, paired | device |", "|---|---|---|---|---|"]
+                  "| scoring | seeds done | global acc % | Δ vs random heads, paired | device |",
+                  "|---|---|---|---|---|"]
         rand = rows["random heads"]
         for arm, res in rows.items():
             done = {s: r for s, r in res.items() if r}

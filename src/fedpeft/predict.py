@@ -181,7 +181,8 @@ def adapter_params(method: ComposedMethod, server: Message, client_states: dict[
                          f"'{method.cfg.method.sharing.name}' keeps none, or a Flower deployment kept the client "
                          "states on the SuperNodes); every client predicts with the global adapter: drop --client")
     trainer = method.trainer
-    received = trainer.params_of(method._for_client(trainer.eval_downlink(method._shared(st, st.round + 1)), st, client))
+    sent = method._for_client(trainer.eval_downlink(method._shared(st, st.round + 1)), st, client)
+    received = trainer.params_of(sent)
     private = sub_state(client_states.get(client, Message()), PRIVATE)
     return method.sharing.client_params(received, private)
 

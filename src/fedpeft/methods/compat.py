@@ -150,13 +150,16 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
         raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' needs each client's update; secure "
                          f"aggregation reveals only their weighted mean (aggregators that need no more: "
                          f"{', '.join(able)})")
-    for i, w in enumerate(m.wrappers):
-        raise ValueError(f"method.wrappers.{i}.name: '{w.name}' acts on each client's update before aggregation, "
-                         "which secure aggregation hides from the server")
+    if m.wrappers:
+        raise ValueError(f"method.wrappers.0.name: '{m.wrappers[0].name}' acts on each client's update before "
+                         "aggregation, which secure aggregation hides from the server")
     trainer = TRAINERS.get(m.trainer.name)
-    if trainer.kind != "params" or not trainer.summable:
-        raise ValueError(f"method.trainer.name: '{m.trainer.name}' uploads {KINDS.get(trainer.kind, trainer.kind)} "
-                         "that are not summed (secure aggregation sums float tensors)")
+    if trainer.kind != "params":
+        raise ValueError(f"method.trainer.name: '{m.trainer.name}' uploads {KINDS[trainer.kind]}, not tensors to "
+                         "sum (secure aggregation sums float tensors)")
+    if not trainer.summable:
+        raise ValueError(f"method.trainer.name: '{m.trainer.name}' uploads tensors that are not summed across "
+                         "clients (token indices); secure aggregation reveals only the sum")
     if not SHARING.get(m.sharing.name).summable_with(m.sharing.typed_settings):
         raise ValueError(f"method.sharing.name: '{m.sharing.name}' uploads what cannot be summed across clients "
                          "(see its summable note); secure aggregation reveals only the sum")

@@ -90,7 +90,8 @@ class RoundDriver:
                               f"federation.min_clients is {need}", records)
         return self.method.aggregate(state, plan.round, accepted), records
 
-    def finish_secure_round(self, state: Message, plan: RoundPlan, outcome: Any) -> tuple[Message, list[dict[str, Any]]]:
+    def finish_secure_round(self, state: Message, plan: RoundPlan,
+                            outcome: Any) -> tuple[Message, list[dict[str, Any]]]:
         """Apply a round run under secure aggregation (``runtime.secure``): the server has the survivors' weighted
         mean and clear scalars only. A halted protocol, fewer survivors than ``federation.min_clients`` or a
         non-finite or misshapen mean fail the round with nothing applied."""
