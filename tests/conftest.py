@@ -56,3 +56,17 @@ def plain_copy(backbone):
     base = _auto_class(backbone.family).from_config(config, attn_implementation="eager")
     base.load_state_dict(state, strict=True)
     return base.eval()
+
+
+def last_hidden_ours_and_peft(exp, params, peft_dir, rows=(0, 1, 2)):
+    """The last hidden states of a few test rows under fedpeft's ``params`` and under the PEFT adapter in
+    ``peft_dir`` loaded on ``plain_copy`` of the backbone, for an export test to compare."""
+    from peft import PeftModel
+
+    peft_model = PeftModel.from_pretrained(plain_copy(exp.backbone), peft_dir)
+    batch = exp.classifier.batch(exp.test_encoded, list(rows))
+    with torch.no_grad():
+        ours = exp.classifier.hidden_states(params, batch)[-1]
+        theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            output_hidden_states=True).hidden_states[-1]
+    return ours, theirs

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import plain_copy, tiny_overrides
+from conftest import last_hidden_ours_and_peft, tiny_overrides
 
 from fedpeft.aggregators.head_weighted import head_weighted
 from fedpeft.build import build_method
@@ -228,8 +228,6 @@ def test_gqa_key_value_rows_belong_to_their_query_head_group():
 
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
 def test_export_loads_in_peft_with_the_same_outputs(model, tmp_path):
-    from peft import PeftModel
-
     from fedpeft.export import export_peft
     from fedpeft.methods.composed import ServerState
 
@@ -240,12 +238,7 @@ def test_export_loads_in_peft_with_the_same_outputs(model, tmp_path):
     glob = ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob
     assert any(float(v.abs().sum()) > 0 for k, v in glob.items() if "lora_B" in k)  # trained, not the zero init
     # the same frozen weights as a plain transformers model, then PEFT's own loader on top
-    peft_model = PeftModel.from_pretrained(plain_copy(exp.backbone), out)
-    batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
-    with torch.no_grad():
-        ours = exp.classifier.hidden_states(glob, batch)[-1]
-        theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            output_hidden_states=True).hidden_states[-1]
+    ours, theirs = last_hidden_ours_and_peft(exp, glob, out)
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import plain_copy, tiny_overrides
+from conftest import last_hidden_ours_and_peft, tiny_overrides
 
 from fedpeft.build import build_method
 from fedpeft.clients import sub_state
@@ -133,7 +133,6 @@ def test_the_factor_policies_refuse_other_adapters():
 def test_fedsa_lora_exports_each_clients_own_adapter_for_peft(tmp_path):
     """``fedpeft export --client K``: Ā with client K's B, loaded by PEFT, gives K's personalised outputs; the
     global export (B = 0) is the frozen backbone."""
-    from peft import PeftModel
     from typer.testing import CliRunner
 
     from fedpeft.cli import app
@@ -146,13 +145,8 @@ def test_fedsa_lora_exports_each_clients_own_adapter_for_peft(tmp_path):
     assert res.exit_code == 0, res.output
     own = open_model(tmp_path / "run", client=1).params
     assert any(bool(v.abs().sum() > 0) for k, v in own.items() if k.endswith(B))
-    peft_model = PeftModel.from_pretrained(plain_copy(exp.backbone), tmp_path / "c1")
-    batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
-    with torch.no_grad():
-        ours = exp.classifier.hidden_states(own, batch)[-1]
-        theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            output_hidden_states=True).hidden_states[-1]
-        plain = exp.classifier.hidden_states(open_model(tmp_path / "run").params, batch)[-1]
+    ours, theirs = last_hidden_ours_and_peft(exp, own, tmp_path / "c1")
+    plain, _ = last_hidden_ours_and_peft(exp, open_model(tmp_path / "run").params, tmp_path / "c1")
     assert torch.allclose(ours, theirs, atol=1e-5) and not torch.allclose(ours, plain, atol=1e-4)
 
 

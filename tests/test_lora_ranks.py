@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import plain_copy, tiny_overrides
+from conftest import last_hidden_ours_and_peft, tiny_overrides
 
 from fedpeft.aggregators.flexlora import FlexLoRA, svd_factors
 from fedpeft.aggregators.hetlora import HetLoRA, sparsity_weights
@@ -290,7 +290,6 @@ def test_flora_clients_train_a_fresh_lora_over_the_frozen_stack_and_upload_it_al
 
 
 def test_flora_runs_with_tiers_resumes_and_exports_its_grown_stack_for_peft(tmp_path):
-    from peft import PeftModel
     from typer.testing import CliRunner
 
     from fedpeft.cli import app
@@ -310,12 +309,7 @@ def test_flora_runs_with_tiers_resumes_and_exports_its_grown_stack_for_peft(tmp_
     assert res.exit_code == 0, res.output
     params = open_model(tmp_path / "full").params
     assert {tuple(v.shape) for k, v in params.items() if k.endswith(A)} == {(32, 32)}  # compacted to D = 32
-    peft_model = PeftModel.from_pretrained(plain_copy(exp.backbone), tmp_path / "peft")
-    batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
-    with torch.no_grad():
-        ours = exp.classifier.hidden_states(params, batch)[-1]
-        theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            output_hidden_states=True).hidden_states[-1]
+    ours, theirs = last_hidden_ours_and_peft(exp, params, tmp_path / "peft")
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 
