@@ -97,6 +97,16 @@ def test_a_node_with_several_clients_masks_their_weighted_mean_together():
     assert all(np.abs(outcome.mean[k] - want[k].numpy()).max() < 1e-3 for k in want)
 
 
+def test_uniform_weights_mask_weight_one_per_client():
+    """For an aggregator that weighs clients alike the unmasked mean is the plain average, whatever n_k."""
+    with task_identity():
+        outcome = secure_round(SecureAggregationConfig(num_shares=5, reconstruction_threshold=3), 0, 1, _groups(),
+                               grid_class()(_handlers()), uniform=True)
+    want = {k: sum(_update(c)[k].double() for c in CLIENTS) / len(CLIENTS) for k in ("a", "b")}
+    assert outcome.weight == len(CLIENTS)
+    assert all(np.abs(outcome.mean[k] - want[k].numpy()).max() < 1e-3 for k in want)
+
+
 def test_too_many_dropouts_halt_the_round_with_nothing_applied():
     outcome, _ = _run(drop=lambda node, stage: node in (node_id(1), node_id(2), node_id(3))
                       and stage == "collect_masked_vectors")
@@ -222,6 +232,12 @@ def test_a_secure_run_resumes_to_the_uninterrupted_records(tmp_path, one_thread)
     ({"method.aggregator.name": "median"}, "method.aggregator.name: 'median' needs each client's update"),
     ({"method.aggregator.name": "krum"}, "'krum' needs each client's update"),
     ({"method.wrappers": [{"name": "clip", "max_norm": 1.0}]}, "method.wrappers.0.name: 'clip'"),
+    ({"method.aggregator.name": "uniform", "method.wrappers": [{"name": "dp_fedavg", "clip": 1.0,
+                                                               "noise_multiplier": 0.5}]},
+     "method.wrappers.0.name: 'dp_fedavg' with these settings"),
+    ({"method.aggregator.name": "uniform", "method.wrappers": [{"name": "dp_fedavg", "clip": 1.0,
+                                                               "noise_multiplier": 0.5, "clipping": "client"}]},
+     "method.wrappers.0.clipping: 'client' needs the clients to clip"),
     ({"method.name": "headprune", "method.adapter.num_tokens": None}, "'head_weighted' needs each client's update"),
     ({"method.name": "fedavg-lora", "method.adapter.num_tokens": None}, "method.sharing.name: 'head_pruning'"),
     ({"method.name": "fedbpt", "method.trainer.max_steps": None, "method.trainer.batch_size": None},
@@ -233,6 +249,37 @@ def test_what_needs_individual_updates_is_refused_before_loading(over, match):
 
     with pytest.raises((ConfigError, ValueError), match=match):
         _cfg(**over)
+
+
+def test_client_side_clipping_bounds_the_delta_and_leaves_small_ones():
+    from fedpeft.transforms.clip_delta import ClipDelta, ClipDeltaSettings
+    from fedpeft.comm.update import Update
+
+    start = {"p": torch.zeros(3, 4), "q": torch.ones(2)}
+    big = Update(0, {"p": torch.full((3, 4), 2.0), "q": torch.ones(2)}, 5)
+    out = ClipDelta(ClipDeltaSettings(max_norm=1.0)).apply(big, start, 1, None)
+    delta = torch.cat([(out.tensors["p"] - start["p"]).ravel(), (out.tensors["q"] - start["q"]).ravel()])
+    assert float(delta.norm()) == pytest.approx(1.0) and bool((out.tensors["p"] > 0).all())  # same direction
+    small = Update(0, {"p": torch.full((3, 4), 0.01), "q": torch.ones(2)}, 5)
+    assert torch.equal(ClipDelta(ClipDeltaSettings(max_norm=1.0)).apply(small, start, 1, None).tensors["p"],
+                       small.tensors["p"])
+
+
+def test_dp_fedavg_with_client_side_clipping_runs_under_secure_aggregation(tmp_path, one_thread):
+    """Central DP over the securely summed uniform mean: clients clip (clip_delta), the server adds N(0, (zS/m)²)
+    with m the clients that survived the round."""
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    cfg = _cfg(**{"method.aggregator.name": "uniform", "faults.fail_clients": [2], "faults.rounds": [2],
+                  "method.wrappers": [{"name": "dp_fedavg", "clip": 1.0, "noise_multiplier": 0.5,
+                                       "clipping": "client"}],
+                  "method.transforms": [{"name": "clip_delta", "max_norm": 1.0}]})
+    run_embedded(cfg, tmp_path / "run")
+    recs = RunDir(tmp_path / "run").read_metrics()
+    assert [r["num_ok"] for r in recs] == [5, 4]
+    assert [r["server"]["dp_noise_std"] for r in recs] == [pytest.approx(0.5 / 5), pytest.approx(0.5 / 4)]
+    assert recs[1]["server"]["epsilon"] > recs[0]["server"]["epsilon"] > 0
 
 
 @pytest.mark.parametrize("over", [

@@ -67,6 +67,7 @@ class AggregatorBase:
     needs: ClassVar[frozenset[str]] = frozenset()
     # computable from the weighted mean of the updates alone (what secure aggregation reveals)
     secure_sum: ClassVar[bool] = False
+    uniform_weights: ClassVar[bool] = False  # weighs every client alike (secure aggregation masks weight 1)
 
     def __init__(self, settings: Any, ctx: AggregatorContext) -> None:
         self.settings, self.ctx = settings, ctx
@@ -100,6 +101,14 @@ def slot(state: Message, name: str, like: Params) -> Params:
 def slot_tensors(name: str, values: Params) -> Params:
     """``values`` named as the ``name`` slot of a state (float32)."""
     return {f"{name}{SEP}{k}": v.float() for k, v in values.items()}
+
+
+CLIENTS = "clients"  # Update scalar: how many clients an update stands for (secure aggregation's mean), else 1
+
+
+def clients_in(updates: Sequence[Update]) -> int:
+    """The number of clients behind ``updates`` (an update of secure aggregation's mean stands for all of them)."""
+    return sum(int(u.scalars.get(CLIENTS, 1)) for u in updates)
 
 
 def weights_of(updates: Sequence[Update]) -> list[float]:
@@ -143,6 +152,12 @@ class AggregatorWrapper(AggregatorBase):
         self.inner = inner
         self.accepts = inner.accepts & type(self).accepts  # type: ignore[misc]
         self.needs = inner.needs | type(self).needs  # type: ignore[misc]
+        self.uniform_weights = inner.uniform_weights  # type: ignore[misc]
+
+    @classmethod
+    def secure_sum_with(cls, settings: Any) -> bool:
+        """Whether, with these settings, it needs no individual update (then it runs under secure aggregation)."""
+        return False
 
     def init(self, glob: Params) -> Message:
         return self.inner.init(glob)

@@ -50,6 +50,8 @@ class FedAvg(AggregatorBase):
 @AGGREGATORS.register("uniform", "unweighted mean of the uploaded tensors")
 class Uniform(AggregatorBase):
     accepts = frozenset({PARAMS, DISTRIBUTION})
+    secure_sum = True
+    uniform_weights = True  # under secure aggregation every client masks weight 1
 
     def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
         return uniform_mean([u.tensors for u in updates]), state

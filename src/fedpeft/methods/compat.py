@@ -110,6 +110,7 @@ def check_combination(cfg: ExperimentConfig) -> None:
             raise ValueError(f"method.transforms.{i}.name: '{t.name}' transforms trained tensors; trainer "
                              f"'{m.trainer.name}' uploads {KINDS[kind]}")
     check_profiles(cfg)
+    check_client_clipping(cfg)
     check_secure_aggregation(cfg)
     for field, registry in (("downlink", DOWNLINKS), ("post_tuning", POST_TUNING)):
         name = getattr(m, field).name
@@ -150,9 +151,10 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
         raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' needs each client's update; secure "
                          f"aggregation reveals only their weighted mean (aggregators that need no more: "
                          f"{', '.join(able)})")
-    if m.wrappers:
-        raise ValueError(f"method.wrappers.0.name: '{m.wrappers[0].name}' acts on each client's update before "
-                         "aggregation, which secure aggregation hides from the server")
+    for i, w in enumerate(m.wrappers):
+        if not WRAPPERS.get(w.name).secure_sum_with(w.typed_settings):
+            raise ValueError(f"method.wrappers.{i}.name: '{w.name}' with these settings acts on each client's update "
+                             "before aggregation, which secure aggregation hides from the server")
     trainer = TRAINERS.get(m.trainer.name)
     if trainer.kind != "params":
         raise ValueError(f"method.trainer.name: '{m.trainer.name}' uploads {KINDS[trainer.kind]}, not tensors to "
@@ -166,3 +168,18 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
     if SELECTORS.get(m.selector.name).reads_clients:
         raise ValueError(f"method.selector.name: '{m.selector.name}' ranks clients by what each reported; under "
                          "secure aggregation use uniform or all")
+
+
+def check_client_clipping(cfg: ExperimentConfig) -> None:
+    """``dp_fedavg`` with ``clipping: client`` trusts the clients to clip to its S: the ``clip_delta`` transform must
+    be there with that bound (its guarantee is void otherwise)."""
+    m = cfg.method
+    for i, w in enumerate(m.wrappers):
+        s = w.typed_settings
+        if w.name != "dp_fedavg" or s.clipping != "client":
+            continue
+        bounds = [t.typed_settings.max_norm for t in m.transforms if t.name == "clip_delta"]
+        if bounds != [s.clip]:
+            raise ValueError(f"method.wrappers.{i}.clipping: 'client' needs the clients to clip their deltas to "
+                             f"clip={s.clip}: add method.transforms: [{{name: clip_delta, max_norm: {s.clip}}}] "
+                             f"(found max_norm {bounds or 'none'})")

@@ -26,6 +26,7 @@ import numpy as np
 
 from fedpeft.adapters import ADAPTERS
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS, AggregatorContext
+from fedpeft.aggregators.base import CLIENTS
 from fedpeft.clients import ClientContext, sub_state, with_sub_state
 from fedpeft.comm.codec import WIRE_DTYPES, Message, WireSpec, decode, encode
 from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpack
@@ -206,7 +207,8 @@ class ComposedMethod:
         client's clear scalars (its training loss) still enter the history."""
         st = ServerState.from_message(state)
         shared = self._shared(st, round)
-        update = self.trainer.decode(Update(-1, {k: v.float() for k, v in mean.items()}, weight), shared)
+        update = self.trainer.decode(Update(-1, {k: v.float() for k, v in mean.items()}, weight,
+                                            scalars={CLIENTS: len(scalars)}), shared)
         return self._apply(st, round, shared, [update], scalars)
 
     def _apply(self, st: ServerState, round: int, shared: Params, updates: list[Update],

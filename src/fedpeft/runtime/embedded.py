@@ -173,7 +173,8 @@ class InProcessTransport:
         grid = grid_class()(handlers)
         with task_identity():
             outcome = secure_round(self.cfg.federation.secure_aggregation, self.cfg.seed, round,
-                                   {node_id(c): {c: p} for c, p in instructions.items()}, grid)
+                                   {node_id(c): {c: p} for c, p in instructions.items()}, grid,
+                                   uniform=self.method.aggregator.uniform_weights)
         client_of = {node_id(c): c for c in instructions}
         outcome.bytes_down = {client_of[n]: b for n, b in grid.bytes_down.items()}
         outcome.bytes_up = {client_of[n]: b for n, b in grid.bytes_up.items()}

@@ -45,7 +45,8 @@ def serve(grid: Grid, cfg: ExperimentConfig, out_dir: str | Path, resume: bool =
         transport = FlowerTransport(grid, settings, cfg.federation.num_clients,
                                     round_timeout=round_timeout or cfg.federation.round_timeout,
                                     join_timeout=join_timeout, rejoin_wait=rejoin_wait,
-                                    secure=cfg.federation.secure_aggregation, seed=cfg.seed)
+                                    secure=cfg.federation.secure_aggregation, seed=cfg.seed,
+                                    uniform=b.method.aggregator.uniform_weights)
         return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar)
 
 

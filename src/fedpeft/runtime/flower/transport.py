@@ -32,9 +32,10 @@ class NodeFailure(RuntimeError):
 class FlowerTransport:
     def __init__(self, grid: Grid, settings: dict[str, Any], num_clients: int, round_timeout: float | None = None,
                  join_timeout: float = 300.0, rejoin_wait: float = 0.0, poll_interval: float = 0.2,
-                 secure: Any = None, seed: int = 0) -> None:
+                 secure: Any = None, seed: int = 0, uniform: bool = False) -> None:
         self.grid, self.settings, self.num_clients = grid, dict(settings), num_clients
-        self.secure, self.seed = secure, seed  # federation.secure_aggregation and the run seed
+        # federation.secure_aggregation, the run seed, and whether the aggregator weighs every client alike
+        self.secure, self.seed, self.uniform = secure, seed, uniform
         self.round_timeout, self.join_timeout, self.rejoin_wait = round_timeout, join_timeout, rejoin_wait
         self.poll = poll_interval
         self.owner: dict[int, int] = {}  # fedpeft client id -> Flower node id
@@ -203,7 +204,8 @@ class FlowerTransport:
         by_node, unowned = self._by_node(MessageType.TRAIN, instructions)
         grid = CountingGrid(self.grid)
         cfg = self.secure.model_copy(update={"timeout": self.secure.timeout or self.round_timeout})
-        outcome = secure_round(cfg, self.seed, round, dict(by_node), grid, {**self.settings, "round": round})
+        outcome = secure_round(cfg, self.seed, round, dict(by_node), grid, {**self.settings, "round": round},
+                               self.uniform)
         for nid, clients in by_node.items():
             for i, cid in enumerate(sorted(clients)):
                 share = lambda total: total // len(clients) + (total % len(clients) if i == 0 else 0)  # noqa: E731

@@ -150,16 +150,18 @@ def split_metrics(metrics: dict[str, Any]) -> dict[int | None, dict[str, Any]]:
     return out
 
 
-def node_reply(replies: dict[int, bytes], errors: dict[int, str]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
+def node_reply(replies: dict[int, bytes], errors: dict[int, str],
+               uniform: bool = False) -> tuple[list[np.ndarray], int, dict[str, Any]]:
     """A node's (parameters, num_examples, metrics) for its FitRes: its clients' update tensors averaged by example
-    count (the mod weights the average by their total), each client's numeric scalars and errors as metrics."""
+    count (the mod weights the average by their total; ``uniform``: weight 1 per client, for an aggregator that
+    weighs clients alike), each client's numeric scalars and errors as metrics."""
     from fedpeft.comm.codec import decode
 
     decoded = {c: decode(b) for c, b in sorted(replies.items())}
     if not decoded:
         raise RuntimeError("no client of this node trained: " + "; ".join(f"{c}: {e}" for c, e in errors.items()))
     names = sorted(next(iter(decoded.values())).tensors)
-    weights = {c: int(r.scalars["num_examples"]) for c, r in decoded.items()}
+    weights = {c: 1 if uniform else int(r.scalars["num_examples"]) for c, r in decoded.items()}
     total = sum(weights.values())
     arrays = [sum(weights[c] / total * r.tensors[k].double().numpy() for c, r in decoded.items()).astype(np.float32)
               for k in names]
@@ -184,7 +186,7 @@ def masked_train(run_node: RunNode) -> Callable[[Any, Any], Any]:
         config = compat.recorddict_to_fitins(msg.content, keep_input=True).config
         settings = {k[len(SETTING):]: v for k, v in config.items() if k.startswith(SETTING)}
         payloads = {int(k[len(CLIENT):]): bytes(v) for k, v in config.items() if k.startswith(CLIENT)}
-        arrays, total, metrics = node_reply(*run_node(settings, payloads))
+        arrays, total, metrics = node_reply(*run_node(settings, payloads), uniform=bool(settings.get("uniform")))
         res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), total, metrics)
         return Message(compat.fitres_to_recorddict(res, keep_input=True), reply_to=msg)
 
@@ -230,10 +232,12 @@ def node_id(client: int) -> int:
 
 
 def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, groups: dict[int, dict[int, bytes]], grid: Any,
-                 settings: dict[str, Any] | None = None) -> SecureOutcome:
+                 settings: dict[str, Any] | None = None, uniform: bool = False) -> SecureOutcome:
     """Run Flower's SecAgg+ workflow for one round over ``grid``: ``groups`` maps each node to its clients' encoded
-    instructions (``settings``: what a Flower node needs besides them); the outcome has no mean when the protocol
-    halted (too few survivors for the threshold)."""
+    instructions (``settings``: what a Flower node needs besides them; ``uniform``: every client weighs 1, for an
+    aggregator that weighs clients alike, and ``max_weight`` becomes the most clients a node holds, so that the
+    quantization keeps its resolution); the outcome has no mean when the protocol halted (too few survivors for the
+    threshold)."""
     import flwr.compat.common.recorddict_compat as compat
     from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.common import Parameters
@@ -241,7 +245,9 @@ def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, groups: di
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
     from flwr.server.workflow.constant import Key as WorkflowKey
 
-    strategy = strategy_class()(groups, (settings or {}) | {"seed": seed, "round": round})
+    if uniform:
+        cfg = cfg.model_copy(update={"max_weight": float(max((len(g) for g in groups.values()), default=1))})
+    strategy = strategy_class()(groups, (settings or {}) | {"seed": seed, "round": round, "uniform": uniform})
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
                             strategy=strategy)
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: round})
