@@ -349,3 +349,22 @@ def test_secure_aggregation_on_a_deployment_with_a_node_owning_two_clients(tmp_p
     emb = RunDir(tmp_path / "embedded").read_metrics()
     assert abs(records[-1]["loss"] - emb[-1]["loss"]) < 1e-3
     assert [c["train_loss"] for c in records[0]["clients"]] == [c["train_loss"] for c in emb[0]["clients"]]
+
+
+def _refused_aggregators():
+    from fedpeft.aggregators import AGGREGATORS
+
+    return [n for n in AGGREGATORS.names() if "params" in AGGREGATORS.get(n).accepts
+            and not AGGREGATORS.get(n).secure_sum]
+
+
+@pytest.mark.parametrize("name", _refused_aggregators())
+def test_every_aggregator_that_reads_individual_updates_is_refused(name):
+    """Registry-driven: any parameter aggregator registered now or later without ``secure_sum`` is refused under
+    secure aggregation, by name, before anything loads (those that also read per-client values the method does not
+    upload are refused for that first)."""
+    from fedpeft.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=f"method.aggregator.name: '{name}' (needs each client's "
+                                                        "update|reads)"):
+        _cfg(**{"method.aggregator.name": name})
