@@ -225,6 +225,13 @@ def test_deployment_superlink_and_two_supernodes(tmp_path):
         fed.start_node("node1", [1])
         summary = run_flower(cfg, tmp_path / "run", superlink=fed.address, timeout=420, insecure=True)
         assert all(p.alive() for p in fed.nodes.values())
+        # the same federation under secure aggregation (SecAgg+ between the two nodes): every client aggregated
+        secure = _cfg(federation__num_clients=2, evaluation__local=False, federation__rounds=1,
+                      federation__secure_aggregation={"num_shares": 1.0, "reconstruction_threshold": 1.0})
+        run_flower(secure, tmp_path / "secure", superlink=fed.address, timeout=420, insecure=True)
+    secure_records = RunDir(tmp_path / "secure").read_metrics()
+    assert secure_records[0]["num_ok"] == 2
+    assert secure_records[0]["bytes_up"] > RunDir(tmp_path / "run").read_metrics()[0]["bytes_up"]  # the protocol's
     records = RunDir(tmp_path / "run").read_metrics()
     assert [r["round"] for r in records] == [1, 2]
     assert all(r["num_ok"] == 2 and r["num_failed"] == 0 for r in records)

@@ -306,11 +306,11 @@ def test_a_secure_run_on_flower_sim_equals_the_embedded_one(tmp_path):
     from fedpeft.tracking.rundir import RunDir
     from fedpeft.tracking.summary import TIMING_FIELDS
 
-    cfg = _cfg(**{"faults.fail_clients": [3], "faults.rounds": [2], "runtime.threads": 1})
+    cfg = _cfg(**{"faults.fail_clients": [3], "federation.rounds": 1, "runtime.threads": 1})
     run_embedded(cfg, tmp_path / "embedded")
     run_flower_sim(cfg, tmp_path / "sim")
     emb, sim = RunDir(tmp_path / "embedded").read_metrics(), RunDir(tmp_path / "sim").read_metrics()
-    assert [r["num_ok"] for r in sim] == [5, 4]
+    assert [r["num_ok"] for r in sim] == [4]
     # bytes differ only by how node ids encode: Flower's are random 64-bit integers, the embedded ones small
     bytes_keys = ("bytes_up", "bytes_down")
     for e, s in zip(emb, sim):
@@ -324,31 +324,6 @@ def test_a_secure_run_on_flower_sim_equals_the_embedded_one(tmp_path):
     a = RunDir(tmp_path / "embedded").load_checkpoint()[1].tensors
     b = RunDir(tmp_path / "sim").load_checkpoint()[1].tensors
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.slow
-def test_secure_aggregation_on_a_deployment_with_a_node_owning_two_clients(tmp_path):
-    """SuperLink + three SuperNodes (one owns clients 0 and 1 and masks their mean as one party): every client is
-    aggregated, and the model is the embedded secure run's up to the quantization."""
-    from fedpeft.runtime.embedded import run_embedded
-    from fedpeft.runtime.flower.deployment import run_flower
-    from fedpeft.runtime.flower.local import LocalFederation
-    from fedpeft.tracking.rundir import RunDir
-
-    cfg = _cfg(**{"federation.num_clients": 4, "runtime.threads": 1, "evaluation.local": False})
-    with LocalFederation(tmp_path / "fed") as fed:
-        fed.start_superlink()
-        fed.start_node("node0", [0, 1])
-        fed.start_node("node1", [2])
-        fed.start_node("node2", [3])
-        run_flower(cfg, tmp_path / "run", superlink=fed.address, timeout=420, insecure=True)
-    records = RunDir(tmp_path / "run").read_metrics()
-    assert [r["num_ok"] for r in records] == [4, 4]
-    assert all(isinstance(c.get("train_loss"), float) for r in records for c in r["clients"])
-    run_embedded(cfg, tmp_path / "embedded")
-    emb = RunDir(tmp_path / "embedded").read_metrics()
-    assert abs(records[-1]["loss"] - emb[-1]["loss"]) < 1e-3
-    assert [c["train_loss"] for c in records[0]["clients"]] == [c["train_loss"] for c in emb[0]["clients"]]
 
 
 def _refused_aggregators():
