@@ -218,7 +218,13 @@ def render(args) -> Path:
             lines.append("")
     for task in args.headprune_tasks:
         rows = {a: {s: _row(runs / job_name("headprune", task, "iid", a, s)) for s in args.seeds} for a in HEADPRUNE}
-        lines += [f"## Head pruning's scoring, {task}, iid (s = 0.9)", "",
+        lines += [f"## Head pruning's scoring, {task}, iid (s = 0.9)", ""]
+        any_run = next((r for a in rows.values() for r in a.values() if r), None)
+        if any_run:
+            maj, _, n = majorities(any_run["hist"])
+            lines += [f"Test n = {n} (standard error of one accuracy ≤ {math.sqrt(0.25 / n) * 100:.1f} points); "
+                      f"majority class {maj * 100:.1f} %.", ""]
+        lines += [
                   "| scoring | seeds done | global acc % | Δ vs random heads, paired | device |",
                   "|---|---|---|---|---|"]
         rand = rows["random heads"]

@@ -63,7 +63,8 @@ def _load(out: Path) -> dict | None:
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     summary = json.loads((out / "summary.json").read_text())
     done = [r for r in recs if "round_failed" not in r]
-    return {"final": recs[-1]["accuracy"], "up": summary["bytes_up_per_client_round"],
+    return {"final": recs[-1]["accuracy"], "hist": summary["label_histograms"],
+            "up": summary["bytes_up_per_client_round"],
             "down": summary["bytes_down_per_client_round"],
             "wall": statistics.fmean(r["wall_seconds"] for r in recs), "completed": len(done), "rounds": len(recs)}
 
@@ -80,7 +81,15 @@ def render(args) -> Path:
     if args.notes and Path(args.notes).exists():
         lines += [Path(args.notes).read_text().strip(), ""]
     for k in args.clients:
-        lines += [f"## {k} clients", "", "| method | mode | seeds done | accuracy % | Δ vs plain, paired | "
+        lines += [f"## {k} clients", ""]
+        any_run = next((r for m in METHODS for mode in MODES for s in args.seeds
+                        if (r := _load(runs / job_name(m, k, mode, s)))), None)
+        if any_run:  # the trivial baseline: the majority class of the (shared) test set
+            test = [sum(col) for col in zip(*any_run["hist"]["test"])]
+            n = sum(test)
+            lines += [f"Test n = {n} (standard error of one accuracy ≤ {50 / n ** 0.5:.1f} points); majority class "
+                      f"{max(test) / n * 100:.1f} %.", ""]
+        lines += ["| method | mode | seeds done | accuracy % | Δ vs plain, paired | "
                   "KB up / client-round | KB down / client-round | s / round | rounds completed |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for method in METHODS:
