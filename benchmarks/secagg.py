@@ -2,9 +2,10 @@
 client dropouts.
 
 Criteria, fixed before the runs: MiniLM on SST-2, IID, ``--rounds`` rounds, 10 and 100 clients (all train every
-round); arms: FedPrompt's soft prompt, FedIT-style LoRA (LoRA on every linear layer, AdamW, FedAvg) and FedPepTAO's
-deep prompts with FedAvg (``fedavg-prefix``: FedPepTAO itself is refused under SecAgg+, its momentum with control
-variates and its layer selection read each client's update). Each arm plain, under SecAgg+ (num_shares 3,
+round); arms: FedPrompt's soft prompt, FedIT-style LoRA (LoRA on every linear layer, AdamW, FedAvg) and FedPepTAO
+(deep prompts, layer selection after 2 warm-up rounds from the securely averaged layer scores, server momentum
+without control variates: the server-held control variates need each client's update, so the paper's full server
+is refused under SecAgg+). Each arm plain, under SecAgg+ (num_shares 3,
 threshold 2, Flower's quantization), and under SecAgg+ with 10 % and 30 % of the clients failing each round
 (``faults.fail_rate``, drawn from the seed, the same clients in every arm). Reported: the final round's test
 accuracy (never the best round; the plain-vs-secure difference is the quantization error), bytes per client-round
@@ -27,7 +28,8 @@ from runner import mean_std, paired_cell, run_config, run_pool
 METHODS = {
     "soft prompt (fedprompt)": ["method.name=fedprompt"],
     "LoRA all-linear (FedIT-style)": ["method.name=fedit"],
-    "deep prompt (fedavg-prefix)": ["method.name=fedavg-prefix"],
+    "FedPepTAO, no control variates": ["method.name=fedpeptao", "method.aggregator.control_variates=false",
+                                       "method.sharing.warmup_rounds=2"],
 }
 SECURE = "federation.secure_aggregation={num_shares: 3, reconstruction_threshold: 2}"
 MODES = {"plain": [], "SecAgg+": [SECURE],

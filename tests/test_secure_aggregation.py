@@ -68,6 +68,17 @@ def test_the_unmasked_mean_is_the_weighted_mean_within_the_quantization_bound():
     assert all(grid.bytes_up[node_id(c)] > 0 and grid.bytes_down[node_id(c)] > 0 for c in CLIENTS)
 
 
+def test_the_server_learns_the_share_of_the_weight_whose_upload_was_clipped():
+    """A value beyond the clipping range is clipped before the sum; the masked vector says for which share of the
+    weight (nothing about which client), so the run can warn that the mean is off by more than the rounding."""
+    assert _run()[0].clipped == 0.0
+    cfg = SecureAggregationConfig(num_shares=5, reconstruction_threshold=3, clipping_range=2.0)
+    outcome, _ = _run(cfg)
+    over = [c for c in CLIENTS if float(_update(c)["b"].abs().max()) > 2.0]
+    assert over and outcome.clipped == pytest.approx(sum(WEIGHTS[c] for c in over) / sum(WEIGHTS.values()), abs=1e-4)
+    assert "fedpeft.clipped" not in outcome.mean
+
+
 def test_the_same_seed_gives_the_same_mean_bit_for_bit():
     a, _ = _run(seed=3)
     b, _ = _run(seed=3)
@@ -136,8 +147,8 @@ def test_no_masked_reply_carries_a_clients_update():
         secure_round(cfg, 0, 1, _groups(), grid_class()(handlers))
     assert len(seen) == len(CLIENTS)
     for c, arrays in seen:
-        # the mod's vector is [weight factor, a, b]; each entry in [0, 2^32), the masks uniform over it
-        masked = np.concatenate([a.ravel() for a in arrays[1:]]).astype(np.float64)
+        # the mod's vector is [weight factor, a, b, clipped flag]; each entry in [0, 2^32), the masks uniform over it
+        masked = np.concatenate([a.ravel() for a in arrays[1:3]]).astype(np.float64)
         mine = np.concatenate([_update(c)[k].numpy().ravel() for k in ("a", "b")]).astype(np.float64)
         assert masked.min() >= 0 and masked.max() < cfg.modulus_range
         assert abs(np.corrcoef(masked, mine)[0, 1]) < 0.15
@@ -166,7 +177,7 @@ def test_a_secure_run_learns_what_the_plain_run_learns_and_counts_the_protocols_
     run_embedded(secure, tmp_path / "secure")
     run_embedded(plain, tmp_path / "plain")
     s, p = RunDir(tmp_path / "secure").read_metrics(), RunDir(tmp_path / "plain").read_metrics()
-    assert [r["num_ok"] for r in s] == [5, 5]
+    assert [r["num_ok"] for r in s] == [5, 5] and [r["secure_clipped_share"] for r in s] == [0.0, 0.0]
     # the same training, the mean off by the quantization error only
     assert abs(s[-1]["loss"] - p[-1]["loss"]) < 1e-3
     a = RunDir(tmp_path / "secure").load_checkpoint()[1].tensors["prompt"]
@@ -294,6 +305,58 @@ def test_methods_that_need_only_the_mean_run_securely(tmp_path, one_thread, over
     run_embedded(_cfg(**over, **{"federation.rounds": 1}), tmp_path / "run")
     rec = RunDir(tmp_path / "run").read_metrics()[-1]
     assert rec["num_ok"] == 5 and np.isfinite(rec["loss"])
+
+
+def test_fedpeptao_selects_the_same_layers_from_the_securely_averaged_scores(tmp_path, one_thread):
+    """FedPepTAO without control variates (MomS+AdamD): the layer scores of the selection round travel in the masked
+    vector, and Eq. 4's weighted mean of them, the selected layers and the training match the plain run."""
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    over = {"method.name": "fedpeptao", "method.aggregator.control_variates": False, "federation.num_clients": 4,
+            "federation.rounds": 2, "method.sharing.warmup_rounds": 1,
+            "federation.secure_aggregation": {"num_shares": 3, "reconstruction_threshold": 2}}
+    run_embedded(_cfg(**over), tmp_path / "secure")
+    run_embedded(_cfg(**over | {"federation.secure_aggregation": None}), tmp_path / "plain")
+    s, p = (RunDir(tmp_path / k).load_checkpoint()[1].scalars["sharing"] for k in ("secure", "plain"))
+    assert s["selection_round"] == p["selection_round"] == 1 and s["selected"] == p["selected"]
+    assert 0 < max(abs(a - b) for a, b in zip(s["layer_scores"], p["layer_scores"])) < 1e-4
+    secure, plain = (RunDir(tmp_path / k).read_metrics() for k in ("secure", "plain"))
+    assert abs(secure[-1]["loss"] - plain[-1]["loss"]) < 1e-3
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"method.name": "fedpeptao"}, "'momentum_cv' needs each client's update with these settings"),
+    ({"method.name": "fedpeptao", "method.aggregator.control_variates": False,
+      "method.sharing.ratio_estimator": "hessian_gap"}, "method.sharing.name: 'layer_selection'"),
+    ({"method.name": "discrete-prompt", "method.trainer.max_steps": None, "method.trainer.batch_size": None},
+     "method.trainer.name: 'discrete_search' uploads tensors that are not summed"),
+])
+def test_the_settings_that_need_individual_updates_are_refused(over, match):
+    from fedpeft.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=match):
+        _cfg(**over)
+
+
+def test_the_discrete_search_uploads_rows_that_average_to_the_decoded_indices(tmp_path, one_thread):
+    """``upload: rows`` sends the prompt the indices decode to (bit for bit), so the plain FedAvg is the same and
+    the secure one differs by the quantization only."""
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    base = {"method.name": "discrete-prompt", "method.trainer.max_steps": None, "method.trainer.batch_size": None,
+            "method.trainer.steps": 4, "federation.rounds": 1, "federation.secure_aggregation": None,
+            "task.num_examples": 100, "evaluation.local": False}
+    for name, extra in {"indices": {}, "rows": {"method.trainer.upload": "rows"},
+                        "secure": {"method.trainer.upload": "rows", "federation.secure_aggregation":
+                                   {"num_shares": 5, "reconstruction_threshold": 3}}}.items():
+        run_embedded(_cfg(**base | extra), tmp_path / name)
+    prompt = {k: RunDir(tmp_path / k).load_checkpoint()[1].tensors["prompt"] for k in ("indices", "rows", "secure")}
+    assert torch.equal(prompt["indices"], prompt["rows"])
+    assert 0 < float((prompt["secure"] - prompt["rows"]).abs().max()) < 1e-4
+    up = {k: RunDir(tmp_path / k).read_metrics()[0]["bytes_up"] for k in ("indices", "rows")}
+    assert up["rows"] > up["indices"]  # T x d floats against T uint16 ids
 
 
 @pytest.mark.slow

@@ -9,8 +9,9 @@ belong to one global tensor are named ``<slot>::<tensor>`` (e.g. ``m::prompt``, 
 
 Compatibility is declared, not checked by the methods: ``accepts`` lists the kinds of update an aggregator
 can combine (``params``: trained tensors; ``distribution``: a CMA-ES search distribution; ``none``: no
-tensors), ``needs`` the auxiliary values it reads from every update, ``secure_sum`` whether it needs nothing but
-the sample-weighted mean of the updates (then it runs under secure aggregation, given that mean as one update).
+tensors), ``needs`` the auxiliary values it reads from every update, ``secure_sum`` (``secure_sum_with`` its settings) whether
+it needs nothing but the sample-weighted mean of the updates (then it runs under secure aggregation, given that mean
+as one update).
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ class AggregatorBase:
 
     def __init__(self, settings: Any, ctx: AggregatorContext) -> None:
         self.settings, self.ctx = settings, ctx
+
+    @classmethod
+    def secure_sum_with(cls, settings: Any) -> bool:
+        """Whether, with these settings, it needs no individual update (then it runs under secure aggregation)."""
+        return cls.secure_sum
 
     def init(self, glob: Params) -> Message:
         return Message()
@@ -153,11 +159,6 @@ class AggregatorWrapper(AggregatorBase):
         self.accepts = inner.accepts & type(self).accepts  # type: ignore[misc]
         self.needs = inner.needs | type(self).needs  # type: ignore[misc]
         self.uniform_weights = inner.uniform_weights  # type: ignore[misc]
-
-    @classmethod
-    def secure_sum_with(cls, settings: Any) -> bool:
-        """Whether, with these settings, it needs no individual update (then it runs under secure aggregation)."""
-        return False
 
     def init(self, glob: Params) -> Message:
         return self.inner.init(glob)

@@ -192,6 +192,13 @@ class MomentumCV(AggregatorBase):
 
     needs = frozenset({"steps"})
 
+    @classmethod
+    def secure_sum_with(cls, settings: MomentumCVSettings) -> bool:
+        """Without control variates (MomS+AdamD, MomS) a round needs only w̄ = Σ p_i w_i: it runs under secure
+        aggregation. The server-held c_i need each Δw_i (step 3), and the code's chaining each client in turn;
+        the secure variant keeps c_i on the clients and sums them securely (SCAFFOLD-style), not built here."""
+        return not settings.control_variates and not settings.chaining
+
     def aggregate(self, glob: Params, updates, state: Message, round: int):
         cids = sorted({int(k.split(SEP)[0][2:]) for k in state.tensors if k.startswith("c/")})
         prev = slot(state, "P", glob) if any(k.startswith("P" + SEP) for k in state.tensors) else None
@@ -199,7 +206,7 @@ class MomentumCV(AggregatorBase):
                            {i: _f32(slot(state, f"c/{i}", glob)) for i in cids}, None if prev is None else _f32(prev))
         uploads = {u.client: u.tensors for u in updates}
         n = {u.client: u.weight for u in updates}
-        steps = {u.client: int(u.scalars["steps"]) for u in updates}
+        steps = {u.client: int(u.scalars["steps"]) for u in updates} if self.settings.control_variates else {}
         lr = getattr(self.ctx.trainer, "lr", None)
         if lr is None:
             raise ValueError("method.aggregator.name: momentum_cv needs a gradient trainer (its lr scales the "

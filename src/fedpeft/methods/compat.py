@@ -146,10 +146,12 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
     if cfg.federation.secure_aggregation is None:
         return
     m = cfg.method
-    if not AGGREGATORS.get(m.aggregator.name).secure_sum:
+    agg = AGGREGATORS.get(m.aggregator.name)
+    if not agg.secure_sum_with(m.aggregator.typed_settings):
         able = sorted(n for n in AGGREGATORS.names() if AGGREGATORS.get(n).secure_sum)
-        raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' needs each client's update; secure "
-                         f"aggregation reveals only their weighted mean (aggregators that need no more: "
+        settings = " with these settings (see its secure_sum_with)" if "secure_sum_with" in vars(agg) else ""
+        raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' needs each client's update{settings}; "
+                         f"secure aggregation reveals only their weighted mean (aggregators that need no more: "
                          f"{', '.join(able)})")
     for i, w in enumerate(m.wrappers):
         if not WRAPPERS.get(w.name).secure_sum_with(w.typed_settings):
@@ -159,9 +161,10 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
     if trainer.kind != "params":
         raise ValueError(f"method.trainer.name: '{m.trainer.name}' uploads {KINDS[trainer.kind]}, not tensors to "
                          "sum (secure aggregation sums float tensors)")
-    if not trainer.summable:
+    if not trainer.summable_with(m.trainer.typed_settings):
         raise ValueError(f"method.trainer.name: '{m.trainer.name}' uploads tensors that are not summed across "
-                         "clients (token indices); secure aggregation reveals only the sum")
+                         "clients (token indices; method.trainer.upload: rows sends summable rows); secure "
+                         "aggregation reveals only the sum")
     if not SHARING.get(m.sharing.name).summable_with(m.sharing.typed_settings):
         raise ValueError(f"method.sharing.name: '{m.sharing.name}' uploads what cannot be summed across clients "
                          "(see its summable note); secure aggregation reveals only the sum")

@@ -201,14 +201,16 @@ class ComposedMethod:
         return self._apply(st, round, shared, updates, {u.client: u.scalars for u in updates})
 
     def aggregate_mean(self, state: Message, round: int, mean: Params, weight: int,
-                       scalars: dict[int, dict[str, Any]]) -> Message:
+                       scalars: dict[int, dict[str, Any]], schema: ReplySchema) -> Message:
         """The round's new state from the sample-weighted mean of the replies' tensors alone (secure aggregation:
-        the server never sees one client's), given to the aggregator as one update of the total weight; each
-        client's clear scalars (its training loss) still enter the history."""
+        the server never sees one client's), given to the aggregator and the sharing policy as one update of the
+        total weight (its reported tensors, e.g. layer scores, are their weighted mean too); each client's clear
+        scalars (its training loss) still enter the history."""
         st = ServerState.from_message(state)
         shared = self._shared(st, round)
-        update = self.trainer.decode(Update(-1, {k: v.float() for k, v in mean.items()}, weight,
-                                            scalars={CLIENTS: len(scalars)}), shared)
+        upd = {k: v.float() for k, v in mean.items() if schema.is_update(k)}
+        aux = {k: v.float() for k, v in mean.items() if not schema.is_update(k)}
+        update = self.trainer.decode(Update(-1, upd, weight, aux, scalars={CLIENTS: len(scalars)}), shared)
         return self._apply(st, round, shared, [update], scalars)
 
     def _apply(self, st: ServerState, round: int, shared: Params, updates: list[Update],

@@ -41,6 +41,7 @@ class RoundDriver:
         self.cfg, self.method = cfg, method
         self.name = name or (lambda cid: f"client {cid}")  # how logs name a client (natural clients by their value)
         self.last_tensor_bytes: float | None = None  # mean tensor bytes of the last round's accepted replies
+        self.secure_notes: dict[str, float] = {}  # the last secure round's protocol facts for its record
 
     def plan_round(self, state: Message, round: int) -> RoundPlan:
         """Each selected client's encoded instruction; equal instructions share one bytes object (most methods
@@ -98,6 +99,11 @@ class RoundDriver:
         import torch
 
         schema = self.method.reply_schema(state)
+        self.secure_notes = {"secure_clipped_share": outcome.clipped} if outcome.mean is not None else {}
+        if outcome.clipped > 0:
+            log.warning("round %d: uploads of %.0f %% of the weight exceeded secure_aggregation.clipping_range (%g) "
+                        "and were clipped before the sum", plan.round, 100 * outcome.clipped,
+                        self.cfg.federation.secure_aggregation.clipping_range)
         records = []
         for cid in sorted(plan.instructions):
             rec: dict[str, Any] = {"client": cid, "bytes_down": outcome.bytes_down.get(cid, 0),
@@ -118,14 +124,15 @@ class RoundDriver:
             raise RoundFailed(f"round {plan.round}: {len(outcome.scalars)} clients survived secure aggregation, "
                               f"federation.min_clients is {need}", records)
         mean = {k: torch.from_numpy(v.astype("float64")) for k, v in outcome.mean.items()}
-        want = {k: s for k, s in schema.tensors.items() if schema.is_update(k)}
+        want = schema.tensors  # the update and what the sharing policy reports (e.g. FedPepTAO's layer scores)
         if sorted(mean) != sorted(want) or any(tuple(mean[k].shape) != tuple(want[k]) for k in want):
             raise RoundFailed(f"round {plan.round}: the securely aggregated tensors "
-                              f"{ {k: tuple(v.shape) for k, v in mean.items()} } are not the update's {want}", records)
+                              f"{ {k: tuple(v.shape) for k, v in mean.items()} } are not the reply's {want}", records)
         if not all(bool(torch.isfinite(v).all()) for v in mean.values()):
             raise RoundFailed(f"round {plan.round}: the securely aggregated mean is not finite", records)
         self.last_tensor_bytes = None
-        return self.method.aggregate_mean(state, plan.round, mean, round(outcome.weight), outcome.scalars), records
+        return self.method.aggregate_mean(state, plan.round, mean, round(outcome.weight), outcome.scalars,
+                                          schema), records
 
     def plan_evaluate(self, state: Message, round: int) -> dict[int, bytes]:
         ids = list(range(self.cfg.federation.num_clients))

@@ -222,6 +222,8 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         if scored and cfg.evaluation.keep_best:
             keep_if_best(rnd, rec)
         rec.update(transport.round_extra())
+        if cfg.federation.secure_aggregation is not None:
+            rec.update(driver.secure_notes)
         rec["server"] = method.diagnostics(state)
         vectors = method.vectors(state) if hasattr(method, "vectors") else {}
         if vectors:  # only methods that report some (the records of the others are unchanged)

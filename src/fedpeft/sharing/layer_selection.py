@@ -77,12 +77,14 @@ class LayerSelectionSettings(BaseModel):
 @SHARING.register("layer_selection", "FedPepTAO: all layers during warm-up, then only the score-selected layers; "
                   "the others stay on each client", LayerSelectionSettings)
 class LayerSelection(PrivateLayers):
-    summable = False  # secure aggregation: each client reports its own layer scores
+    summable = False  # secure aggregation: see summable_with
 
     @classmethod
     def summable_with(cls, settings: LayerSelectionSettings) -> bool:
-        """Without a selection round (``warmup_rounds: None``, every layer exchanged) nothing is reported."""
-        return settings.warmup_rounds is None
+        """Under secure aggregation the layer scores ζ_{i,l} travel in the masked vector: Eq. 4 needs only their
+        n_i-weighted mean, which is what the protocol reveals (quantized like the prompts, within its clipping
+        range). A Hessian ratio r_i is a clear scalar, one per client: refused (only the fixed ratio composes)."""
+        return settings.warmup_rounds is None or settings.ratio_estimator == "fixed"
     # ---------------------------------------------------------------- server
 
     def init(self, glob: Params) -> Message:

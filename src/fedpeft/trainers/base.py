@@ -133,6 +133,11 @@ class TrainerBase:
     provides: ClassVar[frozenset[str]] = frozenset()
     summable: ClassVar[bool] = True  # its update tensors can be summed across clients (secure aggregation)
 
+    @classmethod
+    def summable_with(cls, settings: Any) -> bool:
+        """``summable`` with these settings (a trainer whose upload format is a setting overrides it)."""
+        return cls.summable
+
     def __init__(self, settings: Any, ctx: TrainerContext) -> None:
         self.settings, self.ctx = settings, ctx
         self.clf = ctx.classifier

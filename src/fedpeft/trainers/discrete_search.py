@@ -8,6 +8,9 @@ current prompt's on the same data, so the local loss never increases; ``literal_
 
 Upload (Alg. 4): one index per position, the token a changed row now holds or the sentinel |V| for rows left
 as received (``fedpeft.comm.token_index``): T x 16 bits. The server decodes it against the prompt it sent.
+``upload: rows`` sends the decoded rows instead (T x d floats, the same prompt): the server's FedAvg of the rows is
+then a weighted sum, which secure aggregation can compute without seeing one client's tokens (an index is not
+summed; one-hot vote counts would be, at T x |V| values against T x d).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class DiscreteSearchSettings(BaseModel):
                                                   "full_set_max (one minibatch shared by the step's candidates)")
     full_set_max: int = Field(64, ge=1, description="local sets up to this size are scored whole at every step")
     max_rows: int = Field(256, ge=1, description="rows per forward pass (candidates x examples)")
+    upload: Literal["indices", "rows"] = Field(
+        "indices", description="indices: one uint16 token id per row (Alg. 4); rows: the prompt's rows as floats, "
+                               "the same average, summable under secure aggregation")
 
 
 class Vocabulary:
@@ -104,7 +110,7 @@ def search(box: BlackBox, vocab: Vocabulary, prompt: torch.Tensor, data: Encoded
                    DiscreteSearchSettings)
 class DiscreteSearchTrainer(TrainerBase):
     kind = PARAMS
-    summable = False  # token indices (an index is not summed; vote counts could be, not yet)
+    summable = False  # token indices are not summed: see summable_with
     vectorised = True
     adapters = frozenset({"token_prompt"})
     scalars = ("train_loss",)
@@ -126,15 +132,26 @@ class DiscreteSearchTrainer(TrainerBase):
             self._vocab = Vocabulary(box.embedding_table(), box.special_ids())
         return self._vocab
 
+    @classmethod
+    def summable_with(cls, settings: DiscreteSearchSettings) -> bool:
+        """With ``upload: rows`` the reply is the prompt's rows, whose weighted mean is the server's FedAvg."""
+        return settings.upload == "rows"
+
     # ---------------------------------------------------------------- exchange format (Alg. 4)
 
     def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:
+        if self.settings.upload == "rows":
+            return {PROMPT: tuple(shared[PROMPT])}, {}
         return {TOKENS: (shared[PROMPT][0],)}, {}
 
     def wire_dtypes(self) -> dict[str, torch.dtype]:
+        if self.settings.upload == "rows":
+            return {}
         return {TOKENS: index_dtype(self.vocabulary().table.shape[0])}
 
     def check(self, reply: Message) -> None:
+        if self.settings.upload == "rows":
+            return  # the schema fixed the shape; non-finite rows are rejected with every float reply
         vocab = self.vocabulary()
         size = vocab.table.shape[0]
         idx = reply.tensors[TOKENS].long()
@@ -145,6 +162,8 @@ class DiscreteSearchTrainer(TrainerBase):
 
     def decode(self, update: Update, shared: Params) -> Update:
         """Rows of the sender's prompt: e(V)[index], or the prompt the server sent for the sentinel."""
+        if self.settings.upload == "rows":
+            return update
         prompt = decode_tokens(update.tensors[TOKENS], shared[PROMPT].float(), self.vocabulary().table)
         return update.with_tensors({PROMPT: prompt})
 
@@ -163,8 +182,9 @@ class DiscreteSearchTrainer(TrainerBase):
         else:  # the trace holds minibatch losses: report the whole local set (not counted as search queries)
             loss = float(self._box(self.settings.max_rows, client).losses(prompt, client.train)[0])
         scalars = {"train_loss": loss, "rows_changed": int(changed.sum()), **box.usage.as_dict()}
-        upload = encode_tokens(tokens, changed, vocab.table.shape[0])
-        return Update(client.client_id, {TOKENS: upload}, client.num_examples, {}, scalars), {}
+        upload = ({PROMPT: prompt} if self.settings.upload == "rows"
+                  else {TOKENS: encode_tokens(tokens, changed, vocab.table.shape[0])})
+        return Update(client.client_id, upload, client.num_examples, {}, scalars), {}
 
     # ---------------------------------------------------------------- evaluation through the black box
 

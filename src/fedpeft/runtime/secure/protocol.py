@@ -36,6 +36,7 @@ CLIENT = "fedpeft.client."     # FitIns config: "<prefix><client id>" -> that cl
 SETTING = "fedpeft.setting."   # FitIns config: "<prefix><key>" -> the node's run settings (Flower runtimes)
 NAMES_KEY = "fedpeft.tensors"  # FitRes metric: the update tensors' names, in parameter order
 ERROR = "error"                # FitRes metric "<client id>.error": why that client of the node failed
+CLIPPED = "fedpeft.clipped"    # masked tensor: 1 for a client whose upload exceeded the clipping range, else 0
 RunNode = Callable[[dict[str, Any], dict[int, bytes]], tuple[dict[int, bytes], dict[int, str]]]
 
 
@@ -76,6 +77,7 @@ class SecureOutcome:
     bytes_up: dict[int, int] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)      # per client that gave no reply at some stage: why
     halted: str | None = None  # why the protocol stopped without a mean (too few survivors, a malformed vector)
+    clipped: float = 0.0  # share of the weight whose upload held a value beyond the clipping range (masked too)
 
 
 def strategy_class():
@@ -124,7 +126,9 @@ def strategy_class():
                 self.outcome.weight += float(res.num_examples)
             if results:  # every result carries the same unmasked mean (the workflow's backward compatibility)
                 arrays = parameters_to_ndarrays(results[0][1].parameters)
-                self.outcome.mean = dict(zip(names.split(",") if names else [], arrays, strict=True))
+                mean = dict(zip(names.split(",") if names else [], arrays, strict=True))
+                self.outcome.clipped = float(mean.pop(CLIPPED, np.zeros(1))[0])
+                self.outcome.mean = mean
             self.outcome.failures = len(failures)
             return None, {}
 
@@ -150,26 +154,33 @@ def split_metrics(metrics: dict[str, Any]) -> dict[int | None, dict[str, Any]]:
     return out
 
 
-def node_reply(replies: dict[int, bytes], errors: dict[int, str],
-               uniform: bool = False) -> tuple[list[np.ndarray], int, dict[str, Any]]:
+def node_reply(replies: dict[int, bytes], errors: dict[int, str], uniform: bool = False,
+               clip: float | None = None) -> tuple[list[np.ndarray], int, dict[str, Any]]:
     """A node's (parameters, num_examples, metrics) for its FitRes: its clients' update tensors averaged by example
     count (the mod weights the average by their total; ``uniform``: weight 1 per client, for an aggregator that
-    weighs clients alike), each client's numeric scalars and errors as metrics."""
+    weighs clients alike), each client's numeric scalars and errors as metrics. With the protocol's clipping range
+    ``clip``, one more tensor says which clients exceed it (``CLIPPED``, averaged like the rest: the server learns
+    only the clipped share of the weight, and that the quantization changed the mean)."""
     from fedpeft.comm.codec import decode
 
     decoded = {c: decode(b) for c, b in sorted(replies.items())}
     if not decoded:
         raise RuntimeError("no client of this node trained: " + "; ".join(f"{c}: {e}" for c, e in errors.items()))
     names = sorted(next(iter(decoded.values())).tensors)
-    weights = {c: 1 if uniform else int(r.scalars["num_examples"]) for c, r in decoded.items()}
-    total = sum(weights.values())
-    arrays = [sum(weights[c] / total * r.tensors[k].double().numpy() for c, r in decoded.items()).astype(np.float32)
-              for k in names]
-    metrics: dict[str, Any] = {NAMES_KEY: ",".join(names)}
+    metrics: dict[str, Any] = {}
     for c, r in decoded.items():
         if sorted(r.tensors) != names:
             raise ValueError(f"client {c} uploads {sorted(r.tensors)}, the node's other clients {names}")
         metrics |= {f"{c}.{k}": v for k, v in r.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    weights = {c: 1 if uniform else int(r.scalars["num_examples"]) for c, r in decoded.items()}
+    total = sum(weights.values())
+    arrays = [sum(weights[c] / total * r.tensors[k].double().numpy() for c, r in decoded.items()).astype(np.float32)
+              for k in names]
+    if clip is not None:
+        over = [c for c, r in decoded.items() if any(bool((t.double().abs() > clip).any()) for t in r.tensors.values())]
+        arrays.append(np.array([sum(weights[c] for c in over) / total], dtype=np.float32))
+        names = [*names, CLIPPED]
+    metrics[NAMES_KEY] = ",".join(names)
     metrics |= {f"{c}.{ERROR}": e for c, e in errors.items()}
     return arrays, total, metrics
 
@@ -186,7 +197,8 @@ def masked_train(run_node: RunNode) -> Callable[[Any, Any], Any]:
         config = compat.recorddict_to_fitins(msg.content, keep_input=True).config
         settings = {k[len(SETTING):]: v for k, v in config.items() if k.startswith(SETTING)}
         payloads = {int(k[len(CLIENT):]): bytes(v) for k, v in config.items() if k.startswith(CLIENT)}
-        arrays, total, metrics = node_reply(*run_node(settings, payloads), uniform=bool(settings.get("uniform")))
+        arrays, total, metrics = node_reply(*run_node(settings, payloads), uniform=bool(settings.get("uniform")),
+                                            clip=settings.get("clipping_range"))
         res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), total, metrics)
         return Message(compat.fitres_to_recorddict(res, keep_input=True), reply_to=msg)
 
@@ -247,7 +259,8 @@ def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, groups: di
 
     if uniform:
         cfg = cfg.model_copy(update={"max_weight": float(max((len(g) for g in groups.values()), default=1))})
-    strategy = strategy_class()(groups, (settings or {}) | {"seed": seed, "round": round, "uniform": uniform})
+    strategy = strategy_class()(groups, (settings or {}) | {"seed": seed, "round": round, "uniform": uniform,
+                                                            "clipping_range": cfg.clipping_range})
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
                             strategy=strategy)
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: round})
