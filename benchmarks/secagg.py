@@ -8,8 +8,11 @@ without control variates: the server-held control variates need each client's up
 is refused under SecAgg+). Each arm plain, under SecAgg+ (num_shares 3,
 threshold 2, Flower's quantization), and under SecAgg+ with 10 % and 30 % of the clients failing each round
 (``faults.fail_rate``, drawn from the seed, the same clients in every arm). Reported: the final round's test
-accuracy (never the best round; the plain-vs-secure difference is the quantization error), bytes per client-round
-(every protocol stage counted), wall seconds per round on this machine, and the rounds completed. >= 3 paired seeds.
+accuracy (never the best round, and the only round evaluated; the plain-vs-secure difference is the quantization
+error), bytes per client-round (every protocol stage counted), wall seconds per round on this machine (training and
+protocol, the rounds without evaluation), and the rounds completed. >= 3 paired seeds. Local work: 3 steps of batch
+16 per client-round with 10 clients, 1 with 100 (100 clients x 3 steps would take this 2-core machine over an hour
+per run); the 10-client runs come first.
 
     python benchmarks/secagg.py --runs-dir runs/secagg --workers 1      # CPU, resumable
     python benchmarks/secagg.py --runs-dir runs/secagg --render-only    # rewrite the table
@@ -45,14 +48,16 @@ def job_name(method: str, clients: int, mode: str, seed: int) -> str:
 def overrides(args, method: str, clients: int, mode: str, seed: int) -> list[str]:
     return ["task.name=sst2", f"task.max_train={args.max_train}", f"task.max_test={args.max_test}",
             "task.max_length=64", "model.name=minilm", f"seed={seed}", f"federation.num_clients={clients}",
-            f"federation.rounds={args.rounds}", "federation.min_clients=2", f"method.trainer.max_steps={args.steps}",
+            f"federation.rounds={args.rounds}", "federation.min_clients=2",
+            f"method.trainer.max_steps={args.steps if clients <= 10 else args.steps_many}",
             "method.trainer.batch_size=16", "evaluation.local=false", "evaluation.batch_size=128",
+            f"evaluation.every={args.rounds}",  # the final round is the one reported
             "evaluation.round_zero=false", "runtime.progress=false", f"runtime.threads={args.threads}",
             *METHODS[method], *MODES[mode]]
 
 
 def plan(args) -> list[tuple[str, int, str, int]]:
-    return [(m, k, mode, s) for s in args.seeds for k in args.clients for m in METHODS for mode in MODES]
+    return [(m, k, mode, s) for k in args.clients for s in args.seeds for m in METHODS for mode in MODES]
 
 
 def run_job(args, *job) -> str:
@@ -66,9 +71,11 @@ def _load(out: Path) -> dict | None:
     summary = json.loads((out / "summary.json").read_text())
     done = [r for r in recs if "round_failed" not in r]
     return {"final": recs[-1]["accuracy"], "hist": summary["label_histograms"],
+            "layers": recs[-1].get("server_vectors", {}).get("selected_layers"),  # FedPepTAO's selection
             "up": summary["bytes_up_per_client_round"],
             "down": summary["bytes_down_per_client_round"],
-            "wall": statistics.fmean(r["wall_seconds"] for r in recs), "completed": len(done), "rounds": len(recs)}
+            "wall": statistics.fmean(r["wall_seconds"] for r in recs if r["accuracy"] is None),
+            "completed": len(done), "rounds": len(recs)}
 
 
 def render(args) -> Path:
@@ -76,10 +83,12 @@ def render(args) -> Path:
     lines = ["# Secure aggregation (SecAgg+): what it costs", "",
              f"Rendered with: `python benchmarks/secagg.py {' '.join(args.argv)}`", "",
              f"MiniLM on SST-2 (IID, train capped at {args.max_train}, test {args.max_test}), {args.rounds} rounds, "
-             f"every client every round, {args.steps} local steps of batch 16; SecAgg+ with num_shares 3, threshold 2 "
-             "and Flower's quantization (clipping range 8, 2^22 levels, max weight 1000). Accuracy: the final round, "
-             "mean ± std over the finished seeds; Δ: paired by seed against the plain run. Bytes: per client-round, "
-             "every protocol message counted. Wall: mean seconds per round (training included) on this machine.", ""]
+             f"every client every round, {args.steps} local steps of batch 16 per client-round with 10 clients, "
+             f"{args.steps_many} with 100; SecAgg+ with num_shares 3, threshold 2 "
+             "and Flower's quantization (clipping range 8, 2^22 levels, max weight 1000). Accuracy: the final round "
+             "(the only one evaluated), mean ± std over the finished seeds; Δ: paired by seed against the plain run. "
+             "Bytes: per client-round, every protocol message counted. Wall: mean seconds per round without "
+             "evaluation (training and protocol) on this machine, shared with other benchmarks.", ""]
     if args.notes and Path(args.notes).exists():
         lines += [Path(args.notes).read_text().strip(), ""]
     for k in args.clients:
@@ -103,6 +112,9 @@ def render(args) -> Path:
                     continue
                 d = [(r["final"] - plain[s]["final"]) * 100 for s, r in done.items() if plain.get(s)]
                 completed = ", ".join(f"{r['completed']}/{r['rounds']}" for r in done.values())
+                same = [r["layers"] == plain[s]["layers"] for s, r in done.items() if r["layers"] and plain.get(s)]
+                if same and mode != "plain":  # did the securely averaged layer scores pick the plain run's layers?
+                    completed += f"; selected layers as plain: {sum(same)}/{len(same)}"
                 mean = lambda key: statistics.fmean(r[key] for r in done.values())  # noqa: E731
                 lines.append(
                     f"| {method} | {mode} | {len(done)}/{len(args.seeds)} | "
@@ -123,7 +135,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", nargs="+", type=int, default=[10, 100])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3, help="local steps per client-round with 10 clients or fewer")
+    p.add_argument("--steps-many", type=int, default=1, help="local steps per client-round with more clients")
     p.add_argument("--max-train", type=int, default=4000)
     p.add_argument("--max-test", type=int, default=872)
     p.add_argument("--threads", type=int, default=1)
