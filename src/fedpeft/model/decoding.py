@@ -12,17 +12,27 @@ PEFT's ``merge_and_unload`` model does. The same tokens as HF ``generate(do_samp
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from fedpeft.adapters.base import Params
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.lazy import lazy, no_grad
 from fedpeft.backbones.weights import call_with
 
-if TYPE_CHECKING:
-    from fedpeft.model.language_model import LanguageModel
-
 torch = lazy("torch")
+
+
+class LanguageModel(Protocol):
+    """What decoding reads of ``model.language_model.LanguageModel`` (declared here: that module calls this one)."""
+
+    backbone: Any
+    adapter: Any
+    device: Any
+    end_id: int
+
+    def batch(self, data: Encoded, rows: list[int]) -> dict[str, Any]: ...
+
+    def _autocast(self) -> contextlib.AbstractContextManager: ...
 
 
 def to_left_padding(embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,6 +41,11 @@ def flower_logging(quiet: bool) -> Iterator[None]:
 def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
                    stop_after_round: int | None = None, num_actors: int | None = None) -> dict[str, Any]:
     """Run (or resume) ``cfg`` in Flower's simulation runtime; returns the summary (as summary.json)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise RuntimeError("runtime.name: 'flower-sim' needs Flower's simulation engine (Ray): "
+                           "pip install 'fedpeft[flower]' (make installs it)")
     from flwr.app import Context
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
