@@ -8,16 +8,13 @@ tiny test models, has neither and keeps its fedpeft name), files are written wit
 settings (scale, pooling, calibration, max length), the backbone's identity and the round exported. The adapter
 comes from the run directory alone (``predict.open_model``: ``model.json``, never the training data).
 
-- ``lora``: ``adapter_config.json`` (the run's ``LoraConfig``) and ``adapter_model.safetensors`` with PEFT's
-  key names ``base_model.model.<module>.lora_{A,B}.weight``. Heads that no client ever kept keep B = 0 rows.
-  A linear readout (``model.readout: linear``) goes to ``task_head.safetensors`` (``head.weight``, ``head.bias``:
-  logits = mean-pooled last hidden state · weightᵀ + bias).
-- ``soft_prompt`` with ``position: before_all``: PEFT prompt tuning (``prompt_embeddings`` [m, d]). fedpeft's
-  default ``after_first`` places the prompt after [CLS]/BOS, which PEFT's prompt tuning cannot express.
-- ``deep_prompt`` (P-tuning v2): PEFT prefix tuning without projection (``prompt_embeddings`` [h, L·2·d_kv], the
-  layers' ``[h, 2, d_kv]`` prefixes side by side, which is PEFT's ``[h, L, 2, kv heads, head dim]`` cache
-  layout; with grouped-query attention PEFT narrows ``token_dim`` to the key/value heads itself). Only with
-  ``shift_positions: true``: PEFT's models number the input positions after the prefix.
+The format is each adapter's own (``to_peft``): ``adapter_config.json`` (the PEFT config) and
+``adapter_model.safetensors`` (PEFT's key names):
+- ``lora``: the run's ``LoraConfig`` (at the stack's rank for FLoRA). Heads that no client ever kept keep B = 0
+  rows. A linear readout (``model.readout: linear``) goes to ``task_head.safetensors`` (``head.weight``,
+  ``head.bias``: logits = mean-pooled last hidden state · weightᵀ + bias).
+- ``soft_prompt`` with ``position: before_all``: PEFT prompt tuning.
+- ``deep_prompt`` with ``shift_positions: true``: PEFT prefix tuning without projection.
 - Projected prompts and full fine-tuning are not exported: a projected prompt needs the shared projection
   (FedBPT's ``A``), and full fine-tuning is a whole model (save it with ``save_pretrained`` instead).
 """
@@ -28,13 +25,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import save
 
 from fedpeft.predict import TrainedModel, open_model
 from fedpeft.tracking.rundir import RunDir
 
-PEFT_PREFIX = "base_model.model."
 TASK_FILE = "fedpeft_task.json"
 
 
@@ -50,16 +45,8 @@ def export_peft(run_dir: str | Path, out: str | Path, best: bool = False,
     base = (record.get("backbone") or {}).get("source") or backbone.source or cfg.model.name
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    name = cfg.method.adapter.name
-    if name == "lora":
-        peft_config, tensors = _lora(model, glob)
-    elif name == "soft_prompt":
-        peft_config, tensors = _prompt_tuning(model, glob)
-    elif name == "deep_prompt":
-        peft_config, tensors = _prefix_tuning(model, glob)
-    else:
-        raise ValueError(f"method.adapter.name: '{name}' has no PEFT format (lora, soft_prompt and deep_prompt "
-                         f"export; see fedpeft.export)")
+    task_type = "CAUSAL_LM" if backbone.family == "causal" else "FEATURE_EXTRACTION"
+    peft_config, tensors = model.classifier.adapter.to_peft(backbone, glob, task_type)
     peft_config.base_model_name_or_path = base
     head = {k: v.float().contiguous() for k, v in glob.items() if k.startswith("head.")}
     if head:  # fedpeft's linear readout is not a module of the base model: saved beside the adapter
@@ -89,54 +76,3 @@ def task_metadata(model: TrainedModel, record: dict[str, Any], base: str) -> dic
 
 def _json(value):
     return sorted(value) if isinstance(value, set) else str(value)
-
-
-def _lora(model: TrainedModel, glob):
-    """PEFT's LoRA config at the rank the tensors have (FLoRA's stack grows beyond the adapter's r), with alpha
-    scaled alike so that PEFT's alpha / r is the scaling the run used."""
-    from fedpeft.comm.lora_pairs import rank_of
-
-    peft_config = model.classifier.adapter.peft_config(model.classifier.backbone)
-    rank = rank_of({k: v for k, v in glob.items() if ".lora_" in k})
-    if rank is not None and rank != peft_config.r:
-        peft_config.lora_alpha, peft_config.r = peft_config.lora_alpha * rank / peft_config.r, rank
-    return peft_config, {PEFT_PREFIX + k: v for k, v in glob.items() if ".lora_" in k}
-
-
-def _prompt_tuning(model: TrainedModel, glob):
-    from peft import PromptTuningConfig
-
-    cfg = model.cfg
-    if cfg.method.adapter.settings().get("position") != "before_all":
-        raise ValueError("method.adapter.position: PEFT prompt tuning prepends the prompt; only a soft prompt with "
-                         "position 'before_all' exports")
-    prompt = glob["prompt"]
-    config = model.classifier.backbone.model.config
-    peft_config = PromptTuningConfig(task_type=_task_type(model), num_virtual_tokens=prompt.shape[0],
-                                     token_dim=prompt.shape[1], num_transformer_submodules=1,
-                                     num_attention_heads=config.num_attention_heads,
-                                     num_layers=config.num_hidden_layers)
-    return peft_config, {"prompt_embeddings": prompt}
-
-
-def _prefix_tuning(model: TrainedModel, glob):
-    from peft import PrefixTuningConfig
-
-    from fedpeft.adapters.deep_prompt import kv_geometry, layer_key
-
-    if not model.cfg.method.adapter.settings().get("shift_positions", True):
-        raise ValueError("method.adapter.shift_positions: PEFT's prefix tuning numbers input positions after the "
-                         "prefix; only deep prompts with shift_positions true export")
-    backbone = model.classifier.backbone
-    layers, _, _ = kv_geometry(backbone)
-    prefix = torch.stack([glob[layer_key(l)] for l in range(layers)], dim=1)  # [h, L, 2, d_kv]
-    model_cfg = backbone.model.config
-    peft_config = PrefixTuningConfig(task_type=_task_type(model), num_virtual_tokens=prefix.shape[0],
-                                     num_layers=layers, token_dim=int(model_cfg.hidden_size),
-                                     num_attention_heads=int(model_cfg.num_attention_heads),
-                                     num_transformer_submodules=1, prefix_projection=False)
-    return peft_config, {"prompt_embeddings": prefix.reshape(prefix.shape[0], -1)}
-
-
-def _task_type(model: TrainedModel) -> str:
-    return "CAUSAL_LM" if model.classifier.backbone.family == "causal" else "FEATURE_EXTRACTION"

@@ -98,6 +98,13 @@ class AdapterBase:
     def overrides(self, params: Params) -> Params | None:
         return None
 
+    def to_peft(self, backbone: Backbone, params: Params, task_type: str) -> tuple[Any, Params]:
+        """HF PEFT's config and its state dict of ``params`` (what ``PeftModel.from_pretrained`` loads; ``task_type``
+        e.g. ``CAUSAL_LM``); adapters without a PEFT format refuse."""
+        able = sorted(n for n in ADAPTERS.names() if "to_peft" in vars(ADAPTERS.get(n)))
+        raise ValueError(f"method.adapter.name: '{self.name}' has no PEFT format (adapters that export: "
+                         f"{', '.join(able)})")
+
 
 def insert_rows(embeds: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
                 at: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

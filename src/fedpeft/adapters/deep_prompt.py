@@ -101,6 +101,24 @@ class DeepPrompt(AdapterBase):
         e = torch.randn(h, layers, 2, kv_heads * head_dim, generator=generator) * self.cfg.init_std
         return {layer_key(l): e[:, l].clone() for l in range(layers)}
 
+    def to_peft(self, backbone: Backbone, params: Params, task_type: str):
+        """PEFT prefix tuning without projection: ``prompt_embeddings`` [h, L·2·d_kv], the layers' prefixes side by
+        side (PEFT's ``[h, L, 2, kv heads, head dim]`` cache layout). Only with ``shift_positions: true``: PEFT's
+        models number the input positions after the prefix."""
+        from peft import PrefixTuningConfig
+
+        if not self.cfg.shift_positions:
+            raise ValueError("method.adapter.shift_positions: PEFT's prefix tuning numbers input positions after "
+                             "the prefix; only deep prompts with shift_positions true export")
+        layers, _, _ = kv_geometry(backbone)
+        prefix = torch.stack([params[layer_key(l)] for l in range(layers)], dim=1)  # [h, L, 2, d_kv]
+        config = backbone.model.config
+        peft_config = PrefixTuningConfig(task_type=task_type, num_virtual_tokens=prefix.shape[0], num_layers=layers,
+                                         token_dim=int(config.hidden_size),
+                                         num_attention_heads=int(config.num_attention_heads),
+                                         num_transformer_submodules=1, prefix_projection=False)
+        return peft_config, {"prompt_embeddings": prefix.reshape(prefix.shape[0], -1)}
+
     def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
         from transformers import DynamicCache
 

@@ -35,6 +35,7 @@ DEFAULT_TARGETS = {"bert": ("query", "key", "value"), "roberta": ("query", "key"
 QUERY_NAMES = {"query", "q_proj", "q", "q_lin"}
 ALL_LINEAR = "all-linear"  # PEFT's shorthand: every linear layer of the model except its output head
 KV_NAMES = {"key", "value", "k_proj", "v_proj", "k", "v", "k_lin", "v_lin"}
+PEFT_PREFIX = "base_model.model."  # PEFT's state-dict names of a saved adapter: <prefix><module>.lora_A.weight
 
 
 class LoraSettings(BaseModel):
@@ -74,6 +75,18 @@ class Lora(AdapterBase):
                               target_modules=ALL_LINEAR, exclude_modules=r".*pooler.*" if pooler else None)
         return LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.lora_alpha, lora_dropout=0.0,
                           target_modules=targets, bias="none")
+
+    def to_peft(self, backbone: Backbone, params: Params, task_type: str):
+        """PEFT's ``LoraConfig`` at the rank the tensors have (FLoRA's stack grows beyond r), alpha scaled alike so
+        that PEFT's alpha / r is the run's scaling; keys ``base_model.model.<module>.lora_{A,B}.weight``."""
+        from fedpeft.comm.lora_pairs import rank_of
+
+        peft_config = self.peft_config(backbone)
+        lora = {k: v for k, v in params.items() if ".lora_" in k}
+        rank = rank_of(lora)
+        if rank is not None and rank != peft_config.r:
+            peft_config.lora_alpha, peft_config.r = peft_config.lora_alpha * rank / peft_config.r, rank
+        return peft_config, {PEFT_PREFIX + k: v for k, v in lora.items()}
 
     def targets(self, backbone: Backbone) -> list[str]:
         if self.cfg.target_modules:

@@ -61,6 +61,21 @@ class SoftPrompt(AdapterBase):
             rows = torch.randn(m, table.shape[1], generator=generator) * table.std()
         return {"prompt": rows.clone().float()}
 
+    def to_peft(self, backbone: Backbone, params: Params, task_type: str):
+        """PEFT prompt tuning (``prompt_embeddings`` [m, d]), which prepends the prompt: ``position: before_all``
+        only (fedpeft's default places it after [CLS]/BOS, which PEFT cannot express)."""
+        from peft import PromptTuningConfig
+
+        if self.cfg.position != "before_all":
+            raise ValueError("method.adapter.position: PEFT prompt tuning prepends the prompt; only a soft prompt "
+                             "with position 'before_all' exports")
+        prompt, config = params["prompt"], backbone.model.config
+        peft_config = PromptTuningConfig(task_type=task_type, num_virtual_tokens=prompt.shape[0],
+                                         token_dim=prompt.shape[1], num_transformer_submodules=1,
+                                         num_attention_heads=config.num_attention_heads,
+                                         num_layers=config.num_hidden_layers)
+        return peft_config, {"prompt_embeddings": prompt}
+
     def prepare(self, backbone, params, input_ids, attention_mask, lead) -> Prepared:
         embeds = backbone.input_embeddings()(input_ids)
         prompt = params["prompt"]
