@@ -147,3 +147,11 @@ def test_a_lora_export_is_reusable_as_is_from_another_folder(tmp_path):
     assert torch.allclose(torch.tensor(theirs["probs"]),
                           torch.tensor([[r[f"p({c})"] for c in theirs["classes"]] for r in ours]), atol=1e-5)
     assert any(abs(p[0] - 0.5) > 1e-3 for p in theirs["probs"])  # a real classifier, not a constant
+
+
+def test_an_adapter_without_a_peft_format_refuses_and_names_those_that_export():
+    from fedpeft.adapters import ADAPTERS
+
+    with pytest.raises(ValueError, match="method.adapter.name: 'full' has no PEFT format .adapters that export: "
+                                         "deep_prompt, lora, soft_prompt"):
+        ADAPTERS.get("full")(None).to_peft(None, {}, "CAUSAL_LM")
