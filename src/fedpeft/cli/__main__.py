@@ -1,0 +1,7 @@
+"""``python -m fedpeft.cli``."""
+
+import sys
+
+from fedpeft.cli import main
+
+sys.exit(main())

@@ -1,0 +1,167 @@
+"""``fedpeft flower ...``: the Flower operations (SuperLink, SuperNodes, certificates, node keys, submitting runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from fedpeft.cli.console import console, fail, print_summary, run_dir, warn
+
+app = typer.Typer(no_args_is_help=True, help="Run on Flower: a SuperLink, SuperNodes owning partitions, runs.")
+
+
+_INSECURE = typer.Option("--insecure", help="no TLS: traffic in plain text (trusted networks only; explicit on purpose)")
+_ROOT_CERT = typer.Option(help="CA certificate that signed the SuperLink's (from `fedpeft flower certs`): TLS")
+
+
+def _exec(cmd: list[str]) -> None:
+    import os
+
+    from fedpeft.runtime.flower.local import flower_env
+
+    console.print(" ".join(cmd))
+    os.execve(cmd[0], cmd, flower_env())
+
+
+def _need_tls_or_insecure(tls: bool, insecure: bool, what: str) -> None:
+    """Exactly one of TLS and --insecure: plain text is never a default."""
+    if tls == insecure:
+        files = "--ssl-certfile, --ssl-keyfile, --ssl-ca-certfile" if what == "superlink" else "--root-certificates"
+        fail(f"{what}: give the TLS files ({files}) or --insecure, not both and not neither")
+
+
+@app.command("superlink")
+def flower_superlink(
+    host: Annotated[str, typer.Option(help="address to bind (0.0.0.0 to accept other machines)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="one port for Flower's Fleet, Control and Runtime APIs")] = 9093,
+    ssl_certfile: Annotated[Optional[Path], typer.Option(help="the SuperLink's TLS certificate (server.pem)")] = None,
+    ssl_keyfile: Annotated[Optional[Path], typer.Option(help="its private key (server.key)")] = None,
+    ssl_ca_certfile: Annotated[Optional[Path], typer.Option(help="the CA certificate that signed it (ca.crt)")] = None,
+    enable_supernode_auth: Annotated[bool, typer.Option(
+        "--enable-supernode-auth", help="admit only SuperNodes registered with `fedpeft flower register`")] = False,
+    insecure: Annotated[bool, _INSECURE] = False,
+) -> None:
+    """Start a Flower SuperLink in the foreground: TLS with the three files, or --insecure."""
+    from fedpeft.runtime.flower.local import superlink_cmd
+    from fedpeft.runtime.flower.security import Certificates
+
+    files = (ssl_ca_certfile, ssl_certfile, ssl_keyfile)
+    if any(files) and not all(files):
+        fail("superlink: TLS needs all of --ssl-certfile, --ssl-keyfile and --ssl-ca-certfile")
+    _need_tls_or_insecure(all(files), insecure, "superlink")
+    missing = [str(f) for f in files if f is not None and not f.is_file()]
+    if missing:
+        fail(f"superlink: no such file {', '.join(missing)}")
+    _exec(superlink_cmd(host, port, Certificates(*files) if all(files) else None, enable_supernode_auth))
+
+
+@app.command("supernode")
+def flower_supernode(
+    superlink: Annotated[str, typer.Option(help="SuperLink address host:port")],
+    partitions: Annotated[str, typer.Option(help="fedpeft client ids this node owns, e.g. 0,1")],
+    state_dir: Annotated[Path, typer.Option(help="where this node keeps its clients' persistent state")],
+    data_dir: Annotated[Optional[Path], typer.Option(help="folder holding the task data (FEDPEFT_DATA_DIR)")] = None,
+    port: Annotated[int, typer.Option(help="this node's local ClientApp runtime API port")] = 9094,
+    root_certificates: Annotated[Optional[Path], _ROOT_CERT] = None,
+    auth_key: Annotated[Optional[Path], typer.Option(help="this node's private key (`fedpeft flower node-key`), "
+                                                          "for a SuperLink with --enable-supernode-auth")] = None,
+    insecure: Annotated[bool, _INSECURE] = False,
+    worker: Annotated[bool, typer.Option(help="keep the model in one long-lived worker process per node (one "
+                                              "backbone load per run) rather than loading it for every message")] = True,
+) -> None:
+    """Start a Flower SuperNode owning some fedpeft clients, in the foreground: TLS with --root-certificates, or
+    --insecure."""
+    from fedpeft.runtime.flower.local import supernode_cmd
+
+    _need_tls_or_insecure(root_certificates is not None, insecure, "supernode")
+    missing = [str(f) for f in (root_certificates, auth_key) if f is not None and not f.is_file()]
+    if missing:
+        fail(f"supernode: no such file {', '.join(missing)}")
+    ids = [int(x) for x in partitions.split(",") if x.strip()]
+    _exec(supernode_cmd(superlink, ids, port, "127.0.0.1", state_dir, data_dir, root_certificates, auth_key,
+                        worker))
+
+
+@app.command("certs")
+def flower_certs(
+    out: Annotated[Path, typer.Option(help="folder for ca.crt, server.pem, server.key")],
+    host: Annotated[list[str], typer.Option(help="the SuperLink's address as the nodes reach it (repeatable)")] = [
+        "127.0.0.1", "localhost"],
+) -> None:
+    """Make a CA and a SuperLink TLS certificate signed by it (give ca.crt to every SuperNode)."""
+    from fedpeft.runtime.flower.security import make_certificates
+
+    c = make_certificates(out, tuple(host))
+    console.print(f"CA {c.ca_cert}\nSuperLink certificate {c.server_cert} (for {', '.join(host)})\nkey {c.server_key}")
+
+
+@app.command("node-key")
+def flower_node_key(
+    out: Annotated[Path, typer.Option(help="folder for the key pair")],
+    name: Annotated[str, typer.Option(help="file name of the private key (the public one gets .pub)")],
+) -> None:
+    """Make a SuperNode's authentication key pair (EC P-384, OpenSSH format)."""
+    from fedpeft.runtime.flower.security import make_node_key
+
+    k = make_node_key(out, name)
+    console.print(f"private {k.private} (keep on the node)\npublic {k.public} (register it)")
+
+
+@app.command("register")
+def flower_register(
+    public_key: Annotated[Path, typer.Argument(help="a SuperNode's public key (.pub)")],
+    superlink: Annotated[str, typer.Option(help="SuperLink address host:port")] = "127.0.0.1:9093",
+    root_certificates: Annotated[Optional[Path], _ROOT_CERT] = None,
+    insecure: Annotated[bool, _INSECURE] = False,
+) -> None:
+    """Register a SuperNode's public key with a SuperLink started with --enable-supernode-auth."""
+    import tempfile
+
+    from fedpeft.runtime.flower.local import register_node
+
+    _need_tls_or_insecure(root_certificates is not None, insecure, "register")
+    with tempfile.TemporaryDirectory() as home:
+        try:
+            console.print(register_node(public_key, superlink, Path(home), root_certificates))
+        except RuntimeError as e:
+            fail(str(e))
+
+
+@app.command("run")
+def flower_run(
+    config: Annotated[Optional[Path], typer.Argument(help="experiment YAML (omit to use the defaults)")] = None,
+    superlink: Annotated[str, typer.Option(help="SuperLink address host:port")] = "127.0.0.1:9093",
+    set_: Annotated[list[str], typer.Option("--set", help="override a key, e.g. federation.rounds=2")] = [],
+    out: Annotated[Optional[Path], typer.Option(help="run directory on the SuperLink machine")] = None,
+    resume: Annotated[bool, typer.Option(help="continue from the last checkpoint in --out")] = False,
+    round_timeout: Annotated[float, typer.Option(help="seconds to wait for a round's replies (0: "
+                                                      "federation.round_timeout, unset there: no limit)")] = 0.0,
+    rejoin_wait: Annotated[float, typer.Option(help="seconds a round waits for missing clients' nodes")] = 0.0,
+    root_certificates: Annotated[Optional[Path], _ROOT_CERT] = None,
+    insecure: Annotated[bool, _INSECURE] = False,
+) -> None:
+    """Submit an experiment to a SuperLink with `flwr run` and wait for it (runtime.name=flower): TLS with
+    --root-certificates, or --insecure."""
+    from fedpeft.config import ConfigError
+    from fedpeft.outputs import check_output_dir, os_error_line
+    from fedpeft.resolve import load_config
+    from fedpeft.runtime.flower.deployment import run_flower
+
+    try:
+        cfg = load_config(config, list(set_) + ["runtime.name=flower"])
+    except ConfigError as e:
+        fail(str(e))
+    for note in cfg.notes:
+        warn(note)
+    out_dir = run_dir(cfg, out)
+    try:
+        check_output_dir(out_dir, "--out")
+        summary = run_flower(cfg, out_dir, resume=resume, superlink=superlink, round_timeout=round_timeout or None,
+                             rejoin_wait=rejoin_wait, root_cert=root_certificates, insecure=insecure)
+    except (FileExistsError, FileNotFoundError, RuntimeError, ValueError) as e:
+        fail(str(e))
+    except OSError as e:
+        fail(os_error_line(e))
+    print_summary(out_dir, summary)
