@@ -13,6 +13,7 @@ import torch
 from fedpeft.config import ExperimentConfig
 from fedpeft.experiment import Experiment, build_experiment
 from fedpeft.methods import ComposedMethod, Method
+from fedpeft.methods.assembly import assemble
 
 
 @dataclass
@@ -23,7 +24,7 @@ class Built:
 
 
 def build_method(cfg: ExperimentConfig, exp: Experiment) -> Method:
-    return ComposedMethod(cfg.method.name, cfg, exp)
+    return ComposedMethod(cfg.method.name, cfg, exp, assemble(cfg, exp))
 
 
 def build(cfg: ExperimentConfig, experiment: Experiment | None = None) -> Built:

@@ -24,26 +24,19 @@ from typing import Any
 
 import numpy as np
 
-from fedpeft.adapters import ADAPTERS
-from fedpeft.aggregators import AGGREGATORS, WRAPPERS, AggregatorContext
 from fedpeft.aggregators.base import CLIENTS
 from fedpeft.clients import ClientContext, sub_state, with_sub_state
-from fedpeft.comm.codec import WIRE_DTYPES, Message, WireSpec, decode, encode
+from fedpeft.comm.codec import WIRE_DTYPES, Message, decode, encode
 from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpack
 from fedpeft.config import ExperimentConfig
-from fedpeft.downlink import DOWNLINKS, DownlinkContext, sync
+from fedpeft.downlink import sync
 from fedpeft.downlink.base import SEP
 from fedpeft.generation_eval import by_group, generation_metrics, sample_rows
 from fedpeft.lazy import lazy
+from fedpeft.methods.assembly import Components
 from fedpeft.metrics import class_metrics
-from fedpeft.post_tuning import POST_TUNING, PostTuningContext
-from fedpeft.privacy import sampling_rate
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
-from fedpeft.selection import SELECTORS, SelectorContext
-from fedpeft.sharing import SHARING, SharingContext
-from fedpeft.trainers import TRAINERS, TrainerContext
 from fedpeft.trainers.base import floats
-from fedpeft.transforms import TRANSFORMS
 from fedpeft.transforms.scale_delta import ScaleDelta, ScaleDeltaSettings
 
 torch = lazy("torch")
@@ -89,47 +82,15 @@ class ServerState:
 class ComposedMethod:
     """A method built from the components a resolved ``method`` config section names."""
 
-    def __init__(self, name: str, cfg: ExperimentConfig, experiment: Any) -> None:
-        m = cfg.method
+    def __init__(self, name: str, cfg: ExperimentConfig, experiment: Any, parts: Components) -> None:
         self.name, self.cfg, self.exp = name, cfg, experiment
         self.clf = experiment.classifier
         self.seed = cfg.seed
-        self._init: Params | None = None
-        self._table: torch.Tensor | None = None
         self.non_participants = frozenset(getattr(experiment, "non_participants", ()))
-        adapter = ADAPTERS.settings_of(m.adapter)
-        trainer_settings = TRAINERS.settings_of(m.trainer)
-        head_slices = self.clf.adapter.head_slices(self.clf.backbone)
-        agg_ctx = AggregatorContext(cfg.federation.num_clients, cfg.seed, trainer_settings, adapter, head_slices,
-                                    sampling_rate(cfg))
-        self.aggregator = AGGREGATORS.get(m.aggregator.name)(AGGREGATORS.settings_of(m.aggregator), agg_ctx)
-        for w in m.wrappers:
-            self.aggregator = WRAPPERS.get(w.name)(WRAPPERS.settings_of(w), agg_ctx, self.aggregator)
-        self.trainer = TRAINERS.get(m.trainer.name)(trainer_settings, TrainerContext(
-            self.clf, experiment, adapter, self.aggregator.needs, cfg.evaluation.batch_size))
-        self.selector = SELECTORS.get(m.selector.name)(SELECTORS.settings_of(m.selector), SelectorContext(
-            cfg.federation.num_clients, cfg.federation.clients_per_round))
-        self.sharing = SHARING.get(m.sharing.name)(SHARING.settings_of(m.sharing), SharingContext(
-            self.clf, cfg.seed, self.initial_params, head_slices, trainer_settings,
-            tuple(getattr(experiment, "profiles", ()) or ())))
-        self.transforms = [(t.name, TRANSFORMS.get(t.name)(TRANSFORMS.settings_of(t))) for t in m.transforms]
-        self.downlink = DOWNLINKS.get(m.downlink.name)(DOWNLINKS.settings_of(m.downlink), DownlinkContext(
-            self.embedding_table, tuple(self.clf.backbone.tokenizer.all_special_ids)))
-        self.post_tuning = POST_TUNING.get(m.post_tuning.name)(POST_TUNING.settings_of(m.post_tuning),
-                                                               PostTuningContext(self.clf, cfg.evaluation.batch_size))
-        self.wire = WireSpec(m.codec.dtype, self.downlink.wire_overrides())
-
-    def embedding_table(self) -> torch.Tensor:
-        """e(V) as float32 on the CPU, read once from the shared backbone (the same on every process)."""
-        if self._table is None:
-            self._table = self.clf.backbone.input_embeddings().weight.detach().float().cpu().clone()
-        return self._table
-
-    def initial_params(self) -> Params:
-        """The adapter's initial tensors from the experiment seed (identical on the server and every client)."""
-        if self._init is None:
-            self._init = self.clf.init_params(torch_rng(self.seed, 0, SERVER, "adapter-init"))
-        return {k: v.clone() for k, v in self._init.items()}
+        self.aggregator, self.trainer, self.selector = parts.aggregator, parts.trainer, parts.selector
+        self.sharing, self.transforms, self.downlink = parts.sharing, parts.transforms, parts.downlink
+        self.post_tuning, self.wire = parts.post_tuning, parts.wire
+        self.initial_params, self.embedding_table = parts.initial_params, parts.embedding_table
 
     # ------------------------------------------------------------------ server
 

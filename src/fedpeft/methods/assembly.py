@@ -1,0 +1,90 @@
+"""Builds a method's components from its resolved ``method`` config section and hands them to ``ComposedMethod``:
+each axis's registry class with its settings and its context (what it may read of the experiment), the server-side
+wrappers around the aggregator in config order, and the wire format the download codec asks for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fedpeft.adapters import ADAPTERS
+from fedpeft.aggregators import AGGREGATORS, WRAPPERS, AggregatorContext
+from fedpeft.comm.codec import WireSpec
+from fedpeft.comm.update import Params
+from fedpeft.config import ExperimentConfig
+from fedpeft.downlink import DOWNLINKS, DownlinkContext
+from fedpeft.lazy import lazy
+from fedpeft.post_tuning import POST_TUNING, PostTuningContext
+from fedpeft.privacy import sampling_rate
+from fedpeft.rng import SERVER, torch_rng
+from fedpeft.selection import SELECTORS, SelectorContext
+from fedpeft.sharing import SHARING, SharingContext
+from fedpeft.trainers import TRAINERS, TrainerContext
+from fedpeft.transforms import TRANSFORMS
+
+torch = lazy("torch")
+
+
+class Shared:
+    """What several components read of the frozen model, computed once: the adapter's initial tensors from the
+    experiment seed (identical on the server and every client) and e(V) as float32 on the CPU."""
+
+    def __init__(self, classifier: Any, seed: int) -> None:
+        self.clf, self.seed = classifier, seed
+        self._init: Params | None = None
+        self._table: torch.Tensor | None = None
+
+    def initial_params(self) -> Params:
+        if self._init is None:
+            self._init = self.clf.init_params(torch_rng(self.seed, 0, SERVER, "adapter-init"))
+        return {k: v.clone() for k, v in self._init.items()}
+
+    def embedding_table(self) -> torch.Tensor:
+        if self._table is None:
+            self._table = self.clf.backbone.input_embeddings().weight.detach().float().cpu().clone()
+        return self._table
+
+
+@dataclass
+class Components:
+    """One method's components, built and bound to their contexts."""
+
+    aggregator: Any  # the configured aggregator inside its wrappers
+    trainer: Any
+    selector: Any
+    sharing: Any
+    transforms: list[tuple[str, Any]]
+    downlink: Any
+    post_tuning: Any
+    wire: WireSpec
+    initial_params: Callable[[], Params]
+    embedding_table: Callable[[], Any]
+
+
+def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
+    """The components ``cfg.method`` names, each with its settings and context."""
+    m, clf = cfg.method, experiment.classifier
+    shared = Shared(clf, cfg.seed)
+    adapter = ADAPTERS.settings_of(m.adapter)
+    trainer_settings = TRAINERS.settings_of(m.trainer)
+    head_slices = clf.adapter.head_slices(clf.backbone)
+    agg_ctx = AggregatorContext(cfg.federation.num_clients, cfg.seed, trainer_settings, adapter, head_slices,
+                                sampling_rate(cfg))
+    aggregator = AGGREGATORS.get(m.aggregator.name)(AGGREGATORS.settings_of(m.aggregator), agg_ctx)
+    for w in m.wrappers:
+        aggregator = WRAPPERS.get(w.name)(WRAPPERS.settings_of(w), agg_ctx, aggregator)
+    trainer = TRAINERS.get(m.trainer.name)(trainer_settings, TrainerContext(
+        clf, experiment, adapter, aggregator.needs, cfg.evaluation.batch_size))
+    selector = SELECTORS.get(m.selector.name)(SELECTORS.settings_of(m.selector), SelectorContext(
+        cfg.federation.num_clients, cfg.federation.clients_per_round))
+    sharing = SHARING.get(m.sharing.name)(SHARING.settings_of(m.sharing), SharingContext(
+        clf, cfg.seed, shared.initial_params, head_slices, trainer_settings,
+        tuple(getattr(experiment, "profiles", ()) or ())))
+    transforms = [(t.name, TRANSFORMS.get(t.name)(TRANSFORMS.settings_of(t))) for t in m.transforms]
+    downlink = DOWNLINKS.get(m.downlink.name)(DOWNLINKS.settings_of(m.downlink), DownlinkContext(
+        shared.embedding_table, tuple(clf.backbone.tokenizer.all_special_ids)))
+    post_tuning = POST_TUNING.get(m.post_tuning.name)(POST_TUNING.settings_of(m.post_tuning),
+                                                      PostTuningContext(clf, cfg.evaluation.batch_size))
+    return Components(aggregator, trainer, selector, sharing, transforms, downlink, post_tuning,
+                      WireSpec(m.codec.dtype, downlink.wire_overrides()), shared.initial_params, shared.embedding_table)
