@@ -22,6 +22,8 @@ from fedpeft.selection import SELECTORS, SelectorContext
 from fedpeft.sharing import SHARING, SharingContext
 from fedpeft.trainers import TRAINERS, TrainerContext
 from fedpeft.transforms import TRANSFORMS
+from fedpeft.transforms.base import TransformContext
+from fedpeft.transforms.scale_delta import ScaleDelta, ScaleDeltaSettings
 
 torch = lazy("torch")
 
@@ -55,6 +57,7 @@ class Components:
     selector: Any
     sharing: Any
     transforms: list[tuple[str, Any]]
+    attacker_transforms: list[tuple[str, Any]]  # applied after the others by malicious clients only
     downlink: Any
     post_tuning: Any
     wire: WireSpec
@@ -81,10 +84,14 @@ def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
     sharing = SHARING.get(m.sharing.name)(SHARING.settings_of(m.sharing), SharingContext(
         clf, cfg.seed, shared.initial_params, head_slices, trainer_settings,
         tuple(getattr(experiment, "profiles", ()) or ())))
-    transforms = [(t.name, TRANSFORMS.get(t.name)(TRANSFORMS.settings_of(t))) for t in m.transforms]
+    transform_ctx = TransformContext(sampling_rate(cfg))
+    transforms = [(t.name, TRANSFORMS.get(t.name)(TRANSFORMS.settings_of(t), transform_ctx)) for t in m.transforms]
+    # model replacement (Bagdasaryan et al. 2020): an attacker boosts its delta by attack.boost
+    boost = cfg.attack.boost
+    attacker = [("scale_delta", ScaleDelta(ScaleDeltaSettings(factor=boost), transform_ctx))] if boost != 1 else []
     downlink = DOWNLINKS.get(m.downlink.name)(DOWNLINKS.settings_of(m.downlink), DownlinkContext(
         shared.embedding_table, tuple(clf.backbone.tokenizer.all_special_ids)))
     post_tuning = POST_TUNING.get(m.post_tuning.name)(POST_TUNING.settings_of(m.post_tuning),
                                                       PostTuningContext(clf, cfg.evaluation.batch_size))
-    return Components(aggregator, trainer, selector, sharing, transforms, downlink, post_tuning,
+    return Components(aggregator, trainer, selector, sharing, transforms, attacker, downlink, post_tuning,
                       WireSpec(m.codec.dtype, downlink.wire_overrides()), shared.initial_params, shared.embedding_table)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from fedpeft.aggregators.base import CLIENTS
+from fedpeft.attacks.local_asr import local_asr
 from fedpeft.clients import ClientContext, sub_state, with_sub_state
 from fedpeft.comm.codec import WIRE_DTYPES, Message, decode, encode
 from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpack
@@ -37,7 +38,6 @@ from fedpeft.methods.assembly import Components
 from fedpeft.metrics import class_metrics
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
 from fedpeft.trainers.base import floats
-from fedpeft.transforms.scale_delta import ScaleDelta, ScaleDeltaSettings
 
 torch = lazy("torch")
 
@@ -89,6 +89,7 @@ class ComposedMethod:
         self.non_participants = frozenset(getattr(experiment, "non_participants", ()))
         self.aggregator, self.trainer, self.selector = parts.aggregator, parts.trainer, parts.selector
         self.sharing, self.transforms, self.downlink = parts.sharing, parts.transforms, parts.downlink
+        self.attacker_transforms = parts.attacker_transforms
         self.post_tuning, self.wire = parts.post_tuning, parts.wire
         self.initial_params, self.embedding_table = parts.initial_params, parts.embedding_table
 
@@ -294,7 +295,7 @@ class ComposedMethod:
         out = (self.aggregator.diagnostics(st.agg) | self.sharing.diagnostics(st.sharing)
                | self.trainer.diagnostics(st.glob))
         for _, t in self.transforms:  # e.g. the LDP epsilon spent so far
-            out |= t.diagnostics(st.round, self.cfg, st.glob)
+            out |= t.diagnostics(st.round, st.glob)
         return out
 
     def reply_record(self, reply: Message) -> dict[str, Any]:
@@ -322,12 +323,10 @@ class ComposedMethod:
         for i, (name, t) in enumerate(self.transforms):
             update = t.apply(update, start, round, torch_rng(client.seed, round, client.client_id,
                                                              f"transform:{i}:{name}"))
-        if client.malicious and self.cfg.attack.boost != 1:  # model replacement: the attacker boosts its delta
-            update = ScaleDelta(ScaleDeltaSettings(factor=self.cfg.attack.boost)).apply(update, start, round, None)
-        if client.asr_test is not None:  # the local model's attack success rate, before any transform
-            local = start | self.trainer.decode(Update(client.client_id, trained, 0), start).tensors
-            asr = self.trainer.evaluate(local, client.asr_test).get("accuracy")
-            update = replace(update, scalars=update.scalars | ({"local_asr": asr} if asr is not None else {}))
+        for i, (name, t) in enumerate(self.attacker_transforms if client.malicious else []):
+            update = t.apply(update, start, round, torch_rng(client.seed, round, client.client_id,
+                                                             f"attack:{i}:{name}"))
+        update = replace(update, scalars=update.scalars | local_asr(self.trainer, start, trained, client))
         state = with_sub_state(client.state, PRIVATE, self.sharing.private_state(trained))
         client.state = with_sub_state(state, OPT, trainer_state)
         return pack(update)

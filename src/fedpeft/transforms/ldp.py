@@ -18,13 +18,13 @@ Per round the server metrics carry: Laplace ``epsilon`` = t·Δ₁/b (pure, a cl
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy
-from fedpeft.privacy import gaussian_epsilon, gaussian_sigma, laplace_epsilon, sampling_rate
+from fedpeft.privacy import gaussian_epsilon, gaussian_sigma, laplace_epsilon
 from fedpeft.transforms.base import TRANSFORMS, TransformBase
 
 torch = lazy("torch")
@@ -96,12 +96,12 @@ class Ldp(TransformBase):
             off += v.numel()
         return update.with_tensors(out)
 
-    def diagnostics(self, round: int, cfg: Any, params: Params) -> dict[str, float]:
+    def diagnostics(self, round: int, params: Params) -> dict[str, float]:
         """ε after ``round`` rounds for the worst-case client (one that took part in every round)."""
         s = self.settings
         k = sum(v.numel() for v in params.values() if v.is_floating_point())  # >= the uploaded coordinates
         if s.mechanism == "laplace":
             return {"epsilon": laplace_epsilon(round, self.l1_sensitivity(k) / self.scale(k))}
         std = self.scale(k)  # client level: add/remove one client, sensitivity C, sampled with rate q
-        return {"epsilon": gaussian_epsilon(round, std / s.clip, sampling_rate(cfg), s.delta), "delta": s.delta,
+        return {"epsilon": gaussian_epsilon(round, std / s.clip, self.ctx.sampling_rate, s.delta), "delta": s.delta,
                 "epsilon_local": gaussian_epsilon(round, std / (2.0 * s.clip), 1.0, s.delta)}
