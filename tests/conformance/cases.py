@@ -1,0 +1,94 @@
+"""The table every registered component needs a row in: the least settings it validates with (the smallest that
+still exercise it, as ``tests/test_contract.py`` runs them), and for aggregators how the shared tests drive them.
+
+A component registered without a row fails ``test_registries.py`` with the row to add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedpeft.components import AXIS_REGISTRIES, LIST_REGISTRIES
+from fedpeft.model import OBJECTIVES
+from fedpeft.model.readouts import READOUTS
+
+REGISTRIES = dict(AXIS_REGISTRIES | LIST_REGISTRIES, objective=OBJECTIVES, readout=READOUTS)
+
+# axis -> name -> the least settings (keys of its settings model) it needs
+LEAST: dict[str, dict[str, dict[str, Any]]] = {
+    "adapter": {"deep_prompt": {"num_tokens": 2}, "demonstrations": {}, "full": {}, "lora": {"r": 2},
+                "p_tuning": {"num_tokens": 3}, "projected_prompt": {"num_tokens": 3, "intrinsic_dim": 8},
+                "soft_prompt": {"num_tokens": 3}, "template_only": {}, "token_prompt": {"num_tokens": 3}},
+    "trainer": {"adam": {"max_steps": 2}, "adamw": {"max_steps": 2}, "sgd": {"max_steps": 2},
+                "cmaes": {"iterations": 2}, "discrete_search": {"steps": 3}, "no-training": {}},
+    "aggregator": {"fedavg": {}, "uniform": {}, "fedavgm": {}, "fedadam": {}, "fedyogi": {}, "fedadagrad": {},
+                   "median": {}, "trimmed_mean": {}, "krum": {"num_malicious": 1},
+                   "multi_krum": {"num_malicious": 1, "num_selected": 3}, "momentum_cv": {}, "keep-global": {},
+                   "hetlora": {}, "flexlora": {}, "stack": {}, "head_weighted": {}, "server_cmaes": {}},
+    "wrappers": {"clip": {"max_norm": 0.5}, "dp_fedavg": {"clip": 1.0, "noise_multiplier": 0.5},
+                 "outlier_filter": {}},
+    "selector": {"all": {}, "uniform": {}, "loss_difference": {}},
+    "sharing": {"all": {}, "ffa": {}, "fedsa": {}, "local": {}, "fixed_split": {}, "head_pruning": {},
+                "layer_selection": {"warmup_rounds": 1}, "ranks": {}, "stacking": {}},
+    "downlink": {"dense": {}, "full16": {}, "analogy": {}, "pca": {"components": 2}, "quant": {}},
+    "post_tuning": {"none": {}, "bbt": {"iterations": 2, "intrinsic_dim": 8, "popsize": 4, "shots": 2},
+                    "gradient": {"steps": 2, "shots": 2}},
+    "transforms": {"clip_delta": {"max_norm": 1.0}, "ldp": {"noise": 0.1}, "scale_delta": {"factor": 2.0}},
+    "objective": {"classification": {}, "generation": {}},
+    "readout": {"linear": {}, "similarity": {}, "verbalizer": {}},
+}
+
+
+@dataclass(frozen=True)
+class AggregatorCase:
+    """How the shared aggregator tests drive one rule."""
+
+    updates: str = "plain"           # plain: tensors a, b; lora: one module's lora_A / lora_B
+    compare: str = "tensors"         # tensors, or product: B·A per module (the rule may refactor the factors)
+    fixed_point: bool = False        # n identical updates x_c give x_c
+    zero_fixed_point: bool = True    # updates equal to the global leave it unchanged
+    inner: str = "fedavg"            # a wrapper's inner aggregator
+    skip: str = ""                   # why the shared tests cannot drive it (and where it is tested instead)
+
+
+AGGREGATOR_CASES: dict[str, AggregatorCase] = {
+    "fedavg": AggregatorCase(fixed_point=True), "uniform": AggregatorCase(fixed_point=True),
+    # the server optimisers step x_t + η m/(√v + τ) (or with momentum): their only fixed point is a zero
+    # pseudo-gradient
+    "fedavgm": AggregatorCase(), "fedadam": AggregatorCase(), "fedyogi": AggregatorCase(),
+    "fedadagrad": AggregatorCase(),
+    "median": AggregatorCase(fixed_point=True), "trimmed_mean": AggregatorCase(fixed_point=True),
+    "krum": AggregatorCase(fixed_point=True), "multi_krum": AggregatorCase(fixed_point=True),
+    "momentum_cv": AggregatorCase(fixed_point=True),  # round 1 has no server step (A16): w = w̄
+    "keep-global": AggregatorCase(skip="accepts no updates: the zero-shot baselines train nothing"),
+    "hetlora": AggregatorCase(updates="lora", fixed_point=True),
+    "flexlora": AggregatorCase(updates="lora", compare="product", fixed_point=True),
+    "stack": AggregatorCase(skip="the stack's rank grows with the clients (tests/test_lora_family.py)"),
+    "head_weighted": AggregatorCase(skip="needs an adapter's head slices (tests/test_headprune.py)"),
+    "server_cmaes": AggregatorCase(skip="accepts CMA-ES distributions, not tensors (tests/test_fedbpt.py)"),
+    "clip": AggregatorCase(fixed_point=True),  # x_c within the clipping norm of x_t
+    "dp_fedavg": AggregatorCase(inner="uniform", zero_fixed_point=False),  # the noise moves the mean
+    "outlier_filter": AggregatorCase(fixed_point=True),
+}
+
+
+def least(axis: str, name: str) -> dict[str, Any]:
+    """The row of ``name`` on ``axis``, or a failure that says what to add."""
+    rows = LEAST.get(axis, {})
+    if name not in rows:
+        raise AssertionError(f"{axis} '{name}' is registered but has no row in tests/conformance/cases.py: add "
+                             f"LEAST['{axis}']['{name}'] = {{...the least settings it needs...}}")
+    return rows[name]
+
+
+def aggregator_case(name: str) -> AggregatorCase:
+    if name not in AGGREGATOR_CASES:
+        raise AssertionError(f"aggregator '{name}' is registered but has no row in tests/conformance/cases.py: add "
+                             f"AGGREGATOR_CASES['{name}'] = AggregatorCase(...) (how its updates look, its fixed "
+                             "points, or why the shared tests cannot drive it)")
+    return AGGREGATOR_CASES[name]
+
+
+def registered() -> list[tuple[str, str]]:
+    return [(axis, name) for axis, reg in REGISTRIES.items() for name in reg.names()]
