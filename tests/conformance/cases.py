@@ -73,6 +73,52 @@ AGGREGATOR_CASES: dict[str, AggregatorCase] = {
 }
 
 
+@dataclass(frozen=True)
+class AdapterCase:
+    """How the shared adapter tests train one adapter (any trainer that can: no preset is involved)."""
+
+    trainer: dict[str, Any] = None  # method.trainer; None: Adam for 2 steps of batch 8
+    aggregator: str = "fedavg"
+    generation: bool = True          # it also tunes a causal LM to generate
+    trains: bool = True              # it has tensors to train and upload
+
+
+ADAM = {"name": "adam", "max_steps": 2, "batch_size": 8}
+ADAPTER_CASES: dict[str, AdapterCase] = {
+    "soft_prompt": AdapterCase(), "deep_prompt": AdapterCase(), "lora": AdapterCase(), "full": AdapterCase(),
+    "p_tuning": AdapterCase(),
+    "projected_prompt": AdapterCase(trainer={"name": "cmaes", "iterations": 2}),
+    "token_prompt": AdapterCase(trainer={"name": "discrete_search", "steps": 3}, aggregator="uniform"),
+    "template_only": AdapterCase(trainer={"name": "no-training"}, aggregator="keep-global", generation=False,
+                                 trains=False),
+    "demonstrations": AdapterCase(trainer={"name": "no-training"}, aggregator="keep-global", generation=False,
+                                  trains=False),
+}
+
+
+def adapter_case(name: str) -> AdapterCase:
+    if name not in ADAPTER_CASES:
+        raise AssertionError(f"adapter '{name}' is registered but has no row in tests/conformance/cases.py: add "
+                             f"ADAPTER_CASES['{name}'] = AdapterCase(...) (a trainer that trains it, whether it "
+                             "generates)")
+    return ADAPTER_CASES[name]
+
+
+# trainer -> an adapter it trains, and the aggregator that takes its updates
+TRAINER_CASES: dict[str, tuple[str, str]] = {
+    "adam": ("soft_prompt", "fedavg"), "adamw": ("lora", "fedavg"), "sgd": ("deep_prompt", "fedavg"),
+    "cmaes": ("projected_prompt", "fedavg"), "discrete_search": ("token_prompt", "uniform"),
+    "no-training": ("template_only", "keep-global"),
+}
+
+
+def trainer_case(name: str) -> tuple[str, str]:
+    if name not in TRAINER_CASES:
+        raise AssertionError(f"trainer '{name}' is registered but has no row in tests/conformance/cases.py: add "
+                             f"TRAINER_CASES['{name}'] = (an adapter it trains, an aggregator of its updates)")
+    return TRAINER_CASES[name]
+
+
 def least(axis: str, name: str) -> dict[str, Any]:
     """The row of ``name`` on ``axis``, or a failure that says what to add."""
     rows = LEAST.get(axis, {})

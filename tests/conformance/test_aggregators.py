@@ -15,7 +15,7 @@ from fedpeft.comm.codec import decode, encode
 from fedpeft.comm.lora_pairs import products
 from fedpeft.comm.update import Update
 
-from .cases import AGGREGATOR_CASES, aggregator_case, least
+from tests.conformance.cases import AGGREGATOR_CASES, aggregator_case, least
 
 NAMES = [*AGGREGATORS.names(), *WRAPPERS.names()]
 WEIGHTS = [3, 1, 4, 1, 5]

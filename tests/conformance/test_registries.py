@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .cases import LEAST, REGISTRIES, least, registered
+from tests.conformance.cases import LEAST, REGISTRIES, least, registered
 
 
 @pytest.mark.parametrize("axis, name", registered())

@@ -132,6 +132,7 @@ class TrainerBase:
     scalars: ClassVar[tuple[str, ...]] = ()
     provides: ClassVar[frozenset[str]] = frozenset()
     summable: ClassVar[bool] = True  # its update tensors can be summed across clients (secure aggregation)
+    forward_only: ClassVar[bool] = False  # it never computes a gradient (black-box access to the model suffices)
 
     @classmethod
     def summable_with(cls, settings: Any) -> bool:

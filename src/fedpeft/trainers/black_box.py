@@ -108,6 +108,7 @@ def cov_from(tensors: dict[str, torch.Tensor], d: int) -> np.ndarray:
 @TRAINERS.register("cmaes", "local CMA-ES on a projected prompt, forward passes only (BBT / FedBPT)",
                    CMAESTrainerSettings)
 class CMAESTrainer(TrainerBase):
+    forward_only = True
     kind = DISTRIBUTION
     vectorised = True
     adapters = frozenset({"projected_prompt"})

@@ -109,6 +109,7 @@ def search(box: BlackBox, vocab: Vocabulary, prompt: torch.Tensor, data: Encoded
                    "candidates, uint16 index upload (personalized gradient-free prompt tuning)",
                    DiscreteSearchSettings)
 class DiscreteSearchTrainer(TrainerBase):
+    forward_only = True
     kind = PARAMS
     summable = False  # token indices are not summed: see summable_with
     vectorised = True

@@ -10,6 +10,7 @@ from fedpeft.trainers.base import NONE, TRAINERS, Shapes, TrainerBase
 
 @TRAINERS.register("no-training", "no local training (zero-shot and in-context baselines)")
 class NoTraining(TrainerBase):
+    forward_only = True
     kind = NONE
 
     def downlink(self, shared: Params, broadcast: Message) -> Message:

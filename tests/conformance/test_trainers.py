@@ -1,0 +1,40 @@
+"""Every registered trainer, on an adapter it trains (its row in ``cases.py``): one client step; a forward-only
+trainer never calls backward (a hook on ``torch.autograd.backward`` proves it), a gradient trainer does, and
+neither leaves a gradient on the frozen backbone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedpeft.build import build_method
+from fedpeft.comm.codec import decode, encode
+from fedpeft.experiment import build_experiment
+from fedpeft.resolve import load_config
+from fedpeft.trainers import TRAINERS
+
+from tests.conformance.cases import least, trainer_case
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("name", TRAINERS.names())
+def test_backward_only_where_declared_and_never_into_the_backbone(name, monkeypatch):
+    from conftest import tiny_overrides
+
+    adapter, aggregator = trainer_case(name)
+    over = {"method.adapter.name": adapter, "method.trainer.name": name, "method.aggregator.name": aggregator,
+            "method.adapter.num_tokens": None, "method.trainer.max_steps": None, "method.trainer.batch_size": None,
+            "federation.rounds": 1, "task.num_examples": 60}
+    over |= {f"method.adapter.{k}": v for k, v in least("adapter", adapter).items()}
+    over |= {f"method.trainer.{k}": v for k, v in least("trainer", name).items()}
+    cfg = load_config(None, tiny_overrides(**{k.replace(".", "__"): v for k, v in over.items()}))
+    exp = build_experiment(cfg)
+    method = build_method(cfg, exp)
+    calls = []
+    real = torch.autograd.backward
+    monkeypatch.setattr(torch.autograd, "backward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    inst = decode(encode(method.configure_round(method.server_init(), 1, [0])[0], method.wire))
+    method.client_update(inst, exp.client(0))
+    assert (not calls) == TRAINERS.get(name).forward_only, f"{len(calls)} backward calls"
+    assert all(p.grad is None for p in exp.backbone.model.parameters())
