@@ -78,6 +78,11 @@ class AggregatorBase:
         """Whether, with these settings, it needs no individual update (then it runs under secure aggregation)."""
         return cls.secure_sum
 
+    @classmethod
+    def check_federation(cls, settings: Any, num_clients: int) -> None:
+        """Raise a ``ValueError`` naming the field when these settings cannot work with ``num_clients`` clients
+        (called by the config check, before anything loads)."""
+
     def init(self, glob: Params) -> Message:
         return Message()
 

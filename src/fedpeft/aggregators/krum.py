@@ -98,11 +98,16 @@ class MultiKrum(AggregatorBase):
 
     def __init__(self, settings, ctx: AggregatorContext) -> None:
         super().__init__(settings, ctx)
-        if ctx.num_clients < 2 * self._f + 3:
-            raise ValueError(f"method.aggregator.num_malicious: f = {self._f} needs at least {2 * self._f + 3} "
-                             f"clients, the federation has {ctx.num_clients}")
-        if self._m > ctx.num_clients:
-            raise ValueError(f"method.aggregator.num_selected: m = {self._m} exceeds the {ctx.num_clients} clients")
+        self.check_federation(settings, ctx.num_clients)
+
+    @classmethod
+    def check_federation(cls, settings, num_clients: int) -> None:
+        f, m = settings.num_malicious, getattr(settings, "num_selected", 1)
+        if num_clients < 2 * f + 3:
+            raise ValueError(f"method.aggregator.num_malicious: f = {f} needs at least {2 * f + 3} "
+                             f"clients, the federation has {num_clients}")
+        if m > num_clients:
+            raise ValueError(f"method.aggregator.num_selected: m = {m} exceeds the {num_clients} clients")
 
     @property
     def _f(self) -> int:

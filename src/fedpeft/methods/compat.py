@@ -53,6 +53,8 @@ def check_generation(cfg: ExperimentConfig) -> None:
 def check_combination(cfg: ExperimentConfig) -> None:
     if is_generation_config(cfg):
         check_generation(cfg)
+    AGGREGATORS.get(cfg.method.aggregator.name).check_federation(cfg.method.aggregator.typed_settings,
+                                                                 cfg.federation.num_clients)
     if cfg.model.quantization != "none" and cfg.runtime.device == "cpu":
         raise ValueError(f"model.quantization: '{cfg.model.quantization}' quantizes with bitsandbytes on a CUDA GPU; "
                          "set runtime.device: cuda, or model.quantization: none on CPU")
