@@ -89,7 +89,7 @@ from fedpeft.model.blackbox import BlackBox
 from fedpeft.backbones.encoding import collate
 from fedpeft.build import build
 from fedpeft.comm.codec import decode
-from fedpeft.methods.composed import ServerState
+from fedpeft.methods.state import ServerState
 from fedpeft.resolve import load_config
 from fedpeft.rng import torch_rng
 from fedpeft.runtime.client import handle_train

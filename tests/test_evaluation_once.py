@@ -10,7 +10,7 @@ import pytest
 import fedpeft.runtime.embedded as embedded
 from fedpeft.build import build
 from fedpeft.comm.codec import decode
-from fedpeft.methods.composed import ServerState
+from fedpeft.methods.state import ServerState
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.runtime.server import RoundDriver
 from fedpeft.tracking.rundir import RunDir

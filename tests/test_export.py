@@ -10,7 +10,7 @@ import torch
 
 from fedpeft.experiment import build_experiment
 from fedpeft.export import export_peft
-from fedpeft.methods.composed import ServerState
+from fedpeft.methods.state import ServerState
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.tracking.rundir import RunDir
 

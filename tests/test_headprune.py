@@ -229,7 +229,7 @@ def test_gqa_key_value_rows_belong_to_their_query_head_group():
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
 def test_export_loads_in_peft_with_the_same_outputs(model, tmp_path):
     from fedpeft.export import export_peft
-    from fedpeft.methods.composed import ServerState
+    from fedpeft.methods.state import ServerState
 
     cfg = _cfg("headprune", model, **{"federation.rounds": 2, "method.sharing.sparsity": 0.5})
     exp = build_experiment(cfg)

@@ -10,7 +10,7 @@ from conftest import last_hidden_ours_and_peft, tiny_overrides
 from fedpeft.build import build_method
 from fedpeft.clients import sub_state
 from fedpeft.experiment import build_experiment
-from fedpeft.methods.composed import PRIVATE, ServerState
+from fedpeft.methods.state import PRIVATE, ServerState
 from fedpeft.resolve import load_config
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.tracking.rundir import RunDir

@@ -19,7 +19,7 @@ from fedpeft.comm.update import Update
 from fedpeft.config import ClientProfile
 from fedpeft.data.participants import profile_of_clients
 from fedpeft.experiment import build_experiment
-from fedpeft.methods.composed import ServerState
+from fedpeft.methods.state import ServerState
 from fedpeft.resolve import load_config
 from fedpeft.runtime.embedded import StopAfterRound, run_embedded
 from fedpeft.runtime.validation import InvalidReply, validate_reply

@@ -13,7 +13,7 @@ from fedpeft.comm.codec import decode
 from fedpeft.config import ConfigError
 from fedpeft.experiment import build_experiment
 from fedpeft.methods import PRESETS
-from fedpeft.methods.composed import POST_TUNE, PRIVATE, ServerState
+from fedpeft.methods.state import POST_TUNE, PRIVATE, ServerState
 from fedpeft.rng import numpy_rng
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.sharing.layer_orders import num_selected

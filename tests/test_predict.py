@@ -20,7 +20,7 @@ from fedpeft.config import ConfigError
 from fedpeft.data.types import Example
 from fedpeft.dryrun import dry_run
 from fedpeft.experiment import build_experiment
-from fedpeft.methods.composed import PRIVATE, ServerState
+from fedpeft.methods.state import PRIVATE, ServerState
 from fedpeft.predict import open_model, predict
 from fedpeft.prediction_files import read_inputs
 from fedpeft.resolve import load_config

@@ -24,7 +24,7 @@ import torch
 
 from fedpeft.comm.codec import Message, encode, payload_bytes
 from fedpeft.config import ExperimentConfig
-from fedpeft.methods.composed import ServerState
+from fedpeft.methods.state import ServerState
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ from fedpeft.comm.update import Params
 from fedpeft.config import ExperimentConfig
 from fedpeft.data.types import Example
 from fedpeft.experiment import TaskOnly, build_experiment
-from fedpeft.methods.composed import PRIVATE, ComposedMethod, ServerState
+from fedpeft.methods.composed import ComposedMethod
+from fedpeft.methods.state import PRIVATE, ServerState
 from fedpeft.resolve import load_config
 from fedpeft.tracking.rundir import RunDir
 

@@ -3,6 +3,9 @@
 ``PROCESS_CACHE`` is the one deliberate process-level cache: all simulated clients (and, under
 Flower, all ClientApp calls in a worker process) share the same frozen module; ``loads`` counts
 how many times a model was actually built, so tests and logs can show it is never reloaded.
+
+Long because every source of a backbone (packaged, tiny, hub, local folder, quantized on CUDA) ends in the
+same frozen ``Backbone``; each source is a short function.
 """
 
 from __future__ import annotations

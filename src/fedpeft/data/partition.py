@@ -3,6 +3,8 @@
 Every function draws only from the ``np.random.Generator`` it is given, so a seed fixes the result.
 Each returns one sorted ``int64`` index array per client; together they are disjoint and, for the
 partitioners, cover ``range(n)``. Bad arguments raise ``ValueError`` naming the argument.
+
+The partitioners sit side by side because they share their checks and their output contract.
 """
 
 from __future__ import annotations

@@ -10,16 +10,12 @@ Two more components act around the exchange: the download codec (``downlink``: h
 travel to the clients, e.g. as a compressed residual) and ``post_tuning`` (after the last round, each
 evaluated client adapts the global tensors on a few shots of its own data before it is scored).
 
-Server state (a ``Message``): the global tensors under their own names, the aggregator's state under
-``agg/``, the sharing policy's under ``share/``, the download codec's message log under ``dl/``; scalars
-``round``, ``agg``, ``sharing`` and ``history`` (per client: the last round it replied and its training
-loss, read by selectors). Client state: the trainer's under ``opt/``, the sharing policy's private tensors
-under ``u/``, the download codec's copy of the global tensors under ``dl/``.
+The server and client state layouts are in ``methods.state``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,48 +31,16 @@ from fedpeft.downlink.base import SEP
 from fedpeft.generation_eval import by_group, generation_metrics, sample_rows
 from fedpeft.lazy import lazy
 from fedpeft.methods.assembly import Components
+from fedpeft.methods.state import DOWN, GEN, OPT, POST_TUNE, PRIVATE, ServerState
 from fedpeft.metrics import class_metrics
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
 from fedpeft.trainers.base import floats
 
 torch = lazy("torch")
 
-AGG, SHARE, DOWN = "agg/", "share/", "dl/"  # server-state prefixes
-OPT, PRIVATE = "opt/", "u/"                 # client-state prefixes (and DOWN)
-POST_TUNE = "post_tune"                     # evaluation instruction flag: adapt before scoring
-GEN = "gen_"                                # a client's generation metrics in its evaluation reply
-
-
-def _prefixed(prefix: str, tensors: Params) -> Params:
-    return {prefix + k: v for k, v in tensors.items()}
-
-
 def _numeric(d: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
-
-@dataclass
-class ServerState:
-    round: int
-    glob: Params
-    agg: Message
-    sharing: Message
-    history: dict[int, dict[str, float]] = field(default_factory=dict)
-    down: Params = field(default_factory=dict)
-
-    def to_message(self) -> Message:
-        tensors = (dict(self.glob) | _prefixed(AGG, self.agg.tensors) | _prefixed(SHARE, self.sharing.tensors)
-                   | _prefixed(DOWN, self.down))
-        return Message(tensors, {"round": self.round, "agg": self.agg.scalars, "sharing": self.sharing.scalars,
-                                 "history": {str(c): h for c, h in sorted(self.history.items())}})
-
-    @classmethod
-    def from_message(cls, msg: Message) -> ServerState:
-        glob = {k: v for k, v in msg.tensors.items() if not k.startswith((AGG, SHARE, DOWN))}
-        s = msg.scalars
-        return cls(int(s["round"]), glob, Message(sub_state(msg, AGG), dict(s.get("agg", {}))),
-                   Message(sub_state(msg, SHARE), dict(s.get("sharing", {}))),
-                   {int(c): dict(h) for c, h in s.get("history", {}).items()}, sub_state(msg, DOWN))
 
 
 class ComposedMethod:

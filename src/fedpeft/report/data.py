@@ -1,4 +1,7 @@
-"""Runs read back from their directories, grouped by config (seeds aggregated), and per-round series."""
+"""Runs read back from their directories, grouped by config (seeds aggregated), and per-round series.
+
+Long because every chart and table of the report reads its numbers here, so that they agree with each other.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ A runtime only supplies a ``Transport`` that delivers encoded instructions to cl
 back what came back (reply bytes, or the exception that stood in for a reply). Everything that
 decides the numbers (selection, aggregation, global evaluation, byte accounting, checkpointing)
 lives here and in ``RoundDriver``, so the embedded and Flower runtimes cannot drift apart.
+
+Long on purpose: resume, scoring, checkpoints and the summary are one loop for every runtime.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Benchmark tasks read from ``shared/data`` in their original formats (see its README)."""
+"""Benchmark tasks read from ``shared/data`` in their original formats (see its README).
+
+Long because it is a catalogue: one short reader per benchmark file, registered side by side so that their
+provenance notes and label maps are read together.
+"""
 
 from __future__ import annotations
 

@@ -10,6 +10,9 @@ raise ``ConfigError`` naming the field and the file, and the line (row for parqu
 Generation (instruction-tuning) files: ``task.response_column`` set (or ``task.kind: generation``) reads
 ``task.instruction_column``, optionally ``task.input_column`` and ``task.references_column``, instead of text and
 label columns; the test split is then a plain seeded one (there are no classes to stratify).
+
+Long because the four formats and the two task kinds share one validation path, whose errors name the field,
+the file and the line.
 """
 
 from __future__ import annotations
