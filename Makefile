@@ -28,12 +28,12 @@ demo: install
 
 # The golden fixtures must hold on any x86-64 CPU: `make test` runs them a second time under other CPU kernels
 # than the machine's own (ATen's scalar kernels, MKL's compatible code path, oneDNN at AVX2, OpenBLAS's Prescott
-# kernels, which numpy's linear algebra uses), on an AVX2 machine as on an AVX-512 one (tests/test_golden.py).
+# kernels, which numpy's linear algebra uses), on an AVX2 machine as on an AVX-512 one (tests/golden/test_golden.py).
 OTHER_CPU := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Prescott
 
 test: install
 	$(PY) -m pytest -q
-	$(OTHER_CPU) $(PY) -m pytest -q tests/test_golden.py
+	$(OTHER_CPU) $(PY) -m pytest -q tests/golden/test_golden.py
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

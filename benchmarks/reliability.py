@@ -1,5 +1,5 @@
 """Reliability and security, measured (benchmarks/results/reliability.md): the long sweep of what
-``tests/test_reliability.py`` checks on a few cases, with the same strategies and checks.
+``tests/unit/test_reliability.py`` checks on a few cases, with the same strategies and checks.
 
 Sections (``--sections``; each writes its rows, the file says which sections ran):
 - ``replies``: hypothesis-fuzzed replies per category (message level: keys, shapes, dtypes, NaN/Inf, scalars;
@@ -372,8 +372,8 @@ def main(argv: list[str] | None = None) -> None:
     head = ("# Reliability and security, measured (issue 17)\n\n"
             f"Command: `python benchmarks/reliability.py --sections {' '.join(args.sections)} --examples "
             f"{args.examples}` (tiny random models, synthetic data; torch {torch.__version__}). The fast part of each "
-            "section runs in `make test` (`tests/test_reliability.py`, `tests/test_contract.py`, "
-            "`tests/test_flower.py`). Sections not listed in the command keep the rows of their last run.\n")
+            "section runs in `make test` (`tests/unit/test_reliability.py`, `tests/conformance/test_presets.py`, "
+            "`tests/integration/test_flower.py`). Sections not listed in the command keep the rows of their last run.\n")
     body = "\n\n".join(f"## {SECTIONS[k][0]}\n\n{parts[k]}" for k in SECTIONS if k in parts)
     args.out.write_text(head + "\n" + body + "\n")
     print(json.dumps({"written": str(args.out)}))

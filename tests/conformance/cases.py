@@ -1,5 +1,5 @@
 """The table every registered component needs a row in: the least settings it validates with (the smallest that
-still exercise it, as ``tests/test_contract.py`` runs them), and for aggregators how the shared tests drive them.
+still exercise it, as ``tests/conformance/test_presets.py`` runs them), and for aggregators how the shared tests drive them.
 
 A component registered without a row fails ``test_registries.py`` with the row to add.
 """
@@ -64,9 +64,9 @@ AGGREGATOR_CASES: dict[str, AggregatorCase] = {
     "keep-global": AggregatorCase(skip="accepts no updates: the zero-shot baselines train nothing"),
     "hetlora": AggregatorCase(updates="lora", fixed_point=True),
     "flexlora": AggregatorCase(updates="lora", compare="product", fixed_point=True),
-    "stack": AggregatorCase(skip="the stack's rank grows with the clients (tests/test_lora_family.py)"),
-    "head_weighted": AggregatorCase(skip="needs an adapter's head slices (tests/test_headprune.py)"),
-    "server_cmaes": AggregatorCase(skip="accepts CMA-ES distributions, not tensors (tests/test_fedbpt.py)"),
+    "stack": AggregatorCase(skip="the stack's rank grows with the clients (tests/methods/test_lora_family.py)"),
+    "head_weighted": AggregatorCase(skip="needs an adapter's head slices (tests/methods/test_headprune.py)"),
+    "server_cmaes": AggregatorCase(skip="accepts CMA-ES distributions, not tensors (tests/methods/test_fedbpt.py)"),
     "clip": AggregatorCase(fixed_point=True),  # x_c within the clipping norm of x_t
     "dp_fedavg": AggregatorCase(inner="uniform", zero_fixed_point=False),  # the noise moves the mean
     "outlier_filter": AggregatorCase(fixed_point=True),

@@ -26,7 +26,7 @@ spectrum roughly symmetric about 0 (|λ| ≲ 0.03).
   r = 1 − 1/K (exact) or 1 − τ_1² (Lanczos); after training MiniLM's 𝓛 ≈ 2–6·10⁻³ exceeds every gap
   between the 50 Ritz values, so no gap qualifies and r = 1, while tiny RoBERTa's 𝓛 ≈ 3·10⁻⁷ lets the 2nd or
   3rd gap qualify, r ≈ 0.99. Once (MiniLM, synthetic sentiment) only the gap below the top Ritz value
-  qualified and r ≈ 0, i.e. one layer. Tests on a known spectrum: ``tests/test_fedpeptao.py``.
+  qualified and r ≈ 0, i.e. one layer. Tests on a known spectrum: ``tests/methods/test_fedpeptao.py``.
 """
 
 from __future__ import annotations

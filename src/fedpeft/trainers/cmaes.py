@@ -3,7 +3,7 @@
 Own numpy implementation rather than pycma, as the spec recommends (A29): the server step injects
 client means that were not produced by ``ask`` (pycma may rescale such long steps), the state must
 cross the wire as explicit arrays (mean, sigma, C; never a pickled object), and every random draw
-must come from a ``fedpeft.rng`` stream. ``tests/test_fedbpt_cmaes.py`` checks the constants against
+must come from a ``fedpeft.rng`` stream. ``tests/methods/test_fedbpt_cmaes.py`` checks the constants against
 the spec's worked values for d = 500 and that the optimiser minimises a sphere.
 
 State update (per ``tell``): y_i = (x_i - m)/sigma, <y>_w = sum_{i<=mu} w_i y_{i:lambda},

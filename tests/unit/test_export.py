@@ -1,6 +1,6 @@
 """``fedpeft export --format peft``: a soft prompt placed before the input loads as PEFT prompt tuning, deep
 prompts as PEFT prefix tuning (also with grouped-query attention), with the same hidden states; what PEFT cannot
-express is refused with the field named. (LoRA: tests/test_headprune.py.)"""
+express is refused with the field named. (LoRA: tests/methods/test_headprune.py.)"""
 
 from __future__ import annotations
 

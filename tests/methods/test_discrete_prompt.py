@@ -44,7 +44,7 @@ BBT_SMALL = {"method.post_tuning.iterations": 2, "method.post_tuning.intrinsic_d
 
 
 def _cfg(preset: str = "discrete-prompt", model: str = "tiny-bert", **extra):
-    """A tiny config of ``preset`` (dotted keys in ``extra``), as tests/test_contract.py builds them."""
+    """A tiny config of ``preset`` (dotted keys in ``extra``), as tests/conformance/test_presets.py builds them."""
     defaults = PRESETS.get(preset).method_defaults
     over = {"method.name": preset, "model.name": model, "task.num_examples": 72, "federation.rounds": 2,
             "method.adapter.num_tokens": 4, "method.trainer.max_steps": None, "method.trainer.batch_size": None}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
 @pytest.fixture

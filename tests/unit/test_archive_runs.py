@@ -5,7 +5,7 @@ import tarfile
 from pathlib import Path
 
 _SPEC = importlib.util.spec_from_file_location(
-    "archive_runs", Path(__file__).parents[1] / "benchmarks" / "archive_runs.py"
+    "archive_runs", Path(__file__).parents[2] / "benchmarks" / "archive_runs.py"
 )
 archive_runs = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(archive_runs)

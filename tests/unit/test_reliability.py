@@ -25,7 +25,7 @@ from fedpeft.tracking.rundir import RunDir, RunDirLocked
 from fedpeft.tracking.summary import TIMING_FIELDS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-SRC = Path(__file__).resolve().parents[1] / "src" / "fedpeft"
+SRC = Path(__file__).resolve().parents[2] / "src" / "fedpeft"
 
 
 def _records(root) -> list[dict]:

@@ -259,7 +259,7 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
     ("fedprompt", "tiny-bert-mlm", {"model.calibration": "contextual"}),
 ])
 def test_predict_and_dry_run_agree_with_the_run(preset, model, extra, tmp_path):
-    from test_contract import _cfg
+    from tests.conformance.test_presets import _cfg
 
     cfg = _cfg(preset, model, **{"federation.rounds": 1, **extra})
     exp = build_experiment(cfg)
