@@ -97,11 +97,8 @@ ADAPTER_CASES: dict[str, AdapterCase] = {
 
 
 def adapter_case(name: str) -> AdapterCase:
-    if name not in ADAPTER_CASES:
-        raise AssertionError(f"adapter '{name}' is registered but has no row in tests/conformance/cases.py: add "
-                             f"ADAPTER_CASES['{name}'] = AdapterCase(...) (a trainer that trains it, whether it "
-                             "generates)")
-    return ADAPTER_CASES[name]
+    return _row(ADAPTER_CASES, "adapter", name, f"ADAPTER_CASES['{name}'] = AdapterCase(...) (a trainer that trains "
+                "it, whether it generates)")
 
 
 # trainer -> an adapter it trains, and the aggregator that takes its updates
@@ -113,27 +110,24 @@ TRAINER_CASES: dict[str, tuple[str, str]] = {
 
 
 def trainer_case(name: str) -> tuple[str, str]:
-    if name not in TRAINER_CASES:
-        raise AssertionError(f"trainer '{name}' is registered but has no row in tests/conformance/cases.py: add "
-                             f"TRAINER_CASES['{name}'] = (an adapter it trains, an aggregator of its updates)")
-    return TRAINER_CASES[name]
+    return _row(TRAINER_CASES, "trainer", name, f"TRAINER_CASES['{name}'] = (an adapter it trains, an aggregator of "
+                "its updates)")
 
 
 def least(axis: str, name: str) -> dict[str, Any]:
     """The row of ``name`` on ``axis``, or a failure that says what to add."""
-    rows = LEAST.get(axis, {})
-    if name not in rows:
-        raise AssertionError(f"{axis} '{name}' is registered but has no row in tests/conformance/cases.py: add "
-                             f"LEAST['{axis}']['{name}'] = {{...the least settings it needs...}}")
-    return rows[name]
+    return _row(LEAST.get(axis, {}), axis, name, f"LEAST['{axis}']['{name}'] = {{...the least settings it needs...}}")
 
 
 def aggregator_case(name: str) -> AggregatorCase:
-    if name not in AGGREGATOR_CASES:
-        raise AssertionError(f"aggregator '{name}' is registered but has no row in tests/conformance/cases.py: add "
-                             f"AGGREGATOR_CASES['{name}'] = AggregatorCase(...) (how its updates look, its fixed "
-                             "points, or why the shared tests cannot drive it)")
-    return AGGREGATOR_CASES[name]
+    return _row(AGGREGATOR_CASES, "aggregator", name, f"AGGREGATOR_CASES['{name}'] = AggregatorCase(...) (how its "
+                "updates look, its fixed points, or why the shared tests cannot drive it)")
+
+
+def _row(table: dict[str, Any], what: str, name: str, add: str) -> Any:
+    if name not in table:
+        raise AssertionError(f"{what} '{name}' is registered but has no row in tests/conformance/cases.py: add {add}")
+    return table[name]
 
 
 def registered() -> list[tuple[str, str]]:

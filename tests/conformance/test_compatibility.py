@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import random
 
-import pytest
 
 from fedpeft.components import AXIS_REGISTRIES
 from fedpeft.config import ConfigError
