@@ -2,7 +2,7 @@
 machine: a finished run keeps only what the tables read (config, metrics, summary, post-hoc and validity records);
 an unfinished run is kept whole (checkpoint included) so that ``tar xzf`` and the benchmark's command resume it.
 
-    python benchmarks/archive_runs.py runs/fedbpt benchmarks/results/fedbpt_runs.tgz
+    python -m benchmarks.archive_runs runs/fedbpt benchmarks/results/fedbpt_runs.tgz
     tar xzf benchmarks/results/fedbpt_runs.tgz        # restores runs/fedbpt/...
 """
 

@@ -9,9 +9,9 @@ seed) shares the partition, the non-participants and the initial tensors. Report
 post-tuning (and before it), bytes per client-round both ways, model queries (candidate evaluations) per
 client-round, the mean client training loss per round; final round only.
 
-    python benchmarks/discrete_prompt.py --runs-dir runs/discrete_prompt --workers 2      # resumable
-    python benchmarks/discrete_prompt.py --runs-dir runs/discrete_prompt --render-only    # rewrite the table
-    python benchmarks/discrete_prompt.py --calibration                                    # SmolLM2 zero-shot table
+    python -m benchmarks.discrete_prompt --runs-dir runs/discrete_prompt --workers 2      # resumable
+    python -m benchmarks.discrete_prompt --runs-dir runs/discrete_prompt --render-only    # rewrite the table
+    python -m benchmarks.discrete_prompt --calibration                                    # SmolLM2 zero-shot table
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import math
 import statistics
 from pathlib import Path
 
-from runner import mean_std, run_config, run_pool
+from benchmarks.runner import mean_std, run_config, run_pool
 
 ARMS = {  # label -> overrides on top of the preset (CPU scale: T = 10 prompt tokens, d = 50); run in this order
     "Manual prompt (zero-shot)": ["method.name=manual-prompt", "federation.rounds=1"],
@@ -126,7 +126,7 @@ def baselines(args, setting: str, seed: int) -> dict[str, float]:
 def render(args) -> Path:
     runs = Path(args.runs_dir)
     lines = ["# Personalized gradient-free discrete prompt tuning: MiniLM at CPU scale", "",
-             f"Rendered with: `python benchmarks/discrete_prompt.py {' '.join(args.argv)}`", "",
+             f"Rendered with: `python -m benchmarks.discrete_prompt {' '.join(args.argv)}`", "",
              f"Setup: MiniLM with the similarity readout (frozen), 10 clients, all participants train every round, "
              f"{args.rounds} rounds; per-domain / per-task caps {args.max_train} train and {args.max_test} test examples, "
              f"inputs cut at {args.max_length} tokens. Scaled from the paper (T = 50, S = 40, d = 500, popsize 20): "
@@ -183,7 +183,7 @@ def render(args) -> Path:
     if calib.exists():
         c = json.loads(calib.read_text())
         lines += ["## SmolLM2-135M zero-shot (manual prompt, next-token verbalizer), with and without contextual "
-                  "calibration", "", f"`python benchmarks/discrete_prompt.py --calibration`: each task's test split "
+                  "calibration", "", f"`python -m benchmarks.discrete_prompt --calibration`: each task's test split "
                   f"(capped at 1,000 examples; n below), one deterministic run; standard error of an accuracy near "
                   f"50 % with n = 872: 1.7 points.", "", "| task | n | majority % | uncalibrated % | predicted "
                   "classes (uncal.) | calibrated % | predicted classes (cal.) |", "|---|---|---|---|---|---|---|"]

@@ -33,19 +33,19 @@ AG News ~3x per run (FedAvg-BBT 13.5 minutes), ~4 hours per seed. SmolLM2 with t
 ~15-20x MiniLM per round, a GPU job; with ``--placement suffix`` a SST-2 FedAvg-BBT run takes ~25 minutes (~6x
 MiniLM). ``--plan`` lists the 150 jobs.
 
-    nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --workers 2           # CPU, resumable
-    nice -n 10 .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --models smollm2 --placement suffix \
+    nice -n 10 .venv/bin/python -m benchmarks.fedbpt --runs-dir runs/fedbpt --workers 2           # CPU, resumable
+    nice -n 10 .venv/bin/python -m benchmarks.fedbpt --runs-dir runs/fedbpt --models smollm2 --placement suffix \
         --tasks sst2 --alphas 1.0 --arms manual manual-cal fedavg-bbt fedbpt fedbpt-rp0 --seeds 0 1 2 \
         --results benchmarks/results/fedbpt_smollm2.md                                     # SmolLM2 subset, own file
-    .venv/bin/python benchmarks/fedbpt.py --runs-dir runs/fedbpt --render-only
-    .venv/bin/python benchmarks/fedbpt.py --plan                                                  # list the jobs
+    .venv/bin/python -m benchmarks.fedbpt --runs-dir runs/fedbpt --render-only
+    .venv/bin/python -m benchmarks.fedbpt --plan                                                  # list the jobs
 
 Paper scale on a GPU (``--paper-scale``): d = 500, m = 50, I = 8, lambda = 5, T = 200 rounds (the authors'
 default), evaluation every 10 rounds, ``runtime.device=cuda``; its own runs directory and results file
 (runs/fedbpt-paper, benchmarks/results/fedbpt_paper_scale.md) unless given; any of --dim, --tokens,
 --iterations, --popsize, --rounds, --every, --device overrides it, e.g.
 
-    .venv/bin/python benchmarks/fedbpt.py --paper-scale --arms fedavg-bbt fedavg-bbt-2x fedbpt fedbpt-rp0 \\
+    .venv/bin/python -m benchmarks.fedbpt --paper-scale --arms fedavg-bbt fedavg-bbt-2x fedbpt fedbpt-rp0 \\
         --workers 2 --threads 4
 """
 
@@ -57,9 +57,9 @@ import os
 import sys
 from pathlib import Path
 
-from fedbpt_arms import ALPHAS, ARMS, HEADLINE, MODELS, SCALES, TASKS, job_name, overrides, plan
-from fedbpt_report import completeness, render
-from runner import run_config, run_pool
+from benchmarks.fedbpt_arms import ALPHAS, ARMS, HEADLINE, MODELS, SCALES, TASKS, job_name, overrides, plan
+from benchmarks.fedbpt_report import completeness, render
+from benchmarks.runner import run_config, run_pool
 
 # ---------------------------------------------------------------- jobs
 

@@ -8,9 +8,9 @@ import re
 import statistics
 from pathlib import Path
 
-from fedbpt_arms import (ALPHAS, ARMS, BLACK_BOX, HEADLINE, MATCHED, REFERENCE, TASKS, job_name, overrides, part_key,
+from benchmarks.fedbpt_arms import (ALPHAS, ARMS, BLACK_BOX, HEADLINE, MATCHED, REFERENCE, TASKS, job_name, overrides, part_key,
                          plan)
-from runner import finished, mean_std, paired_cell, paired_ci
+from benchmarks.runner import finished, mean_std, paired_cell, paired_ci
 
 SKEWED = 0.8  # a client is "one-class" when its largest class holds >= 80 % of its few-shot examples
 
@@ -157,7 +157,7 @@ def render(args) -> Path:
     runs = Path(args.runs_dir)
     scale = "paper scale" if args.paper_scale else "CPU scale"
     lines = [f"# FedBPT with a search budget matched to the dimension ({scale})",
-             "", f"Rendered with: `python benchmarks/fedbpt.py {' '.join(args.argv)}`", ""]
+             "", f"Rendered with: `python -m benchmarks.fedbpt {' '.join(args.argv)}`", ""]
     notes = Path(args.notes) if args.notes else None
     if notes and notes.exists():
         lines += [notes.read_text().strip(), ""]

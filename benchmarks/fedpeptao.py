@@ -15,9 +15,9 @@ seed's fedavg-prefix final global model, where every layer trained equally, each
 (its prompt reset to the initial value) against FedPepTAO's round-3 scores, and the rank of each order's subset
 among all 20 three-layer subsets (the others reset).
 
-    python benchmarks/fedpeptao.py --runs-dir runs/fedpeptao --workers 2         # resumable, any order of parts
-    python benchmarks/fedpeptao.py --runs-dir runs/fedpeptao --arms core --seeds 0 1 2
-    python benchmarks/fedpeptao.py --runs-dir runs/fedpeptao --render-only --validity
+    python -m benchmarks.fedpeptao --runs-dir runs/fedpeptao --workers 2         # resumable, any order of parts
+    python -m benchmarks.fedpeptao --runs-dir runs/fedpeptao --arms core --seeds 0 1 2
+    python -m benchmarks.fedpeptao --runs-dir runs/fedpeptao --render-only --validity
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from runner import finished, mean_std, paired_cell, run_config, run_pool
+from benchmarks.runner import finished, mean_std, paired_cell, run_config, run_pool
 
 TOKENS = 8  # h: prompt rows per layer (the preset's)
 SCRIPT_LR = ["method.aggregator.server_lr=0.05", "method.aggregator.lr_decay=0.99"]  # the authors' scripts
@@ -246,7 +246,7 @@ def validity_section(args, task: str) -> list[str]:
 def render(args) -> Path:
     notes = Path(args.notes)
     lines = ["# FedPepTAO against personalisation baselines (MiniLM, CPU scale)", "",
-             f"Rendered with: `python benchmarks/fedpeptao.py {' '.join(args.argv)}`", ""]
+             f"Rendered with: `python -m benchmarks.fedpeptao {' '.join(args.argv)}`", ""]
     if notes.exists():
         lines += [notes.read_text().strip(), ""]
     lines += [f"Setup: MiniLM (frozen, similarity readout), deep prompt h = {TOKENS} per layer (6 layers), client "

@@ -11,8 +11,8 @@
 Every arm of a (task, partition, seed) shares the partition, the malicious client and the initial prompt;
 final round only, mean ± std over seeds.
 
-    python benchmarks/fedprompt_security.py --runs-dir runs/fedprompt_security --workers 2     # resumable
-    python benchmarks/fedprompt_security.py --runs-dir runs/fedprompt_security --render-only
+    python -m benchmarks.fedprompt_security --runs-dir runs/fedprompt_security --workers 2     # resumable
+    python -m benchmarks.fedprompt_security --runs-dir runs/fedprompt_security --render-only
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from runner import mean_std, run_config, run_pool
+from benchmarks.runner import mean_std, run_config, run_pool
 
 POISON = ["attack.malicious_clients=[0]", "attack.poison_rate=1.0", "attack.target=1"]
 ATTACK_ARMS = {  # run on every task and partition
@@ -121,7 +121,7 @@ def _load(out: Path) -> dict | None:
 def render(args) -> Path:
     runs = Path(args.runs_dir)
     lines = ["# FedPrompt: backdoor, defences, local DP and prompt variants (MiniLM, CPU scale)", "",
-             f"Rendered with: `python benchmarks/fedprompt_security.py {' '.join(args.argv)}`", "",
+             f"Rendered with: `python -m benchmarks.fedprompt_security {' '.join(args.argv)}`", "",
              f"Setup: MiniLM (similarity readout), FedPrompt (20 soft tokens, Adam lr 0.03, batch 16, one local epoch), "
              f"10 clients all every round, {args.rounds} rounds, train capped at {args.max_train} and test at "
              f"{args.max_test} examples; client 0 malicious in poisoned runs (trigger 'cf', target class 1, "

@@ -1,7 +1,7 @@
 """Wall time and model loads per process: the same run on embedded, flower-sim and Flower deployment.
 
 Usage (one run at a time; nice'd; ~10-20 min on 2 cores):
-    nice -n 10 .venv/bin/python benchmarks/flower_runtime.py examples/bbc_fedprompt.yaml \\
+    nice -n 10 .venv/bin/python -m benchmarks.flower_runtime examples/bbc_fedprompt.yaml \\
         --set federation.rounds=2 --set task.max_train=600 --nodes 2
 Writes ``benchmarks/results/flower_runtime.md`` (and the run directories under ``--work``).
 """
@@ -63,7 +63,7 @@ def main() -> None:
                 s = run_flower(cfg, out, superlink=fed.address, insecure=True)
         rows.append(_row(name, time.perf_counter() - t0, s, out))
         print(json.dumps(rows[-1]), flush=True)
-    cmd = " ".join(["python benchmarks/flower_runtime.py", args.config, *[f"--set {x}" for x in args.set],
+    cmd = " ".join(["python -m benchmarks.flower_runtime", args.config, *[f"--set {x}" for x in args.set],
                     f"--nodes {args.nodes}"])
     lines = ["# Flower runtime vs embedded: wall time, bytes, model loads", "",
              f"Command: `nice -n 10 {cmd}` (runtime.threads=1; 2-core shared machine, CPU only).", "",

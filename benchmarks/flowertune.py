@@ -17,8 +17,8 @@ records; the template: between the strategy's per-round callbacks). Peak memory:
 whole process tree (the driver, Ray and its actors), sampled every 0.2 s. Clients train in parallel on Flower (one
 actor per client, one thread each), one after another embedded (all threads).
 
-    python benchmarks/flowertune.py                 # CPU: 2 clients, 3 rounds of 4 steps, batch 4
-    python benchmarks/flowertune.py --render-only   # rewrite the table from the saved measurements
+    python -m benchmarks.flowertune                 # CPU: 2 clients, 3 rounds of 4 steps, batch 4
+    python -m benchmarks.flowertune --render-only   # rewrite the table from the saved measurements
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def render(args, results: dict) -> Path:
     peer = results.get("FlowerTune template (TRL SFTTrainer) on flower-sim")
     lines = ["# fedpeft against Flower's FlowerTune LLM template", "",
              (Path(args.notes).read_text() if Path(args.notes).exists() else ""), "",
-             f"Command: `python benchmarks/flowertune.py --clients {args.clients} --rounds {args.rounds} --steps "
+             f"Command: `python -m benchmarks.flowertune --clients {args.clients} --rounds {args.rounds} --steps "
              f"{args.steps} --batch {args.batch} --train-per-category {args.train_per_category}` on this machine's CPU "
              f"({os.cpu_count()} cores). "
              f"SmolLM2-135M-Instruct, WebNLG training entries ({args.train_per_category} per category, split IID over "

@@ -11,9 +11,9 @@ by each client on its own category's test entries (``local_generation``) and, po
 with each client's adapter on the unseen categories' entries (``score_local_unseen``); centralised training is one
 client holding all the data with the steps of all clients together.
 
-    python benchmarks/generation.py --runs-dir runs/generation --workers 1     # CPU, resumable
-    python benchmarks/generation.py --runs-dir runs/generation --render-only   # rewrite the table
-    python benchmarks/generation.py --paper-scale --device cuda                 # the full grid, for a GPU machine
+    python -m benchmarks.generation --runs-dir runs/generation --workers 1     # CPU, resumable
+    python -m benchmarks.generation --runs-dir runs/generation --render-only   # rewrite the table
+    python -m benchmarks.generation --paper-scale --device cuda                 # the full grid, for a GPU machine
 
 Every run is a fedpeft run directory under --runs-dir; finished runs are skipped, interrupted ones resumed.
 """
@@ -25,7 +25,7 @@ import json
 import statistics
 from pathlib import Path
 
-from runner import run_config, run_pool
+from benchmarks.runner import run_config, run_pool
 
 ARMS = {  # label -> overrides (model, data and budget come from the task)
     "fedit (LoRA all-linear, FedAvg)": ["method.name=fedit"],
@@ -220,7 +220,7 @@ ROWS = {"webnlg": _webnlg_rows, "dolly": _dolly_rows}
 def render(args) -> Path:
     lines = ["# Federated instruction tuning: WebNLG and Dolly on SmolLM2-135M-Instruct", "",
              (Path(args.notes).read_text() if Path(args.notes).exists() else ""), "",
-             f"Command: `python benchmarks/generation.py --runs-dir {args.runs_dir} --rounds {args.rounds} --steps "
+             f"Command: `python -m benchmarks.generation --runs-dir {args.runs_dir} --rounds {args.rounds} --steps "
              f"{args.steps} --batch {args.batch} --train-per-category {args.train_per_category} --test-per-category "
              f"{args.test_per_category} --bootstrap {args.bootstrap}` (resumable). Budget per run: {args.rounds} "
              f"rounds × {args.steps} local steps (batch {args.batch}) per client; train {args.train_per_category} "

@@ -4,7 +4,7 @@ decoding against HF ``generate`` on the merged model (same tokens).
 
 The model has SmolLM2-135M's architecture (30 layers, d 576, 9 heads / 3 key-value heads, vocabulary 49,152) with
 random weights: speed does not depend on the weight values, and the random model travels to a GPU machine that
-cannot receive the real weights. ``python benchmarks/generation_perf.py [--device cuda] [--out FILE]``.
+cannot receive the real weights. ``python -m benchmarks.generation_perf [--device cuda] [--out FILE]``.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ a (task, partition, seed) share the partition and the initial adapter. Reported:
 and clean mode), rounds to a target fixed before the runs (95 % of B1-random's final accuracy of the same
 seed), the majority-class baseline with the test set's standard error.
 
-    python benchmarks/headprune.py --runs-dir runs/headprune --workers 2        # CPU, resumable
-    python benchmarks/headprune.py --runs-dir runs/headprune --render-only      # rewrite the table
+    python -m benchmarks.headprune --runs-dir runs/headprune --workers 2        # CPU, resumable
+    python -m benchmarks.headprune --runs-dir runs/headprune --render-only      # rewrite the table
 
 Every run is a fedpeft run directory under --runs-dir; finished runs are skipped, interrupted ones resumed.
 """
@@ -24,7 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
-from runner import mean_std, run_config, run_pool
+from benchmarks.runner import mean_std, run_config, run_pool
 
 ARMS = {  # label -> overrides on top of the preset
     "B1 FedAvg, random CS": ["method.name=fedavg-lora"],
@@ -121,7 +121,7 @@ def majority(task: str, args) -> tuple[float, int]:
 def render(args) -> Path:
     runs = Path(args.runs_dir)
     lines = ["# Head pruning for federated LoRA: MiniLM at CPU/GPU scale", "",
-             f"Rendered with: `python benchmarks/headprune.py {' '.join(args.argv)}`", "",
+             f"Rendered with: `python -m benchmarks.headprune {' '.join(args.argv)}`", "",
              f"Setup: MiniLM (6 layers x 12 heads = 72 heads, d = 384) with LoRA r = 16 (alpha 32) on query/key/value "
              f"and a linear task head (trained, exchanged, Eq. 5); {args.clients} clients, {args.per_round} per round, "
              f"{args.rounds} rounds; AdamW lr {args.lr}, batch {args.batch}, one local epoch, fresh each round; "
@@ -169,7 +169,7 @@ def render(args) -> Path:
     if timing.exists():
         t = json.loads(timing.read_text())
         lines += ["## Local step time, masked vs physically pruned heads (s = 0.9, MNLI client 0, one run)", "",
-                  f"`python benchmarks/headprune.py --step-time --device {t['device']} --threads {t['threads']}`: "
+                  f"`python -m benchmarks.headprune --step-time --device {t['device']} --threads {t['threads']}`: "
                   f"median over {t['reps']} local epochs of {t['examples']} examples (batch {args.batch}) after a "
                   f"warm-up, the two modes interleaved.", "",
                   "| masked: pruned heads computed, output zeroed | physically pruned: not computed | ratio |",

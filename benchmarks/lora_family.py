@@ -21,9 +21,9 @@ Criteria, fixed before the runs:
   runs), LoRA r = 16 on every linear layer; BLEU on the seen / unseen test categories, final round.
 - >= 3 paired seeds; each row says how many are done and on which device.
 
-    python benchmarks/lora_family.py --runs-dir runs/lora_family --workers 2      # CPU cut, resumable
-    python benchmarks/lora_family.py --runs-dir runs/lora_family --render-only    # rewrite the table
-    python benchmarks/lora_family.py --full --device cuda --workers 8             # the full grid, for a GPU machine
+    python -m benchmarks.lora_family --runs-dir runs/lora_family --workers 2      # CPU cut, resumable
+    python -m benchmarks.lora_family --runs-dir runs/lora_family --render-only    # rewrite the table
+    python -m benchmarks.lora_family --full --device cuda --workers 8             # the full grid, for a GPU machine
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from runner import mean_std, paired_cell, run_config, run_pool
+from benchmarks.runner import mean_std, paired_cell, run_config, run_pool
 
 TIERS = "federation.client_profiles=[{name: small, share: 0.34, rank: 4}, {name: medium, share: 0.33, rank: 8}, " \
         "{name: large, share: 0.33, rank: 16}]"
@@ -86,7 +86,7 @@ def job_name(part: str, task: str, partition: str, arm: str, seed: int) -> str:
 
 def overrides(args, part: str, task: str, partition: str, arm: str, seed: int) -> list[str]:
     if part == "generation":
-        import generation
+        from benchmarks import generation
 
         return generation.overrides(generation.parse([]), "webnlg", "fedit (LoRA all-linear, FedAvg)", seed) \
             + GENERATION[arm]
@@ -173,7 +173,7 @@ def _mb(x: float | None) -> str:
 def render(args) -> Path:
     runs = Path(args.runs_dir)
     lines = ["# The federated LoRA family on the same data", "",
-             f"Rendered with: `python benchmarks/lora_family.py {' '.join(args.argv)}`", "",
+             f"Rendered with: `python -m benchmarks.lora_family {' '.join(args.argv)}`", "",
              f"Classification: MiniLM (d = 384, 6 layers) with LoRA on query/key/value and a linear task head; "
              f"{args.clients} clients, {args.per_round} a round, {args.rounds} rounds; AdamW lr {args.lr} (full fine-"
              f"tuning and the soft prompt: their presets' 2e-5 and 0.03), batch {args.batch}, one local epoch; "
@@ -244,7 +244,7 @@ def render(args) -> Path:
 
 def _generation_rows(args) -> list[str]:
     """WebNLG: this benchmark's arms beside the generation benchmark's zero-shot, fedit and local-only runs."""
-    import generation
+    from benchmarks import generation
 
     def bleu(rec: dict, part: str) -> float | None:
         return ((rec.get("generation") or {}).get(part) or {}).get("bleu")

@@ -62,8 +62,8 @@ sequential runs (4b: 1.05x alone, 1.25x beside another figure); figures 2s, 6 an
 alone after them, as does 8 (fresh processes timed whole).
 
 Usage (the default size: 25-27 minutes on 2 free cores, measured):
-    nice .venv/bin/python benchmarks/perf.py                       # figures 1-6, 2s, 6c, 8 -> benchmarks/results/perf.md
-    nice .venv/bin/python benchmarks/perf.py --figures 3 5 --reps 5
+    nice .venv/bin/python -m benchmarks.perf                       # figures 1-6, 2s, 6c, 8 -> benchmarks/results/perf.md
+    nice .venv/bin/python -m benchmarks.perf --figures 3 5 --reps 5
 """
 
 from __future__ import annotations
@@ -678,7 +678,7 @@ def table(figures: list[Figure], kept: list[str]) -> list[str]:
 def write(figures: list[Figure], args, seconds: float) -> None:
     kept = [line for line in args.out.read_text().splitlines() if line.startswith("| ") and "measured yet" not in
             line and not line.startswith("| #")] if args.out.exists() else []
-    cmd = "nice .venv/bin/python benchmarks/perf.py " + " ".join(sys.argv[1:])
+    cmd = "nice .venv/bin/python -m benchmarks.perf " + " ".join(sys.argv[1:])
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else \
         platform.machine()

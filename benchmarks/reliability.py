@@ -17,8 +17,8 @@ Sections (``--sections``; each writes its rows, the file says which sections ran
 - ``tls``: a TLS deployment with SuperNode authentication: registered nodes serve, an unregistered node and a
   plain-text node are refused.
 
-    python benchmarks/reliability.py                               # all sections (~15 min on 2 cores)
-    python benchmarks/reliability.py --sections replies configs --examples 1000
+    python -m benchmarks.reliability                               # all sections (~15 min on 2 cores)
+    python -m benchmarks.reliability --sections replies configs --examples 1000
 """
 
 from __future__ import annotations
@@ -39,13 +39,12 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the strategies and checks of the fast tests
 
-from conftest import tiny_overrides  # noqa: E402
+from tests.conftest import tiny_overrides  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_reliability import (BYTE_KINDS, MESSAGE_KINDS, OVERRIDES, bad_bytes, bad_messages,  # noqa: E402
-                              make_round_one, rejected)
+from tests.unit.test_reliability import (BYTE_KINDS, MESSAGE_KINDS, OVERRIDES, bad_bytes,  # noqa: E402
+                                         bad_messages, make_round_one, rejected)
 
 from fedpeft.comm.codec import decode, encode, own_dtypes  # noqa: E402
 from fedpeft.config import ConfigError  # noqa: E402
@@ -370,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
             parts[key] = "\n".join(rows) + f"\n\n({time.monotonic() - t0:.0f} s, {time.strftime('%Y-%m-%d')})"
             print(f"{title}: done", flush=True)
     head = ("# Reliability and security, measured (issue 17)\n\n"
-            f"Command: `python benchmarks/reliability.py --sections {' '.join(args.sections)} --examples "
+            f"Command: `python -m benchmarks.reliability --sections {' '.join(args.sections)} --examples "
             f"{args.examples}` (tiny random models, synthetic data; torch {torch.__version__}). The fast part of each "
             "section runs in `make test` (`tests/unit/test_reliability.py`, `tests/conformance/test_presets.py`, "
             "`tests/integration/test_flower.py`). Sections not listed in the command keep the rows of their last run.\n")

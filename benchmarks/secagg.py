@@ -16,8 +16,8 @@ protocol, the rounds without evaluation), and the rounds completed. >= 3 paired 
 16 per client-round with 10 clients, 1 with 100 (100 clients x 3 steps would take this 2-core machine over an hour
 per run); the 10-client runs come first.
 
-    python benchmarks/secagg.py --runs-dir runs/secagg --workers 1      # CPU, resumable
-    python benchmarks/secagg.py --runs-dir runs/secagg --render-only    # rewrite the table
+    python -m benchmarks.secagg --runs-dir runs/secagg --workers 1      # CPU, resumable
+    python -m benchmarks.secagg --runs-dir runs/secagg --render-only    # rewrite the table
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from runner import mean_std, paired_cell, run_config, run_pool
+from benchmarks.runner import mean_std, paired_cell, run_config, run_pool
 
 METHODS = {
     "soft prompt (fedprompt)": ["method.name=fedprompt"],
@@ -88,7 +88,7 @@ def _load(out: Path) -> dict | None:
 def render(args) -> Path:
     runs = Path(args.runs_dir)
     lines = ["# Secure aggregation (SecAgg+): what it costs", "",
-             f"Rendered with: `python benchmarks/secagg.py {' '.join(args.argv)}`", "",
+             f"Rendered with: `python -m benchmarks.secagg {' '.join(args.argv)}`", "",
              f"MiniLM on SST-2 (IID, train capped at {args.max_train}, test {args.max_test}), {args.rounds} rounds, "
              f"every client every round, {args.steps} local steps of batch 16 per client-round with 10 clients, "
              f"{args.steps_many} with 100; SecAgg+ with num_shares 3, threshold 2 "

@@ -14,8 +14,8 @@ share the machine's load at that moment (the build machine has 2 cores and other
 It also reports the largest difference of the per-candidate losses between the arms (same numbers up to float
 rounding). Writes ``benchmarks/results/suffix_cache.md``.
 
-    nice -n 10 .venv/bin/python benchmarks/suffix_cache.py                      # SmolLM2-135M, AG News, m = 5 and 50
-    .venv/bin/python benchmarks/suffix_cache.py --model tiny-llama --reps 3     # smoke test
+    nice -n 10 .venv/bin/python -m benchmarks.suffix_cache                      # SmolLM2-135M, AG News, m = 5 and 50
+    .venv/bin/python -m benchmarks.suffix_cache --model tiny-llama --reps 3     # smoke test
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The run archive keeps what the result tables read from finished runs and whole unfinished runs (to resume)."""
 
-import importlib.util
 import tarfile
 from pathlib import Path
 
-_SPEC = importlib.util.spec_from_file_location(
-    "archive_runs", Path(__file__).parents[2] / "benchmarks" / "archive_runs.py"
-)
-archive_runs = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(archive_runs)
+from benchmarks import archive_runs
 
 
 def test_archive_keeps_records_of_finished_runs_and_whole_unfinished_runs(tmp_path, monkeypatch):

@@ -2,25 +2,11 @@
 overrides resolve to a valid config (a renamed config key would otherwise surface hours into a benchmark)."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
-
-
-@pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    yield
-    for name in ("runner", "fedbpt", "fedbpt_arms", "fedbpt_report", "generation", "flowertune", "lora_family",
-                 "secagg"):
-        sys.modules.pop(name, None)
-
-
-def test_paired_interval_by_hand(bench):
-    from runner import paired_cell, paired_ci
+def test_paired_interval_by_hand():
+    from benchmarks.runner import paired_cell, paired_ci
 
     mean, lo, hi = paired_ci([1.0, 2.0, 3.0])  # mean 2, sample sd 1, t(0.975, 2 df) = 4.302653
     half = 4.302653 / math.sqrt(3)
@@ -35,9 +21,9 @@ def test_paired_interval_by_hand(bench):
     ["--paper-scale"],
     ["--models", "smollm2", "--placement", "suffix", "--tasks", "sst2", "--alphas", "1.0"],
 ])
-def test_every_fedbpt_job_resolves_to_a_valid_config(bench, argv):
-    from fedbpt import parse
-    from fedbpt_arms import overrides, plan
+def test_every_fedbpt_job_resolves_to_a_valid_config(argv):
+    from benchmarks.fedbpt import parse
+    from benchmarks.fedbpt_arms import overrides, plan
 
     from fedpeft.resolve import load_config
 
@@ -52,8 +38,8 @@ def test_every_fedbpt_job_resolves_to_a_valid_config(bench, argv):
 
 
 @pytest.mark.parametrize("argv", [[], ["--paper-scale", "--device", "cuda"]])
-def test_every_generation_job_resolves_and_the_empty_table_renders(bench, tmp_path, argv):
-    from generation import ARMS, job_name, overrides, parse, plan, render
+def test_every_generation_job_resolves_and_the_empty_table_renders(tmp_path, argv):
+    from benchmarks.generation import ARMS, job_name, overrides, parse, plan, render
 
     from fedpeft.resolve import load_config
 
@@ -74,8 +60,8 @@ def test_every_generation_job_resolves_and_the_empty_table_renders(bench, tmp_pa
     assert table.count("| 0/3 |") == 9 and "## webnlg" in table and "## dolly" in table
 
 
-def test_the_flowertune_comparison_runs_fedit_on_both_runtimes(bench):
-    from flowertune import fedpeft_overrides, parse
+def test_the_flowertune_comparison_runs_fedit_on_both_runtimes():
+    from benchmarks.flowertune import fedpeft_overrides, parse
 
     from fedpeft.resolve import load_config
 
@@ -88,8 +74,8 @@ def test_the_flowertune_comparison_runs_fedit_on_both_runtimes(bench):
 
 
 @pytest.mark.parametrize("argv", [[], ["--full", "--device", "cuda"]])
-def test_every_lora_family_job_resolves_and_the_empty_table_renders(bench, tmp_path, argv):
-    from lora_family import FAMILY, GENERATION, HEADPRUNE, job_name, overrides, parse, plan, render
+def test_every_lora_family_job_resolves_and_the_empty_table_renders(tmp_path, argv):
+    from benchmarks.lora_family import FAMILY, GENERATION, HEADPRUNE, job_name, overrides, parse, plan, render
 
     from fedpeft.resolve import load_config
 
@@ -115,8 +101,8 @@ def test_every_lora_family_job_resolves_and_the_empty_table_renders(bench, tmp_p
     assert table.count("| 0/3 |") == len(jobs) // 3 + 3  # every arm unfinished, and the generation rows read back
 
 
-def test_every_secagg_job_resolves_and_the_empty_table_renders(bench, tmp_path):
-    from secagg import MODES, job_name, overrides, parse, plan, render
+def test_every_secagg_job_resolves_and_the_empty_table_renders(tmp_path):
+    from benchmarks.secagg import MODES, job_name, overrides, parse, plan, render
 
     from fedpeft.resolve import load_config
 
