@@ -1,0 +1,87 @@
+"""What every figure shares: its table row (``Figure``), the alternating arms, the federation a figure
+runs on (``local_work``), and the table's constants."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fedpeft.build import build
+from fedpeft.resolve import load_config
+
+
+OUT = Path(__file__).parents[1] / "results" / "perf.md"
+ADAPTERS = {
+    "soft prompt": "{name: soft_prompt, num_tokens: 20, init: vocab, position: after_first}",
+    "deep prompt": "{name: deep_prompt, num_tokens: 20}",
+    "LoRA": "{name: lora, r: 16, lora_alpha: 32}",
+}
+NOT_YET = [
+    ("7", "GPU: figures 1-2 on the GPU, demo samples/s CPU vs GPU", "–"),
+]
+
+
+@dataclass
+class Figure:
+    """One row of the table: the arms' median seconds, the per-repetition ratios A/B, the goal, notes."""
+
+    key: str
+    what: str
+    arms: tuple[str, str]
+    seconds: tuple[float, float]
+    ratios: list[float]
+    goal: str
+    met: bool
+    note: str
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+
+def clock(fn: Callable[[], object]) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def alternate(a: Callable[[], object], b: Callable[[], object], reps: int) -> tuple[list[float], list[float]]:
+    """Seconds of ``a`` and ``b`` per repetition, run A B, B A, A B, ... so that drifts of the machine's load hit
+    both arms alike; the figure reports the median ratio, so the first repetition's one-time costs (the first
+    arm's kernel setup for new shapes) move only the range."""
+    ta, tb = [], []
+    for r in range(reps):
+        for arm in ((a, ta), (b, tb)) if r % 2 == 0 else ((b, tb), (a, ta)):
+            arm[1].append(clock(arm[0])[0])
+    return ta, tb
+
+
+def figure(key: str, what: str, arms: tuple[str, str], ta: list[float], tb: list[float], goal: str,
+           met: Callable[[float], bool], note: str = "") -> Figure:
+    """The row of arms A and B: the median of the per-repetition ratios A/B, checked by ``met``."""
+    ratios = [x / y for x, y in zip(ta, tb)]
+    fig = Figure(key, what, arms, (statistics.median(ta), statistics.median(tb)), ratios, goal,
+                 met(statistics.median(ratios)), note)
+    print(f"[{key}] {what}: {fig.ratio:.3f}x ({min(ratios):.3f}-{max(ratios):.3f}) "
+          f"{arms[0]} {fig.seconds[0]:.2f} s / {arms[1]} {fig.seconds[1]:.2f} s {note}", flush=True)
+    return fig
+
+
+def local_work(args, adapter: str, *extra: str):
+    """FedPrompt's local work on BBC with MiniLM (batch 16, one epoch), with ``adapter``; ``--round-clients``
+    train in a round; ``extra`` overrides."""
+    cfg = load_config(None, ["method.name=fedprompt", "task.name=bbc", "model.name=minilm", "runtime.threads=1",
+                             "runtime.progress=false", f"federation.num_clients={args.clients}",
+                             f"federation.clients_per_round={args.round_clients}",
+                             "method.trainer.batch_size=16", "method.trainer.local_epochs=1",
+                             f"method.adapter={ADAPTERS[adapter]}", *extra])
+    return build(cfg)
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
