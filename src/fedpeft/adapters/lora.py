@@ -14,7 +14,6 @@ block j feeds the G = H / n_kv query heads [j·G, (j+1)·G) that share it, so it
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import re
@@ -22,9 +21,9 @@ import re
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, HeadSlices, Params, Prepared
+from fedpeft.adapters.peft_layers import activate, inject_once, without_layers
 from fedpeft.backbones.loading import Backbone
 from fedpeft.lazy import lazy
-from fedpeft.backbones.weights import forget_slots
 
 torch = lazy("torch")
 
@@ -99,37 +98,16 @@ class Lora(AdapterBase):
 
     def modules(self, backbone: Backbone) -> list[str]:
         """Names of the adapted modules (injecting the LoRA layers on first use), in model order."""
+        from peft.tuners.lora import LoraLayer
+
         key = id(backbone.model)
         if key not in self._modules:
-            from peft import inject_adapter_in_model
-            from peft.tuners.lora import LoraLayer
-
-            model = backbone.model
-            has = any(isinstance(m, LoraLayer) and self.adapter_name in m.lora_A for m in model.modules())
-            if not has:
-                inject_adapter_in_model(self.peft_config(backbone), model, adapter_name=self.adapter_name)
-                forget_slots()  # the model's structure changed: look its weights up again
-            for n, p in model.named_parameters():
-                if "lora_" in n:
-                    p.requires_grad_(False)
-            self._modules[key] = [n for n, m in model.named_modules()
-                                  if isinstance(m, LoraLayer) and self.adapter_name in m.lora_A]
+            self._modules[key] = inject_once(backbone, self.peft_config(backbone), self.adapter_name, LoraLayer)
             if not self._modules[key]:
                 raise ValueError(f"method.adapter.target_modules: none of {self.targets(backbone)} is a module "
                                  f"of {backbone.name}")
-        self._activate(backbone)
+        activate(backbone, self.adapter_name, LoraLayer)
         return self._modules[key]
-
-    def _activate(self, backbone: Backbone) -> None:
-        """Make this adapter the active one of every LoRA layer (other configs may share the backbone)."""
-        from peft.tuners.lora import LoraLayer
-
-        if backbone.cache.get("lora_active") == self.adapter_name:
-            return
-        for m in backbone.model.modules():
-            if isinstance(m, LoraLayer):
-                m._active_adapter = [self.adapter_name] if self.adapter_name in m.lora_A else []
-        backbone.cache["lora_active"] = self.adapter_name
 
     # ---------------------------------------------------------------- adapter contract
 
@@ -173,25 +151,12 @@ class Lora(AdapterBase):
             out[f"{name}.weight"] = w + layer.scaling[self.adapter_name] * (b.to(w) @ a.to(w))  # as bypassed
         return out
 
-    @contextlib.contextmanager
     def bypassed(self, backbone: Backbone):
         """Every LoRA layer replaced by its base layer while inside (merged weights in use): the plain model, without
         the LoRA wrappers' per-call work (each decoding step would pay it once per adapted projection)."""
         from peft.tuners.lora import LoraLayer
 
-        swaps = []
-        for parent in backbone.model.modules():
-            for child, m in list(parent._modules.items()):
-                if isinstance(m, LoraLayer):
-                    swaps.append((parent, child, m))
-                    parent._modules[child] = m.base_layer
-        forget_slots()  # weights are looked up under the plain structure inside, under the LoRA one after
-        try:
-            yield
-        finally:
-            for parent, child, m in reversed(swaps):
-                parent._modules[child] = m
-            forget_slots()
+        return without_layers(backbone, LoraLayer)
 
     def head_slices(self, backbone: Backbone) -> HeadSlices:
         """For every B: (query heads it feeds, dim 0, row start, row end), global head id = layer·H + h."""
