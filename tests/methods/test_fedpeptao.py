@@ -455,6 +455,18 @@ def test_hessian_gap_ratio_on_tiny_llama(tiny_cfg, tmp_path):
     assert summary["upload_tensor_bytes"] == 2 * len(sharing["selected"]) * 2 * d_kv * 4
 
 
+def test_a_failed_selection_round_selects_in_the_next_completed_round(tiny_cfg, tmp_path):
+    """Round t fails (every client raises, the round is skipped): the layers are selected in round t + 1, not
+    never."""
+    cfg = _cfg(tiny_cfg, federation__rounds=3, federation__clients_per_round=None, method__sharing__warmup_rounds=1,
+               faults__fail_clients=[0, 1, 2, 3], faults__rounds=[1], federation__on_round_failure="skip")
+    run_embedded(cfg, tmp_path / "run")
+    recs = RunDir(tmp_path / "run").read_metrics()
+    assert "round_failed" in recs[0] and "round_failed" not in recs[1]
+    sharing = RunDir(tmp_path / "run").load_checkpoint()[1].scalars["sharing"]
+    assert sharing["selection_round"] == 2 and len(sharing["selected"]) == 1
+
+
 def test_fedavg_prefix_sends_every_layer_every_round(tiny_cfg, tmp_path):
     cfg = _cfg(tiny_cfg, method__name="fedavg-prefix", method__sharing__warmup_rounds=None, federation__rounds=2)
     summary = run_embedded(cfg, tmp_path / "run")

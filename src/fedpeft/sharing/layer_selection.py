@@ -91,8 +91,10 @@ class LayerSelection(PrivateLayers):
         return Message(scalars={"selected": None, "ratio": None})
 
     def selecting(self, state: Message, round: int) -> bool:
+        """Round t selects; when round t failed (nothing applied, ``federation.on_round_failure: skip``), the next
+        round that completes does, so a lost round does not leave every layer shared for the rest of the run."""
         t = self.settings.warmup_rounds
-        return t is not None and round == t and state.scalars.get("selected") is None
+        return t is not None and round >= t and state.scalars.get("selected") is None
 
     def _reports(self) -> tuple[bool, bool]:
         """(scores, ratio): what the clients compute and upload in the selection round."""
