@@ -5,7 +5,7 @@ express is refused with the field named. (LoRA: tests/methods/test_headprune.py.
 from __future__ import annotations
 
 import pytest
-from conftest import plain_copy
+from conftest import last_hidden_ours_and_peft, plain_copy
 import torch
 
 from fedpeft.experiment import build_experiment
@@ -17,39 +17,26 @@ from fedpeft.tracking.rundir import RunDir
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_soft_prompt_exports_as_peft_prompt_tuning(tiny_cfg, tmp_path):
-    from peft import PeftModel
-
-    cfg = tiny_cfg(method__adapter__position="before_all", federation__rounds=1)
+def _exported(cfg, tmp_path):
+    """Train ``cfg`` for its rounds, export the global adapter: (experiment, global tensors, PEFT folder)."""
     exp = build_experiment(cfg)
     run_embedded(cfg, tmp_path / "run", experiment=exp)
     out, _ = export_peft(tmp_path / "run", tmp_path / "peft")
-    model = PeftModel.from_pretrained(plain_copy(exp.backbone), out)
-    glob = ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob
-    batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
-    with torch.no_grad():
-        ours = exp.classifier.hidden_states(glob, batch)[-1]
-        theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    return exp, ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob, out
+
+
+def test_soft_prompt_exports_as_peft_prompt_tuning(tiny_cfg, tmp_path):
+    exp, glob, out = _exported(tiny_cfg(method__adapter__position="before_all", federation__rounds=1), tmp_path)
+    ours, theirs = last_hidden_ours_and_peft(exp, glob, out)
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
 def test_deep_prompt_exports_as_peft_prefix_tuning(tiny_cfg, tmp_path, model):
-    from peft import PeftModel
-
-    cfg = tiny_cfg(method__name="fedavg-prefix", method__adapter__num_tokens=3, model__name=model,
-                   federation__rounds=1)
-    exp = build_experiment(cfg)
-    run_embedded(cfg, tmp_path / "run", experiment=exp)
-    out, _ = export_peft(tmp_path / "run", tmp_path / "peft")
-    peft_model = PeftModel.from_pretrained(plain_copy(exp.backbone), out)
-    glob = ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob
-    batch = exp.classifier.batch(exp.test_encoded, [0, 1, 2])
-    with torch.no_grad():
-        ours = exp.classifier.hidden_states(glob, batch)[-1]
-        theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            output_hidden_states=True).hidden_states[-1]
-    mask = batch["attention_mask"].bool()
+    exp, glob, out = _exported(tiny_cfg(method__name="fedavg-prefix", method__adapter__num_tokens=3,
+                                        model__name=model, federation__rounds=1), tmp_path)
+    ours, theirs = last_hidden_ours_and_peft(exp, glob, out)
+    mask = exp.classifier.batch(exp.test_encoded, [0, 1, 2])["attention_mask"].bool()
     assert torch.allclose(ours[mask], theirs[mask], atol=1e-5)
 
 
