@@ -38,9 +38,9 @@ from fedpeft.trainers.base import floats
 
 torch = lazy("torch")
 
+
 def _numeric(d: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
 
 
 class ComposedMethod:
