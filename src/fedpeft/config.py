@@ -438,6 +438,10 @@ class ExperimentConfig(_Strict):
     runtime: RuntimeConfig = Field(RuntimeConfig(), description="where and how the run executes")
     faults: FaultConfig = Field(FaultConfig(), description="fault injection for the reliability tests (off by "
                                                            "default)")
+    tracking: list[Component] = Field(default_factory=list, description="where every round's numbers also go, "
+                                                                        "besides metrics.jsonl: tensorboard, mlflow, "
+                                                                        "wandb (`fedpeft components`; the "
+                                                                        "fedpeft[tracking] extra); none by default")
     _notes: list[str] = PrivateAttr(default_factory=list)  # warnings of resolution, for the entry point to show
 
     @property
@@ -454,12 +458,12 @@ class ExperimentConfig(_Strict):
 
     def default_name(self) -> str:
         """``<method>-<task>-<model>-<hash>-s<seed>``, the run directory's default name: the hash (6 hex digits of
-        the resolved config; seed, name, display settings and ``federation.rounds`` aside) keeps two different
+        the resolved config; seed, name, display and tracking settings and ``federation.rounds`` aside) keeps two different
         configs apart and the seeds of one config side by side, and a run extended to more rounds keeps its name."""
         body = self.with_absolute_paths().model_dump(mode="json")
         for section, key in (("runtime", "progress"), ("evaluation", "report"), ("federation", "rounds")):
             body[section].pop(key)
-        body.pop("seed"), body.pop("name")
+        body.pop("seed"), body.pop("name"), body.pop("tracking")
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:6]
         model = Path(self.model.name).name or self.model.name
         return f"{self.method.name}-{self.task.name}-{model}-{digest}-s{self.seed}"

@@ -20,6 +20,7 @@ from fedpeft.components import AXIS_REGISTRIES, LIST_REGISTRIES
 from fedpeft.config import AXES, Component, ConfigError, ExperimentConfig, MethodConfig
 from fedpeft.methods import PRESETS, check_combination
 from fedpeft.runtime.registry import RUNTIMES
+from fedpeft.tracking.sinks import SINKS
 
 
 def _parse_scalar(text: str) -> Any:
@@ -102,13 +103,17 @@ def resolve(raw: dict[str, Any]) -> ExperimentConfig:
 
 
 def _resolve_components(cfg: ExperimentConfig) -> None:
-    """Validate every component section with its component's settings model, filling in defaults."""
+    """Validate every component section (and tracking sink) with its settings model, filling in defaults."""
     for axis, registry in AXIS_REGISTRIES.items():
         section: Component = getattr(cfg.method, axis)
         setattr(cfg.method, axis, _resolve_one(section, registry, f"method.{axis}"))
     for field, registry in LIST_REGISTRIES.items():
         sections = getattr(cfg.method, field)
         setattr(cfg.method, field, [_resolve_one(s, registry, f"method.{field}.{i}") for i, s in enumerate(sections)])
+    names = [s.name for s in cfg.tracking]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"invalid config:\n  tracking: each sink at most once, got {names}")
+    cfg.tracking = [_resolve_one(s, SINKS, f"tracking.{i}") for i, s in enumerate(cfg.tracking)]
 
 
 def _resolve_one(section: Component, registry: Any, where: str) -> Component:

@@ -31,6 +31,7 @@ from fedpeft.resolve import preset_differences, resolve
 from fedpeft.runtime.server import RoundDriver, RoundFailed
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import build_summary, round_record, validation_score
+from fedpeft.tracking.tracker import Tracker, check_sinks
 
 log = logging.getLogger("fedpeft")
 
@@ -88,6 +89,7 @@ def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterat
     if resume and run.saved_config() is None:
         raise NoRunError(f"--resume: {out_dir} holds no run (no config.yaml); check the path, or drop --resume to "
                          "start a new run there")
+    check_sinks(cfg.tracking)
     run.lock()
     try:
         saved = run.saved_config()
@@ -112,7 +114,7 @@ def commit_config(run: RunDir, cfg: ExperimentConfig) -> None:
 
 
 # keys that change no number: a resumed run may differ from its config.yaml in them
-NUMBERLESS = ("evaluation.report", "runtime.progress")
+NUMBERLESS = ("evaluation.report", "runtime.progress", "tracking")
 
 
 def config_changes(saved: str, cfg: ExperimentConfig) -> list[tuple[str, Any, Any]]:
@@ -173,7 +175,18 @@ def progress(enabled: bool) -> Progress:
 
 def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Method, transport: Transport,
                resume: bool, stop_after_round: int | None = None, bar: Progress | None = None) -> dict[str, Any]:
-    """Resume if asked, run the remaining rounds through ``transport``, write metrics/checkpoints/summary."""
+    """Resume if asked, run the remaining rounds through ``transport``, write metrics/checkpoints/summary, and send
+    every record to the tracking sinks (``tracking``)."""
+    tracker = Tracker(cfg.tracking, run.root, cfg.name or run.root.name,
+                      cfg.with_absolute_paths().model_dump(mode="json"))
+    try:
+        return _run_rounds(cfg, run, exp, method, transport, resume, stop_after_round, bar, tracker)
+    finally:
+        tracker.close()
+
+
+def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Method, transport: Transport,
+                resume: bool, stop_after_round: int | None, bar: Progress | None, tracker: Tracker) -> dict[str, Any]:
     driver = RoundDriver(cfg, method, exp.client_label)
     checksum = exp.backbone.checksum()
     keep_record(run, exp.record(exp.backbone.fingerprint()), resume)
@@ -190,6 +203,7 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
         records = run.truncate_metrics(0) if resume else []
         for line in exp.describe_clients():
             log.info("%s", line)
+    tracker.rounds(records)  # what a sink missed before a resume (or was added at one)
     trainable = method.trainable_params(state)
     bar = bar or progress(False)
     rounds_task = bar.add_task("rounds", total=cfg.federation.rounds, completed=start - 1)
@@ -232,6 +246,7 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
             rec["server_vectors"] = vectors
         records.append(rec)
         run.append_metrics(rec)
+        tracker.rounds([rec])
         return rec
 
     generation = exp.task.is_generation
@@ -298,6 +313,8 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
     run.write_summary(summary)
     if cfg.evaluation.report:
         write_report_or_warn(run.root)
+    tracker.finish(records[-1]["round"] if records else 0, summary,
+                   [run.root / "summary.json", run.root / "report.html"])
     return summary
 
 
