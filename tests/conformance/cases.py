@@ -12,8 +12,9 @@ from typing import Any
 from fedpeft.components import AXIS_REGISTRIES, LIST_REGISTRIES
 from fedpeft.model import OBJECTIVES
 from fedpeft.model.readouts import READOUTS
+from fedpeft.tracking.sinks import SINKS
 
-REGISTRIES = dict(AXIS_REGISTRIES | LIST_REGISTRIES, objective=OBJECTIVES, readout=READOUTS)
+REGISTRIES = dict(AXIS_REGISTRIES | LIST_REGISTRIES, objective=OBJECTIVES, readout=READOUTS, tracking=SINKS)
 
 # axis -> name -> the least settings (keys of its settings model) it needs
 LEAST: dict[str, dict[str, dict[str, Any]]] = {
@@ -37,6 +38,7 @@ LEAST: dict[str, dict[str, dict[str, Any]]] = {
     "transforms": {"clip_delta": {"max_norm": 1.0}, "ldp": {"noise": 0.1}, "scale_delta": {"factor": 2.0}},
     "objective": {"classification": {}, "generation": {}},
     "readout": {"linear": {}, "similarity": {}, "verbalizer": {}},
+    "tracking": {"mlflow": {}, "tensorboard": {}, "wandb": {}},
 }
 
 

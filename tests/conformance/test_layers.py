@@ -14,7 +14,7 @@ LAYERS = [  # lowest first; a module may import from its own layer and those bel
     {"model", "clients", "attacks", "generation_eval"},
     {"trainers", "aggregators", "selection", "sharing", "downlink", "transforms", "post_tuning"},  # the axes
     {"components", "methods", "experiment", "tracking"},
-    {"build", "dryrun", "predict", "export", "report", "resolve", "runtime"},
+    {"build", "dryrun", "predict", "export", "report", "resolve", "runtime", "catalogue"},
     {"cli"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import yaml
 from typer.testing import CliRunner
 
 from fedpeft.cli import app
@@ -196,3 +198,30 @@ def test_an_option_the_readout_ignores_warns_naming_it(caplog):
         build_experiment(load_config(None, tiny_overrides(model__readout="verbalizer", model__name="tiny-llama",
                                                           task__label_words="[bad, good]")))
     assert "label_words" not in caplog.text
+
+
+def test_components_name_prints_its_settings_and_an_unknown_name_fails():
+    res = runner.invoke(app, ["components", "fedadam"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "method.aggregator: fedadam" in res.output
+    for key, default in (("eta", "0.1"), ("beta_1", "0.9"), ("tau", "0.001")):
+        assert any(key in line and default in line for line in res.output.splitlines()), key
+    res = runner.invoke(app, ["components", "fedadm"])
+    assert res.exit_code == 2 and "no component 'fedadm'" in res.output
+
+
+def test_config_prints_the_resolved_config_and_its_schema_checks_configs():
+    jsonschema = pytest.importorskip("jsonschema")
+    res = runner.invoke(app, ["config", "--set", "method.name=fedbpt"])
+    assert res.exit_code == 0, res.output
+    resolved = yaml.safe_load(res.output)
+    assert resolved["method"]["trainer"]["name"] == "cmaes"
+    res = runner.invoke(app, ["config", "--schema"])
+    assert res.exit_code == 0
+    schema = json.loads(res.output)
+    jsonschema.validate(resolved, schema)  # a resolved config is valid, every component's keys included
+    for bad in ({"method": {"aggregator": {"name": "fedadam", "eta": "fast"}}},
+                {"method": {"aggregator": {"name": "fedadm"}}}, {"tracking": [{"name": "mlflow", "uri": "x"}]},
+                {"federation": {"num_clients": 0}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)

@@ -74,6 +74,8 @@ def run(
         fail(f"{e}; the run stopped after its last checkpoint (continue with --resume)")
     except (FileExistsError, UnknownNameError, FileNotFoundError, ValueError, RunDirLocked) as e:
         fail(str(e))
+    except ImportError as e:  # an optional extra a setting needs (tracking sinks, Flower)
+        fail(str(e))
     except OSError as e:
         fail(os_error_line(e))
     print_summary(out_dir, summary)
