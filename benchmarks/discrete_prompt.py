@@ -22,19 +22,12 @@ import math
 import statistics
 from pathlib import Path
 
+from benchmarks.grids import load_grid
 from benchmarks.runner import mean_std, run_config, run_pool
 
-ARMS = {  # label -> overrides on top of the preset (CPU scale: T = 10 prompt tokens, d = 50); run in this order
-    "Manual prompt (zero-shot)": ["method.name=manual-prompt", "federation.rounds=1"],
-    "Ours (Phi=5)": ["method.name=discrete-prompt"],
-    "Ours (FullDownload)": ["method.name=discrete-prompt-full"],
-    "BBT (local only)": ["method.name=bbt-local", "federation.rounds=1"],
-    "BBT (Fed)": ["method.name=bbt-fed"],
-    "Ours (Phi=3)": ["method.name=discrete-prompt-phi3"],
-    "Prompt Tuning (Fed)": ["method.name=prompt-tuning-fed"],
-    "Ours + PCA10": ["method.name=discrete-prompt-pca10"],
-    "Ours + Quant(3)": ["method.name=discrete-prompt-quant3"],
-}
+GRID = load_grid("discrete_prompt")
+ARMS, SCALE = GRID["arms"], GRID["scale"]
+# the settings depend on the seed (its non-participant fold), so they stay code
 SETTINGS = {
     "domains": lambda seed: ["task.name=sentiment-domains", "federation.partition.scheme=domains",
                              "federation.partition.clients_per_domain=2", "federation.num_clients=10",
@@ -42,16 +35,6 @@ SETTINGS = {
     "sst2-dir0.4": lambda seed: ["task.name=sst2", "task.max_train=500", "task.max_test=800", "federation.partition.scheme=dirichlet",
                                  "federation.partition.alpha=0.4", "federation.partition.min_size=20",
                                  "federation.num_clients=10", "federation.non_participants.fraction=0.2"],
-}
-SCALE = {  # what each preset's paper-scale settings become on 2 CPU cores (the same for every arm that has them)
-    "token_prompt": ["method.adapter.num_tokens=10"],
-    "soft_prompt": ["method.adapter.num_tokens=10"],
-    "projected_prompt": ["method.adapter.num_tokens=10", "method.adapter.intrinsic_dim=50"],
-    "discrete_search": ["method.trainer.steps=10", "method.trainer.batch_size=16", "method.trainer.full_set_max=32"],
-    "cmaes": ["method.trainer.iterations=4", "method.trainer.popsize=10", "method.trainer.max_rows=512"],
-    "bbt": ["method.post_tuning.intrinsic_dim=50", "method.post_tuning.popsize=8",
-            "method.post_tuning.iterations=8"],
-    "gradient": ["method.post_tuning.steps=10"],
 }
 
 

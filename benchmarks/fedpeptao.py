@@ -30,39 +30,14 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.grids import load_grid
 from benchmarks.runner import finished, mean_std, paired_cell, run_config, run_pool
 
-TOKENS = 8  # h: prompt rows per layer (the preset's)
-SCRIPT_LR = ["method.aggregator.server_lr=0.05", "method.aggregator.lr_decay=0.99"]  # the authors' scripts
-ARMS: dict[str, dict[str, list[str]]] = {  # group -> label -> overrides (method.name first)
-    "core": {
-        "FedPepTAO (η 1e-3)": ["method.name=fedpeptao"],
-        "FedPepTAO (η 0.05 ×0.99, authors' scripts)": ["method.name=fedpeptao", *SCRIPT_LR],
-        "fedavg-prefix (all layers)": ["method.name=fedavg-prefix"],
-        f"fedavg-prefix, byte-matched (h = {TOKENS // 2})": ["method.name=fedavg-prefix",
-                                                             f"method.adapter.num_tokens={TOKENS // 2}"],
-        "local-only": ["method.name=local-only"],
-        "FedAvg + local fine-tuning (FT)": ["method.name=fedavg-ft"],
-        "FedPer (top half private)": ["method.name=fedper"],
-        "LG-FedAvg (bottom half private)": ["method.name=lg-fedavg"],
-    },
-    "orders": {
-        "FedPepTAO, score on non-pad tokens": ["method.name=fedpeptao", "method.sharing.score_tokens=nonpad"],
-        "FedPepTAO, ascending layers": ["method.name=fedpeptao", "method.sharing.order=ascending"],
-        "FedPepTAO, descending layers": ["method.name=fedpeptao", "method.sharing.order=descending"],
-        **{f"FedPepTAO, random layers (draw {k})": ["method.name=fedpeptao", "method.sharing.order=random",
-                                                    f"method.sharing.random_draw={k}"] for k in range(3)},
-    },
-    "ablations": {  # adamd is not run: its preset resolves to exactly fedavg-prefix's config (a row says so)
-        **{name: [f"method.name={name}"] for name in ("momd", "moms", "moms-con", "moms-adamd")},
-        "moms-adamd (η 0.05 ×0.99)": ["method.name=moms-adamd", *SCRIPT_LR],
-        "FedPepTAO (η 0.05 ×0.99), no control variates": ["method.name=fedpeptao", *SCRIPT_LR,
-                                                          "method.aggregator.control_variates=false"],
-    },
-}
+GRID = load_grid("fedpeptao")
+TOKENS, SCRIPT_LR, ARMS = GRID["tokens"], GRID["script_lr"], GRID["arms"]  # ARMS: group -> label -> overrides
 ALL_ARMS = {label: o for group in ARMS.values() for label, o in group.items()}
 REFERENCE = "FedPepTAO (η 1e-3)"
-TASKS = {"sst2": {"max_length": 64, "max_test": None}, "agnews": {"max_length": 64, "max_test": 1000}}
+TASKS = GRID["tasks"]
 
 
 def slug(label: str) -> str:

@@ -22,34 +22,15 @@ import json
 import statistics
 from pathlib import Path
 
+from benchmarks.grids import load_grid
 from benchmarks.runner import mean_std, run_config, run_pool
 
-POISON = ["attack.malicious_clients=[0]", "attack.poison_rate=1.0", "attack.target=1"]
-ATTACK_ARMS = {  # run on every task and partition
-    "clean": ["attack.asr=true"],
-    "poisoned (1/10, lambda=1)": POISON,
-    "poisoned + boosting (gamma=10)": [*POISON, "attack.boost=10"],
-}
-SST2_ARMS = {  # SST-2, IID only
-    "defence: median": [*POISON, "method.aggregator.name=median"],
-    "defence: trimmed mean (beta=0.1)": [*POISON, "method.aggregator={name: trimmed_mean, beta: 0.1}"],
-    "defence: Multi-Krum (f=1, m=5)": [*POISON, "method.aggregator={name: multi_krum, num_malicious: 1, "
-                                                "num_selected: 5}"],
-    "defence: norm clipping (0.5)": [*POISON, "method.wrappers=[{name: clip, max_norm: 0.5}]"],
-    "defence: outlier filter (FedPrompt §V)": [*POISON, "method.wrappers=[{name: outlier_filter}]"],
-    "defence: outlier filter, boosted attack": [*POISON, "attack.boost=10", "method.wrappers=[{name: outlier_filter}]"],
-    "LDP: Laplace b=0.003": ["method.transforms=[{name: ldp, mechanism: laplace, clip: 1.0, noise: 0.003}]"],
-    "LDP: Laplace b=0.01": ["method.transforms=[{name: ldp, mechanism: laplace, clip: 1.0, noise: 0.01}]"],
-    "LDP: Gaussian z=1.0": ["method.transforms=[{name: ldp, mechanism: gaussian, clip: 1.0, noise: 1.0}]"],
-    "central DP: DP-FedAvg z=1.0, S=1.0": ["method.aggregator.name=uniform",
-                                           "method.wrappers=[{name: dp_fedavg, clip: 1.0, noise_multiplier: 1.0}]"],
-    "variant: P-tuning (LSTM)": ["method.name=fedprompt-ptuning"],
-    "variant: prefix tuning": ["method.name=fedavg-prefix", "method.adapter.num_tokens=20"],
-}
-TASKS = {"sst2": 64, "agnews": 64, "qnli": 128}  # name -> max_length
-PARTITIONS = {"iid": ["federation.partition.scheme=iid"],
-              "qdir0.5": ["federation.partition.scheme=dirichlet_quantity", "federation.partition.alpha=0.5",
-                          "federation.partition.min_size=10"]}
+GRID = load_grid("fedprompt_security")
+POISON = GRID["poison"]
+ATTACK_ARMS = GRID["attack_arms"]
+SST2_ARMS = GRID["sst2_arms"]
+TASKS = GRID["tasks"]
+PARTITIONS = GRID["partitions"]
 
 
 def arms_for(task: str, part: str) -> dict[str, list[str]]:

@@ -25,20 +25,13 @@ import json
 import statistics
 from pathlib import Path
 
+from benchmarks.grids import load_grid
 from benchmarks.runner import run_config, run_pool
 
-ARMS = {  # label -> overrides (model, data and budget come from the task)
-    "fedit (LoRA all-linear, FedAvg)": ["method.name=fedit"],
-    "local-only LoRA": ["method.name=local-only", "method.adapter.name=lora", "method.adapter.r=16",
-                        "method.adapter.lora_alpha=32.0", "method.adapter.target_modules=[all-linear]",
-                        "method.trainer.lr=3e-4"],
-    "soft prompt (fedprompt)": ["method.name=fedprompt", "method.adapter.position=before_all"],
-    "deep prompt (fedavg-prefix)": ["method.name=fedavg-prefix", "method.adapter.num_tokens=5"],
-    "head-pruned LoRA (headprune, masked)": ["method.name=headprune-rand-cs"],
-    "centralised LoRA": ["method.name=fedit", "federation.num_clients=1", "federation.partition.scheme=iid"],
-}
-DOLLY_ARMS = ("fedit (LoRA all-linear, FedAvg)", "local-only LoRA", "centralised LoRA")
-TASKS = {"webnlg": {"clients": 10, "max_length": 256}, "dolly": {"clients": 8, "max_length": 320}}
+GRID = load_grid("generation")
+ARMS = GRID["arms"]
+DOLLY_ARMS = GRID["dolly_arms"]
+TASKS = GRID["tasks"]
 
 
 def job_name(task: str, arm: str, seed: int) -> str:

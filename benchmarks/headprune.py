@@ -24,22 +24,13 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks.grids import load_grid
 from benchmarks.runner import mean_std, run_config, run_pool
 
-ARMS = {  # label -> overrides on top of the preset
-    "B1 FedAvg, random CS": ["method.name=fedavg-lora"],
-    "B1 FedAvg, loss CS": ["method.name=fedavg-lora", "method.selector.name=loss_difference"],
-    "B2 random pruning s=0.9, random CS": ["method.name=headprune-random"],
-    "B2 random pruning s=0.9, loss CS": ["method.name=headprune-random", "method.selector.name=loss_difference"],
-    "Ours s=0.9, random CS": ["method.name=headprune-rand-cs"],
-    "Ours s=0.9, loss CS": ["method.name=headprune"],
-    "Ours s=0.5, loss CS": ["method.name=headprune", "method.sharing.sparsity=0.5"],
-    "Importance pruning s=0.9 + FedAvg, loss CS": ["method.name=headprune", "method.aggregator.name=fedavg"],
-}
-TASKS = {"mnli": {"max_length": 96}, "agnews": {"max_length": 64}}
-PARTITIONS = {"iid": ["federation.partition.scheme=iid"],
-              "dir0.5": ["federation.partition.scheme=dirichlet", "federation.partition.alpha=0.5",
-                         "federation.partition.min_size=8"]}
+GRID = load_grid("headprune")
+ARMS = GRID["arms"]
+TASKS = GRID["tasks"]
+PARTITIONS = GRID["partitions"]
 
 
 def job_name(task: str, part: str, arm: str, seed: int) -> str:

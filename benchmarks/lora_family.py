@@ -35,48 +35,14 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.grids import load_grid
 from benchmarks.runner import mean_std, paired_cell, run_config, run_pool
 
-TIERS = "federation.client_profiles=[{name: small, share: 0.34, rank: 4}, {name: medium, share: 0.33, rank: 8}, " \
-        "{name: large, share: 0.33, rank: 16}]"
-FAMILY = {  # label -> overrides on top of the preset
-    "local-only LoRA r=16": ["method.name=local-only", "method.adapter.name=lora", "method.adapter.r=16",
-                             "method.adapter.lora_alpha=32.0"],
-    "FedAvg-LoRA r=4 (all at the smallest rank)": ["method.name=fedavg-lora", "method.adapter.r=4",
-                                                   "method.adapter.lora_alpha=8.0"],
-    "FedAvg-LoRA r=16 (all at the largest rank)": ["method.name=fedavg-lora"],
-    "FFA-LoRA r=16": ["method.name=ffa-lora"],
-    "FedSA-LoRA r=16": ["method.name=fedsa-lora"],
-    "HetLoRA 4/8/16": ["method.name=hetlora", TIERS],
-    "FlexLoRA 4/8/16": ["method.name=flexlora", TIERS],
-    "FLoRA 4/8/16": ["method.name=flora", TIERS],
-    "head-pruned LoRA r=16, s=0.9": ["method.name=headprune-rand-cs"],
-    "full fine-tuning (fedavg-full)": ["method.name=fedavg-full"],
-    "soft prompt (fedprompt)": ["method.name=fedprompt"],
-}
-OWN_LR = ("full fine-tuning (fedavg-full)", "soft prompt (fedprompt)")  # keep their presets' learning rates
+GRID = load_grid("lora_family")
+TIERS, FAMILY, OWN_LR, HEADPRUNE = GRID["tiers"], GRID["family"], GRID["own_lr"], GRID["headprune"]
+GENERATION, FROM_GENERATION, TASKS, PARTITIONS = (GRID["generation"], GRID["from_generation"], GRID["tasks"],
+                                                  GRID["partitions"])
 REFERENCE = "FedAvg-LoRA r=16 (all at the largest rank)"
-HEADPRUNE = {
-    "confidence, Eq. 6-7 (paper)": [],
-    "random heads": ["method.sharing.scoring=random"],
-    "lowest confidence": ["method.sharing.scoring=lowest"],
-    "[CLS] and [SEP] discounted": ["method.sharing.sinks=cls_and_eos"],
-    "per-layer quota": ["method.sharing.quota=per_layer"],
-}
-GENERATION = {  # on top of generation.py's fedit run
-    "FFA-LoRA": ["method.sharing.name=ffa"],
-    "FedSA-LoRA": ["method.sharing.name=fedsa"],
-    "HetLoRA 4/8/16": ["method.sharing.name=ranks", "method.sharing.self_prune=true", "method.aggregator.name=hetlora",
-                       TIERS],
-    "FlexLoRA 4/8/16": ["method.sharing.name=ranks", "method.aggregator.name=flexlora", TIERS],
-    "FLoRA 4/8/16": ["method.sharing.name=stacking", "method.aggregator.name=stack", TIERS],
-}
-FROM_GENERATION = {"zero-shot (round 0 of fedit)": "fedit (LoRA all-linear, FedAvg)",
-                   "FedAvg-LoRA (fedit)": "fedit (LoRA all-linear, FedAvg)", "local-only LoRA": "local-only LoRA"}
-TASKS = {"agnews": 64, "20ng": 128, "mnli": 96}  # max_length
-PARTITIONS = {"iid": ["federation.partition.scheme=iid"],
-              "dir0.5": ["federation.partition.scheme=dirichlet", "federation.partition.alpha=0.5",
-                         "federation.partition.min_size=8"]}
 
 
 def job_name(part: str, task: str, partition: str, arm: str, seed: int) -> str:

@@ -28,22 +28,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.grids import load_grid
 from benchmarks.runner import mean_std, paired_cell, run_config, run_pool
 
-METHODS = {
-    "soft prompt (fedprompt)": ["method.name=fedprompt"],
-    "LoRA all-linear (FedIT-style)": ["method.name=fedit"],
-    "FedPepTAO, no control variates": ["method.name=fedpeptao", "method.aggregator.control_variates=false",
-                                       "method.sharing.warmup_rounds=2"],
-}
-SECURE = "federation.secure_aggregation={num_shares: 3, reconstruction_threshold: 2}"
-MODES = {"plain": [], "SecAgg+": [SECURE],
-         "SecAgg+, 10 % dropouts": [SECURE, "faults.fail_rate=0.1", "federation.on_round_failure=skip"],
-         "SecAgg+, 30 % dropouts": [SECURE, "faults.fail_rate=0.3", "federation.on_round_failure=skip"],
-         # every client a neighbour (num_shares 1.0: SecAgg's complete graph), half of them needed to unmask
-         "SecAgg (all shares, threshold 1/2), 30 % dropouts": [
-             "federation.secure_aggregation={num_shares: 1.0, reconstruction_threshold: 0.5}",
-             "faults.fail_rate=0.3", "federation.on_round_failure=skip"]}
+GRID = load_grid("secagg")
+METHODS, SECURE, MODES = GRID["methods"], GRID["secure"], GRID["modes"]
 
 
 def job_name(method: str, clients: int, mode: str, seed: int) -> str:

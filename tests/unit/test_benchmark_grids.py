@@ -114,3 +114,36 @@ def test_every_secagg_job_resolves_and_the_empty_table_renders(tmp_path):
         assert cfg.federation.num_clients == clients and cfg.seed == seed
         assert (cfg.federation.secure_aggregation is not None) == (mode != "plain")
     assert render(args).read_text().count("| 0/3 |") == len(jobs) // 3
+
+
+def _arms(grid: dict) -> dict[str, list[str]]:
+    """Every arm of a grid file: label -> overrides (group tables flattened)."""
+    out = {}
+    for key in ("arms", "methods", "family", "attack_arms", "sst2_arms"):
+        table = grid.get(key, {})
+        for label, value in table.items():
+            out |= value if isinstance(value, dict) else {label: value}
+    return out
+
+
+@pytest.mark.parametrize("name", ["discrete_prompt", "fedpeptao", "fedprompt_security", "headprune"])
+def test_every_arm_of_a_grid_file_resolves_to_a_valid_config(name):
+    """The grid files the other tests do not plan: each arm's overrides, on the benchmark's model, are a valid
+    config (a typo in benchmarks/grids/*.yaml fails here, not hours into a run)."""
+    from benchmarks.grids import load_grid
+
+    from fedpeft.resolve import load_config
+
+    arms = _arms(load_grid(name))
+    assert arms
+    for label, overrides in arms.items():
+        assert all(isinstance(o, str) and "=" in o for o in overrides), (label, overrides)
+        load_config(None, ["model.name=minilm", "task.name=sst2", *overrides])
+
+
+def test_every_grid_file_is_read_by_its_benchmark():
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[2] / "benchmarks"
+    for grid in (here / "grids").glob("*.yaml"):
+        assert f'load_grid("{grid.stem}")' in (here / f"{grid.stem}.py").read_text(), grid.name
