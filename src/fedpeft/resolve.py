@@ -17,14 +17,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from fedpeft.components import AXIS_REGISTRIES, LIST_REGISTRIES
-from fedpeft.config import AXES, Component, ConfigError, ExperimentConfig, MethodConfig
+from fedpeft.config import AXES, Component, ConfigError, ExperimentConfig, MethodConfig, read_yaml
 from fedpeft.methods import PRESETS, check_combination
 from fedpeft.runtime.registry import RUNTIMES
 from fedpeft.tracking.sinks import SINKS
 
 
 def _parse_scalar(text: str) -> Any:
-    return yaml.safe_load(text) if text != "" else ""
+    return read_yaml(text) if text != "" else ""
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -201,7 +201,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     raw: dict[str, Any] = {}
     if path is not None:
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = read_yaml(Path(path).read_text()) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except yaml.YAMLError as e:

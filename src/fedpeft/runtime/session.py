@@ -20,10 +20,9 @@ from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-import yaml
 
 from fedpeft.comm.codec import Message
-from fedpeft.config import ExperimentConfig, dump_config
+from fedpeft.config import ExperimentConfig, dump_config, read_yaml
 from fedpeft.data.fingerprint import data_changes
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
@@ -122,10 +121,10 @@ def config_changes(saved: str, cfg: ExperimentConfig) -> list[tuple[str, Any, An
     the keys of ``NUMBERLESS`` aside. A config.yaml written before keys were added is resolved as a new config is,
     so the added keys take their defaults and do not count as changes."""
     try:
-        old = resolve(yaml.safe_load(saved)).with_absolute_paths()
+        old = resolve(read_yaml(saved)).with_absolute_paths()
     except Exception as e:  # noqa: BLE001 - unreadable or no longer valid: say so as the one difference
         return [("config.yaml", f"unreadable ({type(e).__name__}: {str(e).splitlines()[0]})", "a valid config")]
-    a, b = _flat(yaml.safe_load(dump_config(old))), _flat(yaml.safe_load(dump_config(cfg)))
+    a, b = _flat(old.model_dump(mode="json")), _flat(cfg.model_dump(mode="json"))  # what config.yaml holds
     return [(k, a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b])
             if k not in NUMBERLESS and a.get(k) != b.get(k)]
 
