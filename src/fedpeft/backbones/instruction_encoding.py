@@ -1,8 +1,8 @@
 """Turn instruction examples into token ids for a causal LM: prompt (instruction + input) then response.
 
-The prompt is the tokenizer's chat template around one user turn (instruction, a blank line, the input) when the
-model has one (SmolLM2-Instruct does), else ``task.prompt_template`` with ``{instruction}`` and ``{input}``, else
-the Alpaca template (``ALPACA``; its no-input variant when the example has no input). The template's fixed text and
+The prompt is ``task.prompt_template`` with ``{instruction}`` and ``{input}`` when the user sets one, else the
+tokenizer's chat template around one user turn (instruction, a blank line, the input) when the model has one
+(SmolLM2-Instruct does), else the Alpaca template (``ALPACA``; its no-input variant when the example has no input). The template's fixed text and
 the fields are tokenized separately, so a long field is cut and never the template. The response is the target
 text plus the end-of-sequence token, cut at ``max_response_length``; the prompt's fields are then cut from the
 left, longest field first, until prompt + response fit ``max_length``. Only response positions are scored
