@@ -151,3 +151,14 @@ def test_every_setting_has_a_description():
     assert len(models) > 30
     missing = [f"{m.__name__}.{name}" for m in models for name, info in m.model_fields.items() if not info.description]
     assert not missing, f"settings without a description: {sorted(missing)}"
+
+
+def test_gradient_checkpointing_is_refused_for_an_adapter_that_does_not_declare_it_safe():
+    from fedpeft.adapters import ADAPTERS
+
+    able = [e.name for e in ADAPTERS.entries() if e.obj.checkpointable]
+    assert {"lora", "soft_prompt", "full"} <= set(able) and "deep_prompt" not in able
+    load_config(None, ["method.name=fedit", "task.name=webnlg", "model.name=smollm2",
+                       "runtime.gradient_checkpointing=true"])
+    with pytest.raises(ConfigError, match=r"runtime.gradient_checkpointing: adapter 'deep_prompt' does not declare"):
+        load_config(None, ["method.name=fedpeptao", "runtime.gradient_checkpointing=true"])

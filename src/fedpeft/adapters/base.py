@@ -81,6 +81,9 @@ class AdapterBase:
     """Defaults: nothing to bind, every tensor its own unit, no backbone weight overridden."""
 
     name = ""
+    # its forward can be recomputed by activation checkpointing (``runtime.gradient_checkpointing``): it feeds the
+    # model no key/value cache, which a recomputed forward would extend twice
+    checkpointable = False
 
     def __init__(self, cfg: Any = None) -> None:
         self.cfg = cfg

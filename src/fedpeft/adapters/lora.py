@@ -49,6 +49,7 @@ class LoraSettings(BaseModel):
 @ADAPTERS.register("lora", "LoRA through HF peft: trainable low-rank A, B on the q/k/v projections (head pruning)",
                    LoraSettings)
 class Lora(AdapterBase):
+    checkpointable = True
     name = "lora"
 
     def __init__(self, cfg: LoraSettings | None = None) -> None:

@@ -42,6 +42,7 @@ def word_ids(backbone: Backbone, words: list[str] | None, m: int) -> torch.Tenso
                    SoftPromptSettings)
 class SoftPrompt(AdapterBase):
     """Trainable ``prompt`` of shape [m, hidden]; only it is trained and exchanged."""
+    checkpointable = True
 
     name = "soft_prompt"
 

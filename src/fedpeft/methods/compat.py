@@ -8,6 +8,7 @@ values they read (``accepts``, ``needs``); sharing policies and transforms what 
 
 from __future__ import annotations
 
+from fedpeft.adapters import ADAPTERS
 from fedpeft.config import ExperimentConfig
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS
 from fedpeft.downlink import DOWNLINKS
@@ -28,8 +29,6 @@ def is_generation_config(cfg: ExperimentConfig) -> bool:
 
     return cfg.task.name in GENERATION_TASKS or is_generation(cfg.task)
 
-
-CHECKPOINTABLE = ("lora", "soft_prompt", "full")  # adapters whose forward activation checkpointing can rerun
 
 # settings that only classification reads, with the value a generation task needs
 CLASSIFICATION_ONLY = {"model.readout": "auto", "model.calibration": "none", "model.pooling": "all",
@@ -58,10 +57,11 @@ def check_combination(cfg: ExperimentConfig) -> None:
     if cfg.model.quantization != "none" and cfg.runtime.device == "cpu":
         raise ValueError(f"model.quantization: '{cfg.model.quantization}' quantizes with bitsandbytes on a CUDA GPU; "
                          "set runtime.device: cuda, or model.quantization: none on CPU")
-    if cfg.runtime.gradient_checkpointing and cfg.method.adapter.name not in CHECKPOINTABLE:
-        raise ValueError(f"runtime.gradient_checkpointing: adapter '{cfg.method.adapter.name}' feeds the model a key/"
-                         "value cache, which a recomputed forward would extend twice; it works with "
-                         f"{', '.join(CHECKPOINTABLE)}")
+    if cfg.runtime.gradient_checkpointing and not ADAPTERS.get(cfg.method.adapter.name).checkpointable:
+        able = [e.name for e in ADAPTERS.entries() if e.obj.checkpointable]
+        raise ValueError(f"runtime.gradient_checkpointing: adapter '{cfg.method.adapter.name}' does not declare "
+                         "that a recomputed forward is safe (`checkpointable`: it feeds the model no key/value "
+                         f"cache); it works with {', '.join(able)}")
     if cfg.runtime.gradient_checkpointing and cfg.runtime.client_batch > 1:
         raise ValueError("runtime.gradient_checkpointing: clients whose steps share one forward (client_batch > 1) "
                          "cannot hold their tensors in the model through the backward; keep client_batch 1")
