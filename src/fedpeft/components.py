@@ -1,4 +1,5 @@
-"""The catalogue of method components: one registry per axis (and per list of transforms and wrappers).
+"""The catalogue of method components: one registry per axis (and per list of transforms and wrappers), with the
+components of installed plugin packages registered too (``fedpeft.plugins``).
 
 Only entry points (``fedpeft.resolve``, ``fedpeft.build``) import this module; the components themselves
 import just their own axis's ``base`` module, so adding one is a new file plus a registration.
@@ -11,6 +12,7 @@ from typing import Any
 from fedpeft.adapters import ADAPTERS
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS
 from fedpeft.downlink import DOWNLINKS
+from fedpeft.plugins import load_plugins
 from fedpeft.post_tuning import POST_TUNING
 from fedpeft.registry import Registry
 from fedpeft.selection import SELECTORS
@@ -26,3 +28,4 @@ AXIS_REGISTRIES: dict[str, Registry[Any]] = {
 # ``method.<list>`` -> registry of its entries
 LIST_REGISTRIES: dict[str, Registry[Any]] = {"transforms": TRANSFORMS, "wrappers": WRAPPERS}
 
+PLUGINS = load_plugins()  # the names of the plugin modules imported (their components are registered above)

@@ -10,7 +10,6 @@ import contextlib
 import importlib
 import json
 import re
-import runpy
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,8 +34,8 @@ from tests.conformance import test_registries as shared_registries
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "how-to" / "add-a-component.md"
-BLOCK = re.compile(r"^```(?:python|yaml)\n(# file: (\S+)\n.*?)^```$", re.M | re.S)
-MODULES = ("fednova", "ia3", "run_fedpeft", "conformance_plugin")
+BLOCK = re.compile(r"^```(?:python|yaml|toml)\n(# file: (\S+)\n.*?)^```$", re.M | re.S)
+MODULES = ("fednova", "ia3", "conformance_plugin")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -97,7 +96,7 @@ def _tiny(path: Path, **extra: object):
 
 
 def test_the_page_has_its_files_and_cleans_up_after_them(tmp_path):
-    assert set(page_files()) == {"fednova.py", "ia3.py", "fednova.yaml", "ia3.yaml", "run_fedpeft.py",
+    assert set(page_files()) == {"fednova.py", "ia3.py", "fednova.yaml", "ia3.yaml", "pyproject.toml",
                                  "conformance_plugin.py"}
     before = [dict(t) for t in _tables()]
     with page_components(tmp_path):
@@ -248,10 +247,23 @@ def test_the_page_rows_give_the_shared_conformance_tests(page, tmp_path):
         shared_adapters.test_one_round_without_a_preset("ia3", model, objective, folder)
 
 
-def test_the_launcher_gives_the_command_line_both_components(page, capsys, monkeypatch):
+def test_the_installed_package_gives_the_command_line_both_components(page):
+    """The page's pyproject.toml, installed as pip leaves a package (its modules and a .dist-info with the entry
+    points): a fresh ``fedpeft`` process knows both components."""
+    import os
+    import subprocess
+    import tomllib
+
+    project = tomllib.loads((page.folder / "pyproject.toml").read_text())
+    plugins = project["project"]["entry-points"]["fedpeft.plugins"]
+    assert plugins == {"fednova": "fednova", "ia3": "ia3"}
+    info = page.folder / "my_fedpeft_components-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-fedpeft-components\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[fedpeft.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in plugins.items()))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(page.folder), str(ROOT)])}
     for name, key in (("fednova", "server_lr"), ("ia3", "feedforward_modules")):
-        monkeypatch.setattr(sys, "argv", ["run_fedpeft.py", "components", name])
-        with pytest.raises(SystemExit) as done:
-            runpy.run_path(str(page.folder / "run_fedpeft.py"), run_name="__main__")
-        assert done.value.code in (0, None)
-        assert key in capsys.readouterr().out
+        res = subprocess.run([sys.executable, "-m", "fedpeft.cli", "components", name], env=env, cwd=page.folder,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert key in res.stdout
