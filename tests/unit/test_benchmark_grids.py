@@ -147,3 +147,27 @@ def test_every_grid_file_is_read_by_its_benchmark():
     here = Path(__file__).resolve().parents[2] / "benchmarks"
     for grid in (here / "grids").glob("*.yaml"):
         assert f'load_grid("{grid.stem}")' in (here / f"{grid.stem}.py").read_text(), grid.name
+
+
+@pytest.mark.parametrize("name", ["discrete_prompt", "fedpeptao", "fedprompt_security", "headprune"])
+def test_each_archived_benchmark_renders_its_committed_table(name, tmp_path):
+    """The archived records (``benchmarks/results/<name>_runs.tgz``) render the table rows of the committed results
+    file: the grid's labels, the job names and the rendering still fit the runs that were made."""
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    with tarfile.open(root / "benchmarks" / "results" / f"{name}_runs.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    out = tmp_path / f"{name}.md"
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--render-only", "--runs-dir",
+                           str(tmp_path / "runs" / name), "--results", str(out)], cwd=root, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    committed = set((root / "benchmarks" / "results" / f"{name}.md").read_text().splitlines())
+    rows = [line for line in out.read_text().splitlines() if line.startswith("|") and not line.startswith("|---")]
+    assert len(rows) > 10
+    missing = [row for row in rows if row not in committed]
+    assert not missing, f"{len(missing)} rendered rows differ from benchmarks/results/{name}.md, e.g. {missing[:3]}"

@@ -97,6 +97,7 @@ def test_a_sink_added_at_resume_is_sent_the_earlier_rounds(tiny_cfg, tmp_path):
     pytest.importorskip("tensorboard")
     with pytest.raises(StopAfterRound):
         run_embedded(tiny_cfg(), tmp_path / "run", stop_after_round=1)
+    assert not (tmp_path / "run" / STATE).exists()  # no sink, no tracking.json
     run_embedded(tiny_cfg(tracking="[{name: tensorboard}]"), tmp_path / "run", resume=True)  # numberless: allowed
     assert [s for s, _ in _tb_scalars(tmp_path / "run" / "tensorboard")["accuracy"]] == [1, 2]
 

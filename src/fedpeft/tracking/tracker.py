@@ -48,6 +48,8 @@ class Tracker:
         self._save()
 
     def _save(self) -> None:
+        if not self.state:  # a run without sinks writes no tracking.json
+            return
         tmp = self.root / (STATE + ".tmp")
         tmp.write_text(json.dumps(self.state, indent=1))
         os.replace(tmp, self.root / STATE)

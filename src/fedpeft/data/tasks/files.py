@@ -419,5 +419,5 @@ def load_file_task(cfg: TaskConfig, group_column: str | None = None) -> TaskData
 
 for _fmt in FORMATS:
     TASKS.add(_fmt, lambda cfg, seed: load_file_task(cfg), f"your own {_fmt} file(s): task.path, task.text_column, "
-              "task.label_column (see README 'Your own data'), or for generation task.instruction_column, "
+              "task.label_column (docs: tutorials/own-csv.md), or for generation task.instruction_column, "
               "task.response_column; by_column partitions by any column")
