@@ -70,21 +70,3 @@ def last_hidden_ours_and_peft(exp, params, peft_dir, rows=(0, 1, 2)):
         theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                             output_hidden_states=True).hidden_states[-1]
     return ours, theirs
-
-
-@pytest.fixture(scope="session")
-def shared_ray():
-    """One Ray instance for the session's flower-sim tests. Flower's simulation starts Ray when none is running and
-    shuts it down after every run; keeping one running (its shutdown made a no-op until the session ends) saves a
-    Ray start per run. The runs still get fresh actors: Flower kills its actors at the end of each run."""
-    import os
-
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=min(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
-    shutdown = ray.shutdown
-    ray.shutdown = lambda *args, **kwargs: None
-    try:
-        yield ray
-    finally:
-        ray.shutdown = shutdown
-        shutdown()

@@ -92,7 +92,7 @@ def _cfg(**extra):
 
 
 @pytest.fixture(scope="module")
-def sim_runs(tmp_path_factory, shared_ray):
+def sim_runs(tmp_path_factory):
     """One uninterrupted flower-sim run, the embedded run of the same config, and an interrupted+resumed sim."""
     from fedpeft.runtime.flower.simulation import run_flower_sim
 
@@ -146,7 +146,6 @@ def test_flower_sim_resume_gives_uninterrupted_metrics(sim_runs):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("shared_ray")
 def test_fedbpt_on_flower_sim_matches_embedded(tmp_path):
     """The black-box method crosses Flower as it crosses the embedded runtime: same CMA-ES state, same bytes."""
     from fedpeft.runtime.flower.simulation import run_flower_sim
@@ -166,7 +165,6 @@ def test_fedbpt_on_flower_sim_matches_embedded(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("shared_ray")
 def test_discrete_prompt_on_flower_sim_matches_embedded(tmp_path):
     """Token-index uploads, the stateful LASSO download (clients keep p' between rounds), a non-participant and
     post-tuning cross Flower as they cross the embedded runtime: same metrics and bytes, same final state."""
@@ -189,7 +187,6 @@ def test_discrete_prompt_on_flower_sim_matches_embedded(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("shared_ray")
 def test_fedpeft_run_cli_with_flower_sim_runtime(tmp_path):
     from typer.testing import CliRunner
 

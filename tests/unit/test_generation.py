@@ -321,7 +321,6 @@ def _strip(records):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("shared_ray")
 def test_generation_resume_and_flower_sim_give_the_embedded_numbers(tmp_path: Path) -> None:
     from fedpeft.resolve import resolve
     from fedpeft.runtime.embedded import StopAfterRound, run_embedded

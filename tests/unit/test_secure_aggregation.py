@@ -360,7 +360,6 @@ def test_the_discrete_search_uploads_rows_that_average_to_the_decoded_indices(tm
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("shared_ray")
 def test_a_secure_run_on_flower_sim_equals_the_embedded_one(tmp_path):
     """Flower's workflow over the simulation's grid and its mod in the ClientApp give the embedded run's records:
     the same masked means (the quantization seeded alike), one dropout unmasked, the protocol's bytes per client up
