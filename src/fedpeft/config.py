@@ -458,8 +458,9 @@ class ExperimentConfig(_Strict):
 
     def default_name(self) -> str:
         """``<method>-<task>-<model>-<hash>-s<seed>``, the run directory's default name: the hash (6 hex digits of
-        the resolved config; seed, name, display and tracking settings and ``federation.rounds`` aside) keeps two different
-        configs apart and the seeds of one config side by side, and a run extended to more rounds keeps its name."""
+        the resolved config; seed, name, display and tracking settings and ``federation.rounds`` aside) keeps two
+        different configs apart and the seeds of one config side by side, and a run extended to more rounds keeps its
+        name."""
         body = self.with_absolute_paths().model_dump(mode="json")
         for section, key in (("runtime", "progress"), ("evaluation", "report"), ("federation", "rounds")):
             body[section].pop(key)
