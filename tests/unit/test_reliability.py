@@ -443,6 +443,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
             p.send_signal(signal.SIGKILL)
             killed += 1
         p.wait()
+    assert not (tmp_path / "cut" / "summary.json").exists()  # a killed run is unfinished
     assert cli(tmp_path / "cut", resume=True).wait() == 0
     assert killed == 2
     assert _records(tmp_path / "cut") == _records(tmp_path / "full")
