@@ -276,7 +276,9 @@ def audit_runs(args, work: Path) -> list[str]:
     from fedpeft.runtime.audit import FULL_MODEL_PRESETS, audit_reply
     from fedpeft.runtime.embedded import run_embedded
 
-    from test_contract import _cfg  # the smallest settings that exercise each preset
+    if str(ROOT / "tests") not in sys.path:  # the test modules import their conftest as pytest does
+        sys.path.insert(0, str(ROOT / "tests"))
+    from tests.conformance.test_presets import _cfg  # the smallest settings that exercise each preset
 
     rows = ["| preset | model | replies audited | problems |", "|---|---|---|---|"]
     for preset in PRESETS.names():
@@ -359,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         text = args.out.read_text()
         for key, (title, _) in SECTIONS.items():
             if f"## {title}\n" in text:
-                parts[key] = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0].rstrip()
+                parts[key] = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0].strip()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = args.work or tmp
         for key in args.sections:
