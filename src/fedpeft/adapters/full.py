@@ -29,9 +29,9 @@ class FullFineTuning(AdapterBase):
 
     def _weights(self, backbone: Backbone) -> list[tuple[str, str, torch.nn.Parameter]]:
         """(exchanged name, module path, parameter) of every backbone weight, adapter layers excluded."""
-        out = []
+        out, injected = [], backbone.injected()
         for path, p in backbone.model.named_parameters():
-            if ".lora_" in path:
+            if path in injected:
                 continue
             name = PREFIX + path.replace(".base_layer.", ".")
             self._paths[name] = path

@@ -51,10 +51,23 @@ class Backbone:
     def hidden_size(self) -> int:
         return int(self.model.config.hidden_size)
 
+    def injected(self) -> frozenset[str]:
+        """Names of the parameters that adapters injected through peft (``lora_A``, ``ia3_l``, ... of every peft
+        tuner layer, as the layer class declares them): not pretrained weights."""
+        if not getattr(self.model, "peft_config", None):  # nothing injected (and peft not imported)
+            return frozenset()
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        heads = {f"{name}.{attr}" for name, m in self.model.named_modules() if isinstance(m, BaseTunerLayer)
+                 for attr in m.adapter_layer_names}
+        return frozenset(n for n, _ in self.model.named_parameters(remove_duplicate=False)
+                         if any(n.startswith(h + ".") for h in heads))
+
     @property
     def num_parameters(self) -> int:
-        """Weights of the pretrained model (LoRA layers injected by an adapter not counted)."""
-        return sum(p.numel() for n, p in self.model.named_parameters() if ".lora_" not in n)
+        """Weights of the pretrained model (layers injected by an adapter not counted)."""
+        injected = self.injected()
+        return sum(p.numel() for n, p in self.model.named_parameters() if n not in injected)
 
     @property
     def device(self) -> torch.device:
@@ -94,8 +107,9 @@ class Backbone:
         identity a run records, so that its adapter is never applied to other weights. Cached per process."""
         if "fingerprint" not in self.cache:
             h = hashlib.sha256()
+            injected = self.injected()
             for name, t in sorted((n.replace(".base_layer.", "."), t) for n, t in self.model.state_dict().items()
-                                  if ".lora_" not in n):
+                                  if n not in injected):
                 h.update(name.encode())
                 h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
             self.cache["fingerprint"] = h.hexdigest()
