@@ -75,3 +75,27 @@ def test_two_pages_render_in_headless_chromium_without_console_errors(site):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_every_config_block_in_the_docs_resolves(tmp_path):
+    """A YAML block of the docs whose keys are config sections is a config a reader may copy: it must resolve (the
+    add-a-component page's blocks name its own components and are run by their own test)."""
+    import re
+
+    import yaml
+
+    from fedpeft.config import ExperimentConfig
+    from fedpeft.resolve import load_config
+
+    sections, checked = set(ExperimentConfig.model_fields), 0
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        if page.name == "add-a-component.md":
+            continue
+        for i, block in enumerate(re.findall(r"```ya?ml\n(.*?)```", page.read_text(), re.S)):
+            data = yaml.safe_load(block)
+            if isinstance(data, dict) and data and set(data) <= sections:
+                path = tmp_path / f"{page.stem}-{i}.yaml"
+                path.write_text(block)
+                load_config(path)  # a ConfigError names the key; the page is in the traceback's path
+                checked += 1
+    assert checked >= 20
