@@ -64,7 +64,7 @@ class Tracker:
                             "run directory has every number and a resume sends it what it missed",
                             name, what, type(e).__name__, e)
                 self.sinks.pop(name)
-                with_suppressed_close(sink)
+                _close_quietly(sink)
 
     def rounds(self, records: list[dict[str, Any]]) -> None:
         """Send each sink the records it has not had yet."""
@@ -84,11 +84,11 @@ class Tracker:
 
     def close(self) -> None:
         for sink in self.sinks.values():
-            with_suppressed_close(sink)
+            _close_quietly(sink)
         self.sinks = {}
 
 
-def with_suppressed_close(sink: SinkBase) -> None:
+def _close_quietly(sink: SinkBase) -> None:
     try:
         sink.close()
     except Exception as e:  # noqa: BLE001 - closing is best effort; the numbers are in the run directory
