@@ -13,14 +13,18 @@ from importlib.metadata import entry_points
 GROUP = "fedpeft.plugins"
 
 
+class PluginError(ImportError):
+    """An installed plugin module failed to import (the message names it)."""
+
+
 def load_plugins() -> list[str]:
-    """Import every installed plugin module; an ImportError names the plugin that failed and why."""
+    """Import every installed plugin module; a PluginError names the plugin that failed and why."""
     loaded = []
     for ep in entry_points(group=GROUP):
         try:
             ep.load()
         except Exception as e:  # noqa: BLE001 - whatever a plugin raises, name it
-            raise ImportError(f"fedpeft plugin '{ep.name}' ({ep.value}, entry point group {GROUP}) failed to "
+            raise PluginError(f"fedpeft plugin '{ep.name}' ({ep.value}, entry point group {GROUP}) failed to "
                               f"import: {type(e).__name__}: {e}") from e
         loaded.append(ep.name)
     return loaded

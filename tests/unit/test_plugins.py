@@ -46,5 +46,6 @@ def test_an_installed_plugins_component_is_known_to_the_command_line(tmp_path):
 def test_a_plugin_that_fails_to_import_is_named(tmp_path):
     _install(tmp_path, "broken_fedpeft_plugin", "raise RuntimeError('missing dependency xyz')\n")
     res = _fedpeft(tmp_path, "config")
-    assert res.returncode != 0
+    assert res.returncode == 2
     assert "fedpeft plugin 'broken_fedpeft_plugin'" in res.stderr and "missing dependency xyz" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1  # one line

@@ -18,4 +18,13 @@ app.add_typer(flower.app, name="flower")
 
 
 def main() -> None:  # console-script entry point
-    app()
+    from fedpeft.plugins import PluginError
+
+    try:
+        app()
+    except PluginError as e:  # raised wherever a command first loads the registries: one line, not a traceback
+        from rich.console import Console
+        from rich.markup import escape
+
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+        raise SystemExit(2) from None
