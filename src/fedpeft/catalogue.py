@@ -53,7 +53,7 @@ def _default(field: FieldInfo) -> str:
     value = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
     if isinstance(value, BaseModel):
         return "(section)"
-    return json.dumps(value.model_dump(mode="json") if isinstance(value, BaseModel) else value, default=str)
+    return json.dumps(value, default=str)
 
 
 def _bounds(field: FieldInfo) -> str:

@@ -26,8 +26,8 @@ def _code(text: str) -> str:
     return f"`{text}`" if "|" not in text else _cell(text)
 
 
-def _table(rows: list[Setting], first: str = "key") -> list[str]:
-    out = [f"| {first} | type | default | bounds | description |", "|---|---|---|---|---|"]
+def _table(rows: list[Setting]) -> list[str]:
+    out = ["| key | type | default | bounds | description |", "|---|---|---|---|---|"]
     out += [f"| `{s.key}` | {_cell(s.type)} | {_code(s.default)} | {_cell(s.bounds)} | {_cell(s.description)} |"
             for s in rows]
     return out

@@ -22,9 +22,7 @@ PER_CLIENT = ("clients", "local_accuracy", "local_loss", "local_generation", "co
 
 
 def _numbers(value: Any, prefix: str) -> Iterator[tuple[str, float]]:
-    if isinstance(value, bool):
-        yield prefix, float(value)
-    elif isinstance(value, (int, float)):
+    if isinstance(value, (int, float)):  # bools too (1.0 / 0.0)
         yield prefix, float(value)
     elif isinstance(value, dict):
         for k, v in value.items():
