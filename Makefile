@@ -31,12 +31,16 @@ demo: install
 # kernels, which numpy's linear algebra uses), on an AVX2 machine as on an AVX-512 one (tests/golden/test_golden.py).
 OTHER_CPU := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Prescott
 
+# The suite on one pytest-xdist worker per core, at most 4 (a worker loading SmolLM2 peaks at ~3 GB); tests/conftest.py
+# gives each worker its share of the threads and hands out the slow tests first. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))" 2>/dev/null || echo 2)
+
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 	$(OTHER_CPU) $(PY) -m pytest -q tests/golden/test_golden.py
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
 
 # The documentation site: the reference pages are regenerated from the code, then built with no warning allowed.
 docs: install

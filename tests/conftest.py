@@ -1,11 +1,35 @@
-"""Shared fixtures: tiny configs on synthetic data, so the unit tests run in seconds."""
+"""Shared fixtures: tiny configs on synthetic data, so the unit tests run in seconds; and how the suite shares the
+machine when pytest-xdist runs it on several workers (`make test`: one per core)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 from fedpeft.resolve import load_config
+
+
+def _threads_per_worker() -> int | None:
+    """Under pytest-xdist, this worker's share of the cores: two workers at torch's default of one thread per core
+    would each oversubscribe the machine (tiny forwards then run several times slower)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers:
+        return None
+    return max(1, len(os.sched_getaffinity(0)) // int(workers))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    threads = _threads_per_worker()
+    if threads is not None:
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the subprocesses a test starts (CLI runs, node workers)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The `slow` tests first (stable otherwise), so no worker is left alone with a minute-long test at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def tiny_overrides(**extra: object) -> list[str]:

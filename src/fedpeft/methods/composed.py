@@ -10,7 +10,8 @@ Two more components act around the exchange: the download codec (``downlink``: h
 travel to the clients, e.g. as a compressed residual) and ``post_tuning`` (after the last round, each
 evaluated client adapts the global tensors on a few shots of its own data before it is scored).
 
-The server and client state layouts are in ``methods.state``.
+The server and client state layouts are in ``methods.state``. Long because the contract's steps (server step, client
+step, evaluation, checkpoint) are one composition of the same axes; each step is a short method.
 """
 
 from __future__ import annotations
