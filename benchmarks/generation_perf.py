@@ -1,6 +1,7 @@
 """Generation speed as ratios measured in one run: fedpeft's LoRA SFT step against a bare PEFT + PyTorch loop on the
 same batches (and that loop padded to ``max_length``: what dynamic padding saves), and fedpeft's batched greedy
-decoding against HF ``generate`` on the merged model (same tokens).
+decoding against HF ``generate`` on the merged model for LoRA, and on PEFT's own model (``get_peft_model`` with the
+adapter's ``to_peft`` export) for the soft prompt and the deep prompt (same tokens).
 
 The model has SmolLM2-135M's architecture (30 layers, d 576, 9 heads / 3 key-value heads, vocabulary 49,152) with
 random weights: speed does not depend on the weight values, and the random model travels to a GPU machine that
@@ -49,6 +50,69 @@ def batches(n: int, length: int, prompt: int, vocab: int, seed: int = 0) -> Enco
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def fedpeft_decoding(lm: LanguageModel, params, prompts: Encoded, new_tokens: int, device: str):
+    """(seconds, new tokens per row) of fedpeft's greedy decoding, after a short warm-up call."""
+    lm.generate(params, prompts, 4, batch_size=16)
+    sync(device)
+    t = time.perf_counter()
+    got = lm.generate(params, prompts, new_tokens, batch_size=16)
+    sync(device)
+    return time.perf_counter() - t, got
+
+
+def hf_decoding(model, prompts: Encoded, pad_id: int, new_tokens: int, device: str, dtype):
+    """(seconds, new tokens per row) of HF ``generate`` (greedy, exactly ``new_tokens``) on left-padded prompts."""
+    width = max(len(r) for r in prompts.input_ids)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in prompts.input_ids], device=device)
+    mask = (torch.arange(width, device=device)[None] >= torch.tensor(
+        [width - len(r) for r in prompts.input_ids], device=device)[:, None]).long()
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=pad_id)
+    with torch.no_grad(), torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype is not None):
+        model.generate(**kw, max_new_tokens=4, min_new_tokens=4)
+        sync(device)
+        t = time.perf_counter()
+        out = model.generate(**kw, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+        sync(device)
+    return time.perf_counter() - t, out[:, width:].tolist()
+
+
+def decoding_ratio(ours: tuple[float, list], theirs: tuple[float, list], reference: str, new_tokens: int) -> dict:
+    same = sum(x == y for x, y in zip(theirs[1], ours[1]))
+    return {"fedpeft": ours[0], reference: theirs[0], "ratio": ours[0] / theirs[0], "prompts": len(ours[1]),
+            "new_tokens": new_tokens, "rows_with_same_tokens": same}
+
+
+PROMPT_ADAPTERS = {"soft_prompt": {"num_tokens": 20, "position": "before_all"},  # the generation grid's settings
+                   "deep_prompt": {"num_tokens": 5}}
+
+
+def prompt_decoding(name: str, device: str, length: int, new_tokens: int, autocast: str, task: TaskData) -> dict:
+    """fedpeft's decoding with a prompt adapter against PEFT's model of the same adapter (its ``to_peft`` export)."""
+    from peft import get_peft_model, set_peft_model_state_dict
+
+    bb = smollm2_shaped(device)
+    plain = copy.deepcopy(bb.model)
+    entry = ADAPTERS.entry(name)
+    adapter = entry.obj(entry.settings(**PROMPT_ADAPTERS[name]))
+    adapter.bind(AdapterContext(0, task, "lm", bb))
+    lm = LanguageModel(bb, adapter, task, length, length // 2, autocast)
+    lm.end_id = -1  # decode exactly new-tokens tokens on both sides
+    params = lm.init_params(torch.Generator().manual_seed(0))
+    prompts = batches(16, length // 2, length, 30000, seed=2)
+    prompts.response_start = None
+    # rows of one length: PEFT's prompt-tuning generate drops HF's position ids, so a left-padded row's positions
+    # count its pads there (fedpeft and HF generate skip them); unpadded rows must give the same tokens
+    shortest = min(len(r) for r in prompts.input_ids)
+    prompts.input_ids = [r[:shortest] for r in prompts.input_ids]
+    ours = fedpeft_decoding(lm, params, prompts, new_tokens, device)
+    peft_config, tensors = adapter.to_peft(bb, params, "CAUSAL_LM")
+    model = get_peft_model(plain, peft_config).eval()
+    set_peft_model_state_dict(model, {k: v.to(device) for k, v in tensors.items()})
+    dtype = torch.bfloat16 if autocast == "bfloat16" else None
+    theirs = hf_decoding(model, prompts, lm.pad_id, new_tokens, device, dtype)
+    return decoding_ratio(ours, theirs, "peft_model", new_tokens)
 
 
 def main() -> None:
@@ -125,37 +189,20 @@ def main() -> None:
     trained = {k: v.detach() for k, v in res.params.items()}
     prompts = batches(16, a.length // 2, a.length, 30000, seed=2)
     prompts.response_start = None
-    lm.generate(trained, prompts, 4, batch_size=16)
-    sync(a.device)
-    t = time.perf_counter()
-    got = lm.generate(trained, prompts, a.new_tokens, batch_size=16)
-    sync(a.device)
-    ours_gen = time.perf_counter() - t
+    ours_gen = fedpeft_decoding(lm, trained, prompts, a.new_tokens, a.device)
     state = {k: v for k, v in model.state_dict().items()}
     for k, v in trained.items():  # load fedpeft's trained tensors into PEFT's model, then merge
         state["base_model.model." + k.replace(".weight", ".default.weight")] = v.to(lm.device)
     model.load_state_dict(state)
     merged = model.merge_and_unload().eval()
-    width = max(len(r) for r in prompts.input_ids)
-    ids = torch.tensor([[lm.pad_id] * (width - len(r)) + r for r in prompts.input_ids], device=lm.device)
-    mask = (torch.arange(width, device=lm.device)[None] >= torch.tensor(
-        [width - len(r) for r in prompts.input_ids], device=lm.device)[:, None]).long()
-    kw = dict(attention_mask=mask, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, do_sample=False,
-              pad_token_id=lm.pad_id)
-    with torch.no_grad(), torch.autocast(a.device.split(":")[0], dtype=dtype, enabled=dtype is not None):
-        merged.generate(ids, **(kw | {"max_new_tokens": 4, "min_new_tokens": 4}))
-        sync(a.device)
-        t = time.perf_counter()
-        hf = merged.generate(ids, **kw)
-        sync(a.device)
-    hf_gen = time.perf_counter() - t
-    same = sum(x == y for x, y in zip(hf[:, width:].tolist(), got))
+    hf_gen = hf_decoding(merged, prompts, lm.pad_id, a.new_tokens, a.device, dtype)
     out = {"device": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
            "autocast": autocast, "batch": a.batch, "length": a.length, "steps": a.steps,
            "sft_step_s": {"fedpeft": ours, "bare_peft": bare, "ratio": ours / bare,
                           "bare_peft_padded_to_max_length": padded, "dynamic_padding_saves": 1 - bare / padded},
-           "generate_s": {"fedpeft": ours_gen, "hf_merged": hf_gen, "ratio": ours_gen / hf_gen,
-                          "prompts": 16, "new_tokens": a.new_tokens, "rows_with_same_tokens": same}}
+           "generate_s": decoding_ratio(ours_gen, hf_gen, "hf_merged", a.new_tokens),
+           "generate_prompts_s": {name: prompt_decoding(name, a.device, a.length, a.new_tokens, autocast, task)
+                                  for name in PROMPT_ADAPTERS}}
     print(json.dumps(out, indent=1))
     if a.out:
         open(a.out, "w").write(json.dumps(out, indent=1) + "\n")
