@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import time
 
 import torch
@@ -52,36 +53,45 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def fedpeft_decoding(lm: LanguageModel, params, prompts: Encoded, new_tokens: int, device: str):
-    """(seconds, new tokens per row) of fedpeft's greedy decoding, after a short warm-up call."""
-    lm.generate(params, prompts, 4, batch_size=16)
-    sync(device)
-    t = time.perf_counter()
-    got = lm.generate(params, prompts, new_tokens, batch_size=16)
-    sync(device)
-    return time.perf_counter() - t, got
+def fedpeft_decoding(lm: LanguageModel, params, prompts: Encoded):
+    """fedpeft's greedy decoding as ``run(new_tokens) -> new tokens per row``."""
+    return lambda new_tokens: lm.generate(params, prompts, new_tokens, batch_size=16)
 
 
-def hf_decoding(model, prompts: Encoded, pad_id: int, new_tokens: int, device: str, dtype):
-    """(seconds, new tokens per row) of HF ``generate`` (greedy, exactly ``new_tokens``) on left-padded prompts."""
+def hf_decoding(model, prompts: Encoded, pad_id: int, device: str, dtype):
+    """HF ``generate`` (greedy, exactly ``new_tokens``) on the left-padded prompts as ``run(new_tokens)``."""
     width = max(len(r) for r in prompts.input_ids)
     ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in prompts.input_ids], device=device)
     mask = (torch.arange(width, device=device)[None] >= torch.tensor(
         [width - len(r) for r in prompts.input_ids], device=device)[:, None]).long()
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=pad_id)
-    with torch.no_grad(), torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype is not None):
-        model.generate(**kw, max_new_tokens=4, min_new_tokens=4)
-        sync(device)
-        t = time.perf_counter()
-        out = model.generate(**kw, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-        sync(device)
-    return time.perf_counter() - t, out[:, width:].tolist()
+
+    def run(new_tokens: int) -> list[list[int]]:
+        with torch.no_grad(), torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype is not None):
+            return model.generate(**kw, max_new_tokens=new_tokens, min_new_tokens=new_tokens)[:, width:].tolist()
+
+    return run
 
 
-def decoding_ratio(ours: tuple[float, list], theirs: tuple[float, list], reference: str, new_tokens: int) -> dict:
-    same = sum(x == y for x, y in zip(theirs[1], ours[1]))
-    return {"fedpeft": ours[0], reference: theirs[0], "ratio": ours[0] / theirs[0], "prompts": len(ours[1]),
-            "new_tokens": new_tokens, "rows_with_same_tokens": same}
+def decoding_ratio(ours, theirs, reference: str, new_tokens: int, device: str, repeats: int = 3) -> dict:
+    """Median seconds of each side over ``repeats`` alternating calls (after a 4-token warm-up of each), their
+    ratio, and how many rows got the same tokens. Alternating keeps a shared machine's drift off the ratio (one
+    call each once gave 1.6x for the deep prompt, alternating calls 1.0x)."""
+    times: dict[str, list[float]] = {"ours": [], "theirs": []}
+    tokens = {}
+    for run in (ours, theirs):
+        run(4)
+    for _ in range(repeats):
+        for side, run in (("ours", ours), ("theirs", theirs)):
+            sync(device)
+            t = time.perf_counter()
+            tokens[side] = run(new_tokens)
+            sync(device)
+            times[side].append(time.perf_counter() - t)
+    ours_s, theirs_s = statistics.median(times["ours"]), statistics.median(times["theirs"])
+    same = sum(x == y for x, y in zip(tokens["theirs"], tokens["ours"]))
+    return {"fedpeft": ours_s, reference: theirs_s, "ratio": ours_s / theirs_s, "prompts": len(tokens["ours"]),
+            "new_tokens": new_tokens, "repeats": repeats, "rows_with_same_tokens": same}
 
 
 PROMPT_ADAPTERS = {"soft_prompt": {"num_tokens": 20, "position": "before_all"},  # the generation grid's settings
@@ -106,13 +116,12 @@ def prompt_decoding(name: str, device: str, length: int, new_tokens: int, autoca
     # count its pads there (fedpeft and HF generate skip them); unpadded rows must give the same tokens
     shortest = min(len(r) for r in prompts.input_ids)
     prompts.input_ids = [r[:shortest] for r in prompts.input_ids]
-    ours = fedpeft_decoding(lm, params, prompts, new_tokens, device)
     peft_config, tensors = adapter.to_peft(bb, params, "CAUSAL_LM")
     model = get_peft_model(plain, peft_config).eval()
     set_peft_model_state_dict(model, {k: v.to(device) for k, v in tensors.items()})
     dtype = torch.bfloat16 if autocast == "bfloat16" else None
-    theirs = hf_decoding(model, prompts, lm.pad_id, new_tokens, device, dtype)
-    return decoding_ratio(ours, theirs, "peft_model", new_tokens)
+    return decoding_ratio(fedpeft_decoding(lm, params, prompts), hf_decoding(model, prompts, lm.pad_id, device, dtype),
+                          "peft_model", new_tokens, device)
 
 
 def main() -> None:
@@ -189,18 +198,18 @@ def main() -> None:
     trained = {k: v.detach() for k, v in res.params.items()}
     prompts = batches(16, a.length // 2, a.length, 30000, seed=2)
     prompts.response_start = None
-    ours_gen = fedpeft_decoding(lm, trained, prompts, a.new_tokens, a.device)
     state = {k: v for k, v in model.state_dict().items()}
     for k, v in trained.items():  # load fedpeft's trained tensors into PEFT's model, then merge
         state["base_model.model." + k.replace(".weight", ".default.weight")] = v.to(lm.device)
     model.load_state_dict(state)
     merged = model.merge_and_unload().eval()
-    hf_gen = hf_decoding(merged, prompts, lm.pad_id, a.new_tokens, a.device, dtype)
     out = {"device": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
            "autocast": autocast, "batch": a.batch, "length": a.length, "steps": a.steps,
            "sft_step_s": {"fedpeft": ours, "bare_peft": bare, "ratio": ours / bare,
                           "bare_peft_padded_to_max_length": padded, "dynamic_padding_saves": 1 - bare / padded},
-           "generate_s": decoding_ratio(ours_gen, hf_gen, "hf_merged", a.new_tokens),
+           "generate_s": decoding_ratio(fedpeft_decoding(lm, trained, prompts),
+                                        hf_decoding(merged, prompts, lm.pad_id, a.device, dtype), "hf_merged",
+                                        a.new_tokens, a.device),
            "generate_prompts_s": {name: prompt_decoding(name, a.device, a.length, a.new_tokens, autocast, task)
                                   for name in PROMPT_ADAPTERS}}
     print(json.dumps(out, indent=1))
