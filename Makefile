@@ -33,7 +33,7 @@ OTHER_CPU := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=
 
 # The suite on one pytest-xdist worker per core, at most 4 (a worker loading SmolLM2 peaks at ~3 GB); tests/conftest.py
 # gives each worker its share of the threads and hands out the slow tests first. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))" 2>/dev/null || echo 2)
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1))" 2>/dev/null || echo 2)
 
 test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
