@@ -98,11 +98,13 @@ PROMPT_ADAPTERS = {"soft_prompt": {"num_tokens": 20, "position": "before_all"}, 
                    "deep_prompt": {"num_tokens": 5}}
 
 
-def prompt_decoding(name: str, device: str, length: int, new_tokens: int, autocast: str, task: TaskData) -> dict:
-    """fedpeft's decoding with a prompt adapter against PEFT's model of the same adapter (its ``to_peft`` export)."""
+def prompt_decoding(name: str, bb: Backbone, device: str, length: int, new_tokens: int, autocast: str,
+                    task: TaskData) -> dict:
+    """fedpeft's decoding with a prompt adapter on ``bb`` (prompt adapters inject nothing into it) against PEFT's
+    model of the same adapter (its ``to_peft`` export) on a copy of it, since PEFT's wrapper sets attributes on the
+    model it wraps."""
     from peft import get_peft_model, set_peft_model_state_dict
 
-    bb = smollm2_shaped(device)
     plain = copy.deepcopy(bb.model)
     entry = ADAPTERS.entry(name)
     adapter = entry.obj(entry.settings(**PROMPT_ADAPTERS[name]))
@@ -203,6 +205,7 @@ def main() -> None:
         state["base_model.model." + k.replace(".weight", ".default.weight")] = v.to(lm.device)
     model.load_state_dict(state)
     merged = model.merge_and_unload().eval()
+    prompt_bb = smollm2_shaped(a.device)  # without the LoRA layers fedpeft injected into ``bb``
     out = {"device": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
            "autocast": autocast, "batch": a.batch, "length": a.length, "steps": a.steps,
            "sft_step_s": {"fedpeft": ours, "bare_peft": bare, "ratio": ours / bare,
@@ -210,8 +213,8 @@ def main() -> None:
            "generate_s": decoding_ratio(fedpeft_decoding(lm, trained, prompts),
                                         hf_decoding(merged, prompts, lm.pad_id, a.device, dtype), "hf_merged",
                                         a.new_tokens, a.device),
-           "generate_prompts_s": {name: prompt_decoding(name, a.device, a.length, a.new_tokens, autocast, task)
-                                  for name in PROMPT_ADAPTERS}}
+           "generate_prompts_s": {name: prompt_decoding(name, prompt_bb, a.device, a.length, a.new_tokens, autocast,
+                                                        task) for name in PROMPT_ADAPTERS}}
     print(json.dumps(out, indent=1))
     if a.out:
         open(a.out, "w").write(json.dumps(out, indent=1) + "\n")
