@@ -103,7 +103,7 @@ def _row(out: Path) -> dict | None:
         up += r["bytes_up"]
         if r.get("accuracy") is not None:
             curve.append((r["accuracy"], up))
-    return {"final": recs[-1]["accuracy"], "local": recs[-1].get("local_accuracy"), "curve": curve,
+    return {"final": recs[-1]["accuracy"], "local": recs[-1].get("local_accuracy_mean"), "curve": curve,
             "up": summary["bytes_up_per_client_round"], "down": summary["bytes_down_per_client_round"],
             "hist": summary["label_histograms"], "device": _device(out)}
 

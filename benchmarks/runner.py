@@ -54,9 +54,13 @@ def paired_cell(d: list[float]) -> str:
     return f"{ci[0]:+.1f} [{ci[1]:+.1f}, {ci[2]:+.1f}] (n={len(d)})"
 
 
+WHERE_IT_RAN = ("runtime.device", "runtime.threads")  # a finished run counts wherever it ran (tables say where)
+
+
 def finished(out, overrides: list[str]) -> bool:
-    """Whether run directory ``out`` holds a finished run of the config the overrides give; a finished run of
-    another config (other rounds, budget, ...) is an error naming the directory, never silently reused."""
+    """Whether run directory ``out`` holds a finished run of the config the overrides give, on any device and
+    thread count (a grid's GPU rows and CPU rows side by side); a finished run of another config (other rounds,
+    budget, ...) is an error naming the directory, never silently reused."""
     from pathlib import Path
 
     from fedpeft.resolve import load_config
@@ -65,7 +69,8 @@ def finished(out, overrides: list[str]) -> bool:
     out = Path(out)
     if not (out / "summary.json").exists():
         return False
-    if config_changes((out / "config.yaml").read_text(), load_config(None, overrides)):
+    changes = config_changes((out / "config.yaml").read_text(), load_config(None, overrides))
+    if [key for key, _, _ in changes if key not in WHERE_IT_RAN]:
         raise ValueError(f"{out} finished with another config than this benchmark's; use another --runs-dir")
     return True
 

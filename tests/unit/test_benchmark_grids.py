@@ -101,6 +101,29 @@ def test_every_lora_family_job_resolves_and_the_empty_table_renders(tmp_path, ar
     assert table.count("| 0/3 |") == len(jobs) // 3 + 3  # every arm unfinished, and the generation rows read back
 
 
+def test_a_lora_family_row_reads_the_final_round_and_the_clients_mean(tmp_path):
+    """The row of a finished run: the final round's global accuracy (not the best), the mean of the clients' own
+    accuracies (the record holds them per client too), the codec's bytes and the device from its config."""
+    import json
+
+    from benchmarks.lora_family import _row
+
+    from fedpeft.config import dump_config
+    from fedpeft.resolve import load_config
+
+    (tmp_path / "config.yaml").write_text(dump_config(load_config(None, ["runtime.device=cuda"])))
+    recs = [{"round": 0, "accuracy": 0.1, "bytes_up": 0}, {"round": 1, "accuracy": 0.9, "bytes_up": 40},
+            {"round": 2, "accuracy": 0.7, "bytes_up": 40, "local_accuracy": {"0": 0.5, "1": 0.75},
+             "local_accuracy_mean": 0.625}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "summary.json").write_text(json.dumps({"bytes_up_per_client_round": 20.0,
+                                                       "bytes_down_per_client_round": 30.0,
+                                                       "label_histograms": {"train": [[1]], "test": [[1]]}}))
+    row = _row(tmp_path)
+    assert (row["final"], row["local"], row["up"], row["device"]) == (0.7, 0.625, 20.0, "cuda")
+    assert row["curve"] == [(0.9, 40), (0.7, 80)]  # upload after each round beside the accuracy reached
+
+
 def test_every_secagg_job_resolves_and_the_empty_table_renders(tmp_path):
     from benchmarks.secagg import MODES, job_name, overrides, parse, plan, render
 
@@ -171,3 +194,20 @@ def test_each_archived_benchmark_renders_its_committed_table(name, tmp_path):
     assert len(rows) > 10
     missing = [row for row in rows if row not in committed]
     assert not missing, f"{len(missing)} rendered rows differ from benchmarks/results/{name}.md, e.g. {missing[:3]}"
+
+
+def test_a_finished_run_counts_on_any_device_but_not_with_another_config(tmp_path):
+    """A grid's rows may come from a GPU machine and the CPU: a finished run is skipped whatever device and thread
+    count it ran with, but a finished run of other numbers (here: rounds) is an error, never reused."""
+    from benchmarks.runner import finished
+
+    from fedpeft.config import dump_config
+    from fedpeft.resolve import load_config
+
+    sets = ["task.name=sst2", "model.name=tiny-bert", "federation.rounds=2"]
+    (tmp_path / "config.yaml").write_text(dump_config(load_config(None, [*sets, "runtime.device=cuda"])))
+    assert not finished(tmp_path, sets)  # no summary.json: not finished
+    (tmp_path / "summary.json").write_text("{}")
+    assert finished(tmp_path, [*sets, "runtime.device=cpu", "runtime.threads=3"])
+    with pytest.raises(ValueError, match="finished with another config"):
+        finished(tmp_path, [*sets[:2], "federation.rounds=3"])
