@@ -218,7 +218,9 @@ def _generation_rows(args) -> list[str]:
     lines = ["## Generation: WebNLG, SmolLM2-135M-Instruct, 10 category clients", "",
              "Own category BLEU: the mean over the clients of the BLEU on their own category's test entries (the "
              "global adapter's; local-only's: each client's own adapter, whose seen / unseen scores are in "
-             "`generation.md`, so its global columns are empty).", "",
+             "`generation.md`, so its global columns are empty; FedSA-LoRA's: the shared A with each client's own "
+             "B, while its global adapter keeps B at its initial zeros, so its global columns are the instruct "
+             "model's).", "",
              "| arm | seeds done | own category BLEU | seen BLEU | unseen BLEU | test loss | MB up / client-round | "
              "MB down / client-round |", "|---|---|---|---|---|---|---|---|"]
     sources = {a: (Path(args.generation_runs), g) for a, g in FROM_GENERATION.items()}
