@@ -71,7 +71,7 @@ class PeakRSS:
         self._thread.join()
 
 
-def fedpeft_overrides(args, runtime: str) -> list[str]:
+def fedpeft_overrides(args, runtime: str, extra: tuple[str, ...] = ()) -> list[str]:
     return ["task.name=webnlg", f"task.max_train={args.train_per_category}", "task.max_test=1",
             "task.max_length=256", "model.name=smollm2", "method.name=fedit", f"seed={args.seed}",
             f"federation.num_clients={args.clients}", "federation.partition.scheme=iid",
@@ -80,16 +80,16 @@ def fedpeft_overrides(args, runtime: str) -> list[str]:
             "method.trainer.local_epochs=100",
             "evaluation.round_zero=false", "evaluation.local=false", f"evaluation.every={args.rounds}",
             "runtime.progress=false", f"runtime.name={runtime}",
-            f"runtime.threads={args.threads if runtime == 'embedded' else 1}"]
+            f"runtime.threads={args.threads if runtime == 'embedded' else 1}", *extra]
 
 
-def run_fedpeft(args, runtime: str, out: Path) -> dict:
+def run_fedpeft(args, runtime: str, out: Path, extra: tuple[str, ...] = ()) -> dict:
     from fedpeft.resolve import load_config
     from fedpeft.runtime.embedded import run_embedded
     from fedpeft.runtime.flower.simulation import run_flower_sim
     from fedpeft.tracking.rundir import RunDir
 
-    cfg = load_config(None, fedpeft_overrides(args, runtime))
+    cfg = load_config(None, fedpeft_overrides(args, runtime, extra))
     with PeakRSS() as mem:
         start = time.perf_counter()
         (run_embedded if runtime == "embedded" else run_flower_sim)(cfg, out)
@@ -219,8 +219,9 @@ def run_peer(args) -> dict:
 # ---------------------------------------------------------------- table
 
 
-ARMS = {"fedpeft embedded": "embedded", "fedpeft on flower-sim": "flower-sim",
-        "FlowerTune template (TRL SFTTrainer) on flower-sim": "peer"}
+ARMS = {"fedpeft embedded": ("embedded", ()), "fedpeft on flower-sim": ("flower-sim", ()),
+        "fedpeft embedded, padding-free": ("embedded", ("runtime.padding_free=true",)),
+        "FlowerTune template (TRL SFTTrainer) on flower-sim": ("peer", ())}
 
 
 def render(args, results: dict) -> Path:
@@ -280,13 +281,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.render_only:
         Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
         for arm in args.arms:
-            kind = ARMS[arm]
+            kind, extra = ARMS[arm]
             if kind == "peer":
                 results[arm] = run_peer(args)
             else:
-                out = Path(args.runs_dir) / kind
+                out = Path(args.runs_dir) / (kind + "".join("-" + e.split("=")[0].split(".")[-1] for e in extra))
                 shutil.rmtree(out, ignore_errors=True)  # a timing run starts afresh
-                results[arm] = run_fedpeft(args, kind, out)
+                results[arm] = run_fedpeft(args, kind, out, extra)
             saved.write_text(json.dumps(results, indent=1))
             print(arm, json.dumps(results[arm]), flush=True)
     print(f"wrote {render(args, results)}")

@@ -1,5 +1,6 @@
 """Generation speed as ratios measured in one run: fedpeft's LoRA SFT step against a bare PEFT + PyTorch loop on the
-same batches (and that loop padded to ``max_length``: what dynamic padding saves), and fedpeft's batched greedy
+same batches (and that loop padded to ``max_length``: what dynamic padding saves), fedpeft's step with the batch's
+rows packed into one sequence (``runtime.padding_free``) against its padded step, and fedpeft's batched greedy
 decoding against HF ``generate`` on the merged model for LoRA, and on PEFT's own model (``get_peft_model`` with the
 adapter's ``to_peft`` export) for the soft prompt and the deep prompt (same tokens).
 
@@ -96,6 +97,31 @@ def decoding_ratio(ours, theirs, reference: str, new_tokens: int, device: str, r
 
 PROMPT_ADAPTERS = {"soft_prompt": {"num_tokens": 20, "position": "before_all"},  # the generation grid's settings
                    "deep_prompt": {"num_tokens": 5}}
+
+
+def padding_free_ratio(lm: LanguageModel, params, data: Encoded, settings: GradientSettings, device: str,
+                       repeats: int = 3) -> dict:
+    """Seconds per step of fedpeft's training with the rows packed (``runtime.padding_free``) and padded, as
+    medians of ``repeats`` alternating calls on the same batches, their ratio, and the share of pad tokens the
+    padded batches held."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    losses = {}
+    for _ in range(repeats):
+        for free in (False, True):
+            lm.padding_free = free
+            sync(device)
+            t = time.perf_counter()
+            losses[free] = train_local(lm, params, data, "adamw", settings, torch.Generator().manual_seed(1)).mean_loss
+            sync(device)
+            times[free].append((time.perf_counter() - t) / settings.max_steps)
+    lm.padding_free = False
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(1)).tolist()
+    steps = [order[s * settings.batch_size:(s + 1) * settings.batch_size] for s in range(settings.max_steps)]
+    lengths = [[len(data.input_ids[i]) for i in step] for step in steps]
+    pads = sum(len(ls) * max(ls) - sum(ls) for ls in lengths) / sum(len(ls) * max(ls) for ls in lengths)
+    padded, packed = statistics.median(times[False]), statistics.median(times[True])
+    return {"padded": padded, "padding_free": packed, "ratio": packed / padded, "pad_share": pads,
+            "mean_loss_padded": losses[False], "mean_loss_padding_free": losses[True], "repeats": repeats}
 
 
 def prompt_decoding(name: str, bb: Backbone, device: str, length: int, new_tokens: int, autocast: str,
@@ -210,6 +236,7 @@ def main() -> None:
            "autocast": autocast, "batch": a.batch, "length": a.length, "steps": a.steps,
            "sft_step_s": {"fedpeft": ours, "bare_peft": bare, "ratio": ours / bare,
                           "bare_peft_padded_to_max_length": padded, "dynamic_padding_saves": 1 - bare / padded},
+           "padding_free_step_s": padding_free_ratio(lm, params, data, settings, a.device),
            "generate_s": decoding_ratio(fedpeft_decoding(lm, trained, prompts),
                                         hf_decoding(merged, prompts, lm.pad_id, a.device, dtype), "hf_merged",
                                         a.new_tokens, a.device),

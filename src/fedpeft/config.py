@@ -371,6 +371,11 @@ class RuntimeConfig(_Strict):
     gradient_checkpointing: bool = Field(False, description="recompute the frozen model's activations in the "
                                                             "backward pass instead of keeping them (less memory, "
                                                             "about a third more compute; gradient trainers)")
+    padding_free: bool = Field(False, description="generation tasks: the rows of a training batch are packed into "
+                                                  "one sequence without pad tokens, position ids restarting at each "
+                                                  "row and each row attending to itself alone (TRL's padding_free); "
+                                                  "the same losses up to float rounding, no compute spent on "
+                                                  "padding; adapters that insert no rows (lora, full)")
     progress: bool = Field(True, description="show progress bars and per-round log lines")
     checkpoint_every: int = Field(1, ge=1, description="save a resumable checkpoint every k rounds (and after the "
                                                        "last)")

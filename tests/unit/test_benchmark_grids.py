@@ -61,13 +61,14 @@ def test_every_generation_job_resolves_and_the_empty_table_renders(tmp_path, arg
 
 
 def test_the_flowertune_comparison_runs_fedit_on_both_runtimes():
-    from benchmarks.flowertune import fedpeft_overrides, parse
+    from benchmarks.flowertune import ARMS, fedpeft_overrides, parse
 
     from fedpeft.resolve import load_config
 
     args = parse([])
-    for runtime in ("embedded", "flower-sim"):
-        cfg = load_config(None, fedpeft_overrides(args, runtime))
+    for runtime, extra in [v for v in ARMS.values() if v[0] != "peer"]:
+        cfg = load_config(None, fedpeft_overrides(args, runtime, extra))
+        assert cfg.runtime.padding_free == ("runtime.padding_free=true" in extra)
         assert (cfg.method.name, cfg.runtime.name, cfg.federation.num_clients) == ("fedit", runtime, args.clients)
         assert (cfg.method.adapter.r, cfg.method.adapter.lora_alpha) == (args.r, args.alpha)  # the template's LoRA
         assert cfg.method.trainer.max_steps == args.steps and cfg.method.trainer.lr == args.lr

@@ -483,6 +483,87 @@ def test_gradient_checkpointing_gives_the_same_training(steerable, adapter: str)
                for k, v in ckpt.params.items())
 
 
+@pytest.mark.parametrize("adapter", ["lora", "full"])
+def test_padding_free_packs_the_rows_and_gives_the_padded_training(steerable, adapter: str) -> None:
+    """runtime.padding_free: the batch's rows of different lengths run as one sequence with no pad token, each row
+    seeing only itself (a row's logits do not change when another row's tokens do); the same logits, loss,
+    gradients and trained tensors as the padded batch, up to float rounding."""
+    lm = _lm(adapter, dataclasses.replace(copy.deepcopy(steerable), cache={}))
+    enc = lm.encode(EXAMPLES)
+    batch = lm.batch(enc, [0, 1, 2])
+    assert len(set(batch["lengths_cpu"].tolist())) > 1  # rows of different lengths: the padded batch has pads
+    params = _trained_params(lm)
+    shapes = []
+    hook = lm.backbone.model.model.layers[0].register_forward_pre_hook(
+        lambda m, args, kw: shapes.append(tuple((args[0] if args else kw["hidden_states"]).shape[:2])),
+        with_kwargs=True)
+    grads, scores = [], []
+    for pack in (False, True):
+        lm.padding_free = pack
+        work = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+        with lm.held(work):
+            s = lm.outputs(work, batch)
+            lm.loss(s, batch).backward()
+        scores.append(s)
+        grads.append({k: v.grad for k, v in work.items()})
+    hook.remove()
+    assert shapes == [tuple(batch["input_ids"].shape), (1, int(batch["lengths_cpu"].sum()))]
+    assert lm.backbone.model.config._attn_implementation == "fedpeft_packed_sdpa"  # each row's slice on its own
+    padded, packed = scores
+    assert torch.equal(padded.targets, packed.targets) and torch.equal(padded.row, packed.row)
+    assert torch.allclose(padded.logits, packed.logits, atol=1e-5)
+    assert all(torch.allclose(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-4) for k in grads[0])
+    # each row attends to itself alone: another row's tokens leave its logits unchanged
+    other = copy.deepcopy(enc)
+    other.input_ids[1] = [(t + 7) % 1000 + 1000 for t in other.input_ids[1]]
+    with torch.no_grad():
+        moved = lm.outputs(params, lm.batch(other, [0, 1, 2]))
+    last = packed.row == 2  # packed after row 1: causal attention alone would let it see row 1
+    assert torch.allclose(moved.logits[last], packed.logits.detach()[last], atol=1e-6)
+    assert not torch.allclose(moved.logits[packed.row == 1], packed.logits.detach()[packed.row == 1], atol=1e-3)
+    results = []
+    for pack in (False, True):
+        lm.padding_free = pack
+        results.append(train_local(lm, params, enc, "adam", GradientSettings(lr=0.01, batch_size=3, max_steps=4,
+                                                                             local_epochs=4),
+                                   torch.Generator().manual_seed(1)))
+    assert results[1].mean_loss == pytest.approx(results[0].mean_loss, rel=1e-4)
+    assert all(torch.allclose(results[0].params[k], results[1].params[k], atol=1e-4) for k in params)
+
+
+def test_a_padding_free_run_trains_as_the_padded_run(tmp_path: Path) -> None:
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    _write_task(tmp_path)
+    runs = []
+    for free in (False, True):
+        raw = _config(tmp_path, trainer={"lr": 0.01})
+        raw["runtime"]["padding_free"] = free
+        raw["evaluation"]["generate_every"] = 0
+        run_embedded(resolve(raw), tmp_path / f"run{free}")
+        runs.append(RunDir(tmp_path / f"run{free}").read_metrics())
+    padded, packed = runs
+    assert [r["train_loss"] for r in packed[1:]] == pytest.approx([r["train_loss"] for r in padded[1:]], rel=1e-4)
+    assert [r["loss"] for r in packed] == pytest.approx([r["loss"] for r in padded], rel=1e-4)
+    assert [r["bytes_up"] for r in packed] == [r["bytes_up"] for r in padded]
+
+
+def test_padding_free_is_refused_where_rows_cannot_be_packed(tmp_path: Path) -> None:
+    from fedpeft.config import ConfigError
+    from fedpeft.resolve import resolve
+
+    _write_task(tmp_path)
+    raw = _config(tmp_path)
+    raw["runtime"]["padding_free"] = True
+    raw["method"]["adapter"] = {"name": "soft_prompt", "num_tokens": 4}
+    with pytest.raises(ConfigError, match="runtime.padding_free: adapter 'soft_prompt' puts rows .* full, lora"):
+        resolve(raw)
+    with pytest.raises(ConfigError, match="runtime.padding_free: packs the training rows of a generation task"):
+        resolve({"task": {"name": "sst2"}, "runtime": {"padding_free": True}})
+
+
 def test_keep_best_selects_the_lowest_validation_loss_on_generation(tmp_path: Path) -> None:
     from fedpeft.resolve import resolve
     from fedpeft.runtime.embedded import run_embedded

@@ -84,6 +84,9 @@ class AdapterBase:
     # its forward can be recomputed by activation checkpointing (``runtime.gradient_checkpointing``): it feeds the
     # model no key/value cache, which a recomputed forward would extend twice
     checkpointable = False
+    # its model inputs are the tokens' own embeddings, row by row (no inserted rows, no key/value cache), so a
+    # batch's rows can be packed into one sequence without padding (``runtime.padding_free``)
+    packable = False
 
     def __init__(self, cfg: Any = None) -> None:
         self.cfg = cfg

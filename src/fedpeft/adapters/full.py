@@ -20,6 +20,7 @@ PREFIX = "backbone."
 @ADAPTERS.register("full", "all backbone weights trained and exchanged (full fine-tuning baseline)")
 class FullFineTuning(AdapterBase):
     checkpointable = True
+    packable = True
     name = "full"
 
     def __init__(self, cfg: None = None) -> None:

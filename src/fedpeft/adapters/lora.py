@@ -50,6 +50,7 @@ class LoraSettings(BaseModel):
                    LoraSettings)
 class Lora(AdapterBase):
     checkpointable = True
+    packable = True
     name = "lora"
 
     def __init__(self, cfg: LoraSettings | None = None) -> None:

@@ -62,6 +62,14 @@ def check_combination(cfg: ExperimentConfig) -> None:
         raise ValueError(f"runtime.gradient_checkpointing: adapter '{cfg.method.adapter.name}' does not declare "
                          "that a recomputed forward is safe (`checkpointable`: it feeds the model no key/value "
                          f"cache); it works with {', '.join(able)}")
+    if cfg.runtime.padding_free and not is_generation_config(cfg):
+        raise ValueError(f"runtime.padding_free: packs the training rows of a generation task; task "
+                         f"'{cfg.task.name}' is a classification task (leave runtime.padding_free at false)")
+    if cfg.runtime.padding_free and not ADAPTERS.get(cfg.method.adapter.name).packable:
+        able = [e.name for e in ADAPTERS.entries() if e.obj.packable]
+        raise ValueError(f"runtime.padding_free: adapter '{cfg.method.adapter.name}' puts rows or a key/value cache "
+                         f"before each row's tokens, which one packed sequence cannot hold; it works with "
+                         f"{', '.join(able)}")
     if cfg.runtime.gradient_checkpointing and cfg.runtime.client_batch > 1:
         raise ValueError("runtime.gradient_checkpointing: clients whose steps share one forward (client_batch > 1) "
                          "cannot hold their tensors in the model through the backward; keep client_batch 1")

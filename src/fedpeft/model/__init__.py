@@ -28,7 +28,7 @@ def build_classifier(backbone, adapter, task, cfg) -> Classifier:
 @OBJECTIVES.register("generation", "causal-LM token cross-entropy on the response tokens; greedy decoding")
 def build_language_model(backbone, adapter, task, cfg) -> LanguageModel:
     return LanguageModel(backbone, adapter, task, cfg.task.max_length, cfg.task.max_response_length,
-                         cfg.runtime.autocast)
+                         cfg.runtime.autocast, padding_free=cfg.runtime.padding_free)
 
 
 __all__ = ["OBJECTIVES", "Classifier", "LanguageModel"]

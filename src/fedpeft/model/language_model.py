@@ -7,7 +7,8 @@ verbalizer does for its one read row. Rows the adapter inserts (soft prompts) ar
 sits in the key/value cache and shifts no row. Trainers see the same contract as for classification:
 ``outputs`` then ``loss`` (gradient trainers), ``example_losses`` (forward-only trainers' fitness: an example's
 mean response-token cross-entropy, per population candidate), ``evaluate`` (loss, perplexity and next-token
-accuracy per response token, teacher-forced). ``generate`` decodes greedily (``model.decoding``).
+accuracy per response token, teacher-forced). ``generate`` decodes greedily (``model.decoding``). With
+``padding_free`` a training batch's rows run as one sequence without pad tokens (``packed``).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from fedpeft.adapters.base import Adapter, Params
+from fedpeft.adapters.base import Adapter, Params, Prepared
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.backbones.instruction_encoding import PromptFormat, encode_instructions, end_token_id
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example, TaskData
 from fedpeft.lazy import lazy, no_grad
 from fedpeft.model.forward import AdaptedModel
+from fedpeft.model.packed_attention import ROWS, use_packed_attention
 
 torch = lazy("torch")
 F = lazy("torch.nn.functional")
@@ -67,6 +69,21 @@ def insert_ignored(labels: torch.Tensor, at: int | torch.Tensor, m: int) -> torc
     return torch.where(inside, torch.full_like(src, IGNORE), labels.gather(1, src))
 
 
+def packed(prep: Prepared, lengths: torch.Tensor) -> tuple[Prepared, torch.Tensor]:
+    """The right-padded rows of ``prep`` as one sequence without pads [1, sum(lengths), d], and each row's first
+    position in it. Position ids restart at every row; each row attends to itself alone, through the rows'
+    boundaries (``packed_attention``) or, under another attention than SDPA, HF's block mask for restarting
+    position ids (``find_packed_sequence_indices``, which a cache would stop: none is built)."""
+    n, width, dim = prep.embeds.shape
+    positions = torch.cat([torch.arange(int(k)) for k in lengths])
+    rows = torch.repeat_interleave(torch.arange(n), lengths)
+    flat = (rows * width + positions).to(prep.embeds.device, non_blocking=True)  # from CPU lengths: no device wait
+    starts = torch.cumsum(lengths, 0) - lengths
+    extra = {"position_ids": positions.unsqueeze(0).to(prep.embeds.device, non_blocking=True), "use_cache": False,
+             ROWS: [(int(a), int(a + k)) for a, k in zip(starts, lengths)]}
+    return Prepared(prep.embeds.reshape(n * width, dim)[flat].unsqueeze(0), None, prep.insert_at, 0, extra), starts
+
+
 def scored_positions(batch: dict[str, torch.Tensor], rows: int, insert_at: int | torch.Tensor, inserted: int,
                      target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, position) of every position whose next token is a response token, over ``rows`` stacked rows.
@@ -96,7 +113,7 @@ class LanguageModel(AdaptedModel):
     readout = "lm"
 
     def __init__(self, backbone: Backbone, adapter: Adapter, task: TaskData, max_length: int = 256,
-                 max_response_length: int = 64, autocast: str = "none") -> None:
+                 max_response_length: int = 64, autocast: str = "none", padding_free: bool = False) -> None:
         if backbone.family != "causal":
             raise ValueError(f"model.name: task '{task.name}' is a generation task and needs a causal LM; "
                              f"{backbone.name} is a {backbone.family} model")
@@ -104,8 +121,20 @@ class LanguageModel(AdaptedModel):
         if self.pad_id is None:
             self.pad_id = end_token_id(backbone.tokenizer)
         self.max_response_length = max_response_length
+        self.padding_free = padding_free
         self.format = PromptFormat.of(backbone, task.prompt_template)
         self.end_id = end_token_id(backbone.tokenizer)
+
+    @property
+    def padding_free(self) -> bool:
+        """Whether training calls pack the batch's rows (``runtime.padding_free``)."""
+        return self._padding_free
+
+    @padding_free.setter
+    def padding_free(self, on: bool) -> None:
+        if on:
+            use_packed_attention(self.backbone.model)
+        self._padding_free = on
 
     # ---------------------------------------------------------------- data
 
@@ -144,7 +173,12 @@ class LanguageModel(AdaptedModel):
     # ---------------------------------------------------------------- scoring
 
     def outputs(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None = None) -> TokenScores:
-        """Logits of the positions that predict a response token (LM head on those rows only)."""
+        """Logits of the positions that predict a response token (LM head on those rows only); with
+        ``padding_free``, of the batch's rows packed into one sequence (training calls)."""
+        return self._scores(params, batch, static, pack=self.padding_free)
+
+    def _scores(self, params: Params, batch: dict[str, torch.Tensor], static: Params | None,
+                pack: bool) -> TokenScores:
         params, prep = self._prepare(params, batch)
         if prep.text is not None:
             raise ValueError("method.adapter: a frozen-text key/value cache (suffix placement) is for "
@@ -154,13 +188,20 @@ class LanguageModel(AdaptedModel):
         labels = insert_ignored(labels, prep.insert_at, prep.inserted)
         target = labels[:, 1:]
         row, pos = scored_positions(batch, rows, prep.insert_at, prep.inserted, target)
+        read_row, read_pos = row, pos
+        if pack and "lengths_cpu" in batch and rows == batch["input_ids"].shape[0]:  # not a stacked population
+            if prep.inserted or prep.extra:
+                raise ValueError(f"runtime.padding_free: adapter '{self.adapter.name}' puts rows or a key/value "
+                                 "cache before the tokens; packing needs an adapter that inserts none")
+            prep, starts = packed(prep, batch["lengths_cpu"])
+            read_row, read_pos = torch.zeros_like(row), starts.to(pos.device)[row] + pos
         out = self._run(params, prep, batch, static=static)
         split = self.backbone.body_and_head
         with self._autocast():
             if split is None:
-                logits = out.logits[row, pos]
+                logits = out.logits[read_row, read_pos]
             else:
-                logits = self._head_rows(out.last_hidden_state[row, pos], params)
+                logits = self._head_rows(out.last_hidden_state[read_row, read_pos], params)
         return TokenScores(logits, target[row, pos], row, rows)
 
     def loss(self, scores: TokenScores, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -182,7 +223,8 @@ class LanguageModel(AdaptedModel):
         params = {k: v.float() if v.is_floating_point() else v for k, v in params.items()}
         for start in range(0, len(enc), batch_size):
             idx = list(range(start, min(start + batch_size, len(enc))))
-            s = self.outputs(params, self.batch(enc, idx)).float()
+            # padded: one pack of a whole evaluation batch would need a mask over all its tokens
+            s = self._scores(params, self.batch(enc, idx), None, pack=False).float()
             loss = F.cross_entropy(s.logits, s.targets, reduction="none").double()
             rows = s.row.cpu().numpy() + start
             np.add.at(nll, rows, loss.cpu().numpy())
