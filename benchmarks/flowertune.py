@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
             if kind == "peer":
                 results[arm] = run_peer(args)
             else:
-                out = Path(args.runs_dir) / (kind + "".join("-" + e.split("=")[0].split(".")[-1] for e in extra))
+                out = Path(args.runs_dir) / "".join(ch if ch.isalnum() else "-" for ch in arm.lower())
                 shutil.rmtree(out, ignore_errors=True)  # a timing run starts afresh
                 results[arm] = run_fedpeft(args, kind, out, extra)
             saved.write_text(json.dumps(results, indent=1))

@@ -115,6 +115,7 @@ def padding_free_ratio(lm: LanguageModel, params, data: Encoded, settings: Gradi
             sync(device)
             times[free].append((time.perf_counter() - t) / settings.max_steps)
     lm.padding_free = False
+    # the batches train_local drew: one permutation from the same generator (one pass over the data)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(1)).tolist()
     steps = [order[s * settings.batch_size:(s + 1) * settings.batch_size] for s in range(settings.max_steps)]
     lengths = [[len(data.input_ids[i]) for i in step] for step in steps]
