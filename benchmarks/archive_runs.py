@@ -1,6 +1,7 @@
 """Pack a benchmark's runs directory into a small archive under ``benchmarks/results/`` so its records survive the
 machine: a finished run keeps only what the tables read (config, metrics, summary, post-hoc and validity records);
-an unfinished run is kept whole (checkpoint included) so that ``tar xzf`` and the benchmark's command resume it.
+an unfinished run is kept whole (checkpoint included) so that ``tar xzf`` and the benchmark's command resume it,
+unless it is above ``--max-unfinished-mb`` (a full fine-tuning checkpoint), when it is left out.
 
     python -m benchmarks.archive_runs runs/fedbpt benchmarks/results/fedbpt_runs.tgz
     tar xzf benchmarks/results/fedbpt_runs.tgz        # restores runs/fedbpt/...
@@ -12,11 +13,12 @@ import argparse
 import tarfile
 from pathlib import Path
 
-FINISHED_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "posthoc.json", "validity.json", "run.log")
+FINISHED_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "posthoc.json", "validity.json", "run.log",
+                  "local_unseen.json")
 SKIPPED = {".lock", "report.html"}
 
 
-def archive_members(runs_dir: Path) -> list[Path]:
+def archive_members(runs_dir: Path, max_unfinished_bytes: float = float("inf")) -> list[Path]:
     """The files to pack, relative paths under ``runs_dir``'s parent, sorted so archives are reproducible."""
     members: list[Path] = []
     for path in sorted(runs_dir.iterdir()):
@@ -25,17 +27,19 @@ def archive_members(runs_dir: Path) -> list[Path]:
         elif path.is_dir() and (path / "summary.json").exists():
             members += [path / f for f in FINISHED_FILES if (path / f).exists()]
         elif path.is_dir():
-            members += [p for p in sorted(path.rglob("*")) if p.is_file() and p.name not in SKIPPED]
+            files = [p for p in sorted(path.rglob("*")) if p.is_file() and p.name not in SKIPPED]
+            if sum(p.stat().st_size for p in files) <= max_unfinished_bytes:
+                members += files
     return members
 
 
-def archive(runs_dir: Path, target: Path) -> tuple[int, int]:
-    """Write ``target`` (.tgz) from ``runs_dir``; returns (finished runs, unfinished runs)."""
+def archive(runs_dir: Path, target: Path, max_unfinished_bytes: float = float("inf")) -> tuple[int, int]:
+    """Write ``target`` (.tgz) from ``runs_dir``; returns (finished runs, unfinished runs, kept or not)."""
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise FileNotFoundError(f"runs directory {runs_dir} does not exist")
     with tarfile.open(target, "w:gz") as tar:
-        for path in archive_members(runs_dir):
+        for path in archive_members(runs_dir, max_unfinished_bytes):
             tar.add(path, arcname=str(path), recursive=False)
     runs = [p for p in runs_dir.iterdir() if p.is_dir()]
     done = sum((p / "summary.json").exists() for p in runs)
@@ -46,8 +50,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs_dir", type=Path)
     parser.add_argument("target", type=Path)
+    parser.add_argument("--max-unfinished-mb", type=float, default=float("inf"),
+                        help="leave out unfinished runs larger than this (default: keep every one)")
     args = parser.parse_args()
-    done, open_ = archive(args.runs_dir, args.target)
+    done, open_ = archive(args.runs_dir, args.target, args.max_unfinished_mb * 1e6)
     size = args.target.stat().st_size / 1024
     print(f"{args.target}: {done} finished and {open_} unfinished runs, {size:.0f} KiB")
 

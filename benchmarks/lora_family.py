@@ -145,7 +145,8 @@ def render(args) -> Path:
              f"tuning and the soft prompt: their presets' 2e-5 and 0.03), batch {args.batch}, one local epoch; "
              f"train capped at {args.max_train}, test at {args.max_test}. Tiers: a third of the clients at each LoRA "
              "rank 4 / 8 / 16 under a global r = 16. Accuracy: the final round, mean ± std over the finished seeds; "
-             "personalised: the mean of the clients' accuracies on their own test shards with what each client runs. "
+             "personalised: the mean of the clients' accuracies on their own test shards with what each client runs "
+             "(local-only has no global column: its global adapter is never trained). "
              "Bytes: real codec payloads per client-round. 'Upload to target': cumulative upload until the global "
              "accuracy first reaches 95 % of FedAvg-LoRA r = 16's final accuracy of the same seed (evaluated every "
              f"{args.eval_every} rounds).", ""]
@@ -173,13 +174,16 @@ def render(args) -> Path:
                 d = [(r["final"] - ref[s]["final"]) * 100 for s, r in done.items() if ref.get(s)]
                 to = [_upload_to(r["curve"], 0.95 * ref[s]["final"]) for s, r in done.items() if ref.get(s)]
                 reached = [x for x in to if x is not None]
+                glob = (f"{mean_std([r['final'] for r in done.values()])} | "
+                        f"{paired_cell(d) if arm != REFERENCE else '0'}")
+                to_target = f"{_mb(statistics.fmean(reached)) if reached else '–'} ({len(reached)}/{len(to)} reached)"
+                if arm.startswith("local-only"):  # its global adapter is never trained: no global column
+                    glob, to_target = "– | –", "–"
                 lines.append(
-                    f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['final'] for r in done.values()])} | "
-                    f"{paired_cell(d) if arm != REFERENCE else '0'} | "
+                    f"| {arm} | {len(done)}/{len(args.seeds)} | {glob} | "
                     f"{mean_std([r['local'] for r in done.values()])} | "
                     f"{_mb(statistics.fmean(r['up'] for r in done.values()))} | "
-                    f"{_mb(statistics.fmean(r['down'] for r in done.values()))} | "
-                    f"{_mb(statistics.fmean(reached)) if reached else '–'} ({len(reached)}/{len(to)} reached) | "
+                    f"{_mb(statistics.fmean(r['down'] for r in done.values()))} | {to_target} | "
                     f"{_devices(done)} |")
             lines.append("")
     for task in args.headprune_tasks:

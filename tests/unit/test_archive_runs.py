@@ -32,3 +32,15 @@ def test_archive_keeps_records_of_finished_runs_and_whole_unfinished_runs(tmp_pa
         "runs/bench/b__s0/metrics.jsonl",
         "runs/bench/b__s0/checkpoint/round-3/server.safetensors",
     }
+
+
+def test_archive_leaves_out_unfinished_runs_above_the_size_limit(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runs = Path("runs/bench")
+    small, big = runs / "small__s0", runs / "big__s0"
+    for d, size in ((small, 10), (big, 1000)):
+        (d / "checkpoint").mkdir(parents=True)
+        (d / "checkpoint" / "server.safetensors").write_bytes(b"x" * size)
+    assert archive_runs.archive(runs, Path("out.tgz"), max_unfinished_bytes=100) == (0, 2)
+    with tarfile.open("out.tgz") as tar:
+        assert tar.getnames() == ["runs/bench/small__s0/checkpoint/server.safetensors"]

