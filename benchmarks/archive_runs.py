@@ -38,9 +38,12 @@ def archive(runs_dir: Path, target: Path, max_unfinished_bytes: float = float("i
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise FileNotFoundError(f"runs directory {runs_dir} does not exist")
-    with tarfile.open(target, "w:gz") as tar:
+    target = Path(target)
+    partial = target.with_name(f"{target.name}.tmp")  # renamed when whole: a reader never sees half an archive
+    with tarfile.open(partial, "w:gz") as tar:
         for path in archive_members(runs_dir, max_unfinished_bytes):
             tar.add(path, arcname=str(path), recursive=False)
+    partial.replace(target)
     runs = [p for p in runs_dir.iterdir() if p.is_dir()]
     done = sum((p / "summary.json").exists() for p in runs)
     return done, len(runs) - done
