@@ -95,6 +95,28 @@ def decoding_ratio(ours, theirs, reference: str, new_tokens: int, device: str, r
             "new_tokens": new_tokens, "repeats": repeats, "rows_with_same_tokens": same}
 
 
+
+def profile_decoding(sides: dict, new_tokens: int, device: str) -> dict:
+    """Where each side's decoding step goes: aten calls per step (the difference between decoding 2 and
+    2 + ``new_tokens`` tokens, divided) and the profiler's table of the ops and kernels that took the most time
+    (device time on a GPU), to find why one side is slower."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    out = {}
+    for side, run in sides.items():
+        calls = []
+        for n in (2, 2 + new_tokens):
+            sync(device)
+            with profile(activities=acts) as prof:
+                run(n)
+                sync(device)
+            calls.append(sum(1 for e in prof.events() if e.name.startswith("aten::")))
+        sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+        out[side] = {"aten_calls_per_step": (calls[1] - calls[0]) / new_tokens,
+                     "top": prof.key_averages().table(sort_by=sort, row_limit=15)}
+    return out
+
 PROMPT_ADAPTERS = {"soft_prompt": {"num_tokens": 20, "position": "before_all"},  # the generation grid's settings
                    "deep_prompt": {"num_tokens": 5}}
 
@@ -161,6 +183,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile-decoding", action="store_true", help="add where LoRA decoding's steps go, each side")
     a = ap.parse_args()
     bb = smollm2_shaped(a.device)
     base_copy = copy.deepcopy(bb.model)  # the bare loop's own model, before fedpeft injects its LoRA layers
@@ -243,6 +266,12 @@ def main() -> None:
                                         a.new_tokens, a.device),
            "generate_prompts_s": {name: prompt_decoding(name, prompt_bb, a.device, a.length, a.new_tokens, autocast,
                                                         task) for name in PROMPT_ADAPTERS}}
+    if a.profile_decoding:
+        out["decoding_profile"] = profile_decoding(
+            {"fedpeft": fedpeft_decoding(lm, trained, prompts),
+             "hf_merged": hf_decoding(merged, prompts, lm.pad_id, a.device, dtype)}, 8, a.device)
+        for side, prof in out["decoding_profile"].items():
+            print(f"{side}: {prof['aten_calls_per_step']:.0f} aten calls per decoding step\n{prof['top']}")
     print(json.dumps(out, indent=1))
     if a.out:
         open(a.out, "w").write(json.dumps(out, indent=1) + "\n")
