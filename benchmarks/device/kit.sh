@@ -3,7 +3,7 @@
 # installs the carried wheels, packages, weights and data beside the machine's own torch, runs the CUDA tests, then
 # the benchmark grids on cuda until BUDGET seconds have passed, and leaves under $OUT the logs and the runs' records
 # as tarballs (finished runs: their records; unfinished ones under 5 MB: whole, to resume).
-#   BUDGET=500 LF_WORKERS=12 GEN_WORKERS=0 PERF=0 bash benchmarks/device/kit.sh
+#   BUDGET=500 LF_WORKERS=12 GEN_WORKERS=0 PERF=0 MPS=1 bash benchmarks/device/kit.sh
 set -u
 T0=$(date +%s); BUDGET=${BUDGET:-400}; END=$((T0 + BUDGET)); S=/tmp/devsite
 missing=$(cd $S 2>/dev/null && for f in $(cat MANIFEST); do [ -f "$f" ] || echo "$f"; done)
@@ -18,6 +18,13 @@ if ls $S/smollm2.gguf.* > /dev/null 2>&1; then
 fi
 export PYTHONPATH=$S/site:$PWD/src:$PWD FEDPEFT_DATA_DIR=$S/data FEDPEFT_CACHE=$S/cache PYTHONUNBUFFERED=1 \
   TOKENIZERS_PARALLELISM=false HF_HUB_DISABLE_PROGRESS_BARS=1
+# CUDA MPS lets the grid's processes run their small kernels side by side instead of taking turns on the GPU;
+# if it does not start, or CUDA does not come up under it, it is stopped and the processes take turns
+if [ "${MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control > /dev/null; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p /tmp/mps /tmp/mps-log
+  nvidia-cuda-mps-control -d && timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" \
+    && echo "MPS on" || { echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY; echo "MPS off"; }
+fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
   python3 -c "import sys, torch, transformers, peft; print(sys.version.split()[0], 'torch', torch.__version__,
 torch.cuda.is_available(), 'transformers', transformers.__version__, 'peft', peft.__version__)"
@@ -46,4 +53,5 @@ done
 pkill -f "benchmarks\.(lora_family|generation)"; sleep 3; pkill -9 -f "benchmarks\.(lora_family|generation)"; wait
 for b in lora_family generation; do [ -d runs/$b ] && python3 -m benchmarks.archive_runs runs/$b $OUT/${b}_runs.tgz \
   --max-unfinished-mb 5; done
+[ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
 ls -la $OUT; tail -3 $OUT/cuda_tests.log
