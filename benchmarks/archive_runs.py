@@ -34,7 +34,7 @@ def archive_members(runs_dir: Path, max_unfinished_bytes: float = float("inf")) 
 
 
 def archive(runs_dir: Path, target: Path, max_unfinished_bytes: float = float("inf")) -> tuple[int, int]:
-    """Write ``target`` (.tgz) from ``runs_dir``; returns (finished runs, unfinished runs, kept or not)."""
+    """Write ``target`` (.tgz) from ``runs_dir``; returns (finished runs, unfinished runs, archived or left out)."""
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise FileNotFoundError(f"runs directory {runs_dir} does not exist")
