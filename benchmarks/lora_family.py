@@ -146,7 +146,8 @@ def render(args) -> Path:
              f"train capped at {args.max_train}, test at {args.max_test}. Tiers: a third of the clients at each LoRA "
              "rank 4 / 8 / 16 under a global r = 16. Accuracy: the final round, mean ± std over the finished seeds; "
              "personalised: the mean of the clients' accuracies on their own test shards with what each client runs "
-             "(local-only has no global column: its global adapter is never trained). "
+             "(local-only has no global column: its global adapter is never trained; FedSA-LoRA's global column is "
+             "the frozen backbone with the averaged task head, since its global B stays at zeros). "
              "Bytes: real codec payloads per client-round. 'Upload to target': cumulative upload until the global "
              "accuracy first reaches 95 % of FedAvg-LoRA r = 16's final accuracy of the same seed (evaluated every "
              f"{args.eval_every} rounds).", ""]
