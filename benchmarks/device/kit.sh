@@ -41,7 +41,7 @@ fi
   echo "rc $?" >> $OUT/cuda_tests.log ) &
 REM=$((END - $(date +%s) - 40))
 [ "${LF_WORKERS:-12}" -gt 0 ] && timeout -k 5 $REM python3 -m benchmarks.lora_family --runs-dir runs/lora_family \
-  --parts family headprune --device cuda --workers ${LF_WORKERS:-12} > $OUT/lora_family.log 2>&1 &
+  --parts ${LF_PARTS:-family headprune} --device cuda --workers ${LF_WORKERS:-12} > $OUT/lora_family.log 2>&1 &
 [ "${GEN_WORKERS:-0}" -gt 0 ] && timeout -k 5 $REM python3 -m benchmarks.generation --runs-dir runs/generation \
   --device cuda --threads 1 --workers $GEN_WORKERS > $OUT/generation.log 2>&1 &
 while [ $(date +%s) -lt $((END - 35)) ]; do
