@@ -10,6 +10,7 @@ unless it is above ``--max-unfinished-mb`` (a full fine-tuning checkpoint), when
 from __future__ import annotations
 
 import argparse
+import gzip
 import tarfile
 from pathlib import Path
 
@@ -40,7 +41,9 @@ def archive(runs_dir: Path, target: Path, max_unfinished_bytes: float = float("i
         raise FileNotFoundError(f"runs directory {runs_dir} does not exist")
     target = Path(target)
     partial = target.with_name(f"{target.name}.tmp")  # renamed when whole: a reader never sees half an archive
-    with tarfile.open(partial, "w:gz") as tar:
+    # gzip's header time fixed at 0: the same runs give the same bytes, so an unchanged archive is no new commit
+    with open(partial, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
         for path in archive_members(runs_dir, max_unfinished_bytes):
             tar.add(path, arcname=str(path), recursive=False)
     partial.replace(target)

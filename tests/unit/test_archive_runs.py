@@ -44,3 +44,12 @@ def test_archive_leaves_out_unfinished_runs_above_the_size_limit(tmp_path, monke
     assert archive_runs.archive(runs, Path("out.tgz"), max_unfinished_bytes=100) == (0, 2)
     with tarfile.open("out.tgz") as tar:
         assert tar.getnames() == ["runs/bench/small__s0/checkpoint/server.safetensors"]
+
+
+def test_the_same_runs_give_the_same_archive_bytes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (Path("runs/bench/a__s0")).mkdir(parents=True)
+    Path("runs/bench/a__s0/summary.json").write_text("{}")
+    archive_runs.archive(Path("runs/bench"), Path("one.tgz"))
+    archive_runs.archive(Path("runs/bench"), Path("two.tgz"))
+    assert Path("one.tgz").read_bytes() == Path("two.tgz").read_bytes()
