@@ -50,7 +50,8 @@ while [ $(date +%s) -lt $((END - 35)) ]; do
     "generation $(ls runs/generation/*/summary.json 2>/dev/null | wc -l);" \
     "GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)"
 done
-pkill -f "benchmarks\.(lora_family|generation)"; sleep 3; pkill -9 -f "benchmarks\.(lora_family|generation)"; wait
+pkill -f "benchmarks\.(lora_family|generation)|pytest -q -m cuda"; sleep 3
+pkill -9 -f "benchmarks\.(lora_family|generation)|pytest -q -m cuda"; wait  # tests still running at the end are cut
 for b in lora_family generation; do [ -d runs/$b ] && python3 -m benchmarks.archive_runs runs/$b $OUT/${b}_runs.tgz \
   --max-unfinished-mb 5; done
 [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
