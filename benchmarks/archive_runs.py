@@ -15,7 +15,7 @@ import tarfile
 from pathlib import Path
 
 FINISHED_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "posthoc.json", "validity.json", "run.log",
-                  "local_unseen.json")
+                  "local_unseen.json", "model.json")
 SKIPPED = {".lock", "report.html"}
 
 
@@ -35,17 +35,22 @@ def archive_members(runs_dir: Path, max_unfinished_bytes: float = float("inf")) 
 
 
 def archive(runs_dir: Path, target: Path, max_unfinished_bytes: float = float("inf")) -> tuple[int, int]:
-    """Write ``target`` (.tgz) from ``runs_dir``; returns (finished runs, unfinished runs, archived or left out)."""
+    """Write ``target`` (.tgz) from ``runs_dir``; returns (finished runs, unfinished runs), the unfinished ones
+    counted whether archived or left out by the size limit."""
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise FileNotFoundError(f"runs directory {runs_dir} does not exist")
     target = Path(target)
     partial = target.with_name(f"{target.name}.tmp")  # renamed when whole: a reader never sees half an archive
     # gzip's header time fixed at 0: the same runs give the same bytes, so an unchanged archive is no new commit
-    with open(partial, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w") as tar:
-        for path in archive_members(runs_dir, max_unfinished_bytes):
-            tar.add(path, arcname=str(path), recursive=False)
+    try:
+        with open(partial, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as gz, \
+                tarfile.open(fileobj=gz, mode="w") as tar:
+            for path in archive_members(runs_dir, max_unfinished_bytes):
+                tar.add(path, arcname=str(path), recursive=False)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     partial.replace(target)
     runs = [p for p in runs_dir.iterdir() if p.is_dir()]
     done = sum((p / "summary.json").exists() for p in runs)

@@ -1,6 +1,7 @@
 """Merge the runs a GPU machine sent back (``kit.sh``'s tarballs, made by ``benchmarks.archive_runs``) into the local
-runs directories. A finished run is taken unless one is finished here already; an unfinished one only where this
-machine has none (a local unfinished run is the one its grid resumes). Records beside the runs are taken when absent.
+runs directories. A finished run is taken unless one is finished here already or a process here holds the run's
+lock; an unfinished one only where this machine has none (a local unfinished run is the one its grid resumes).
+Records beside the runs are taken when absent.
 
     python -m benchmarks.device.merge /work/.device/8/lora_family_runs.tgz
 """
@@ -12,6 +13,21 @@ import shutil
 import tarfile
 from collections import defaultdict
 from pathlib import Path, PurePosixPath
+
+
+def _held(run: Path) -> bool:
+    """Whether a process holds the run directory's write lock (``RunDir.lock``): a grid is resuming it here."""
+    import fcntl
+
+    if not (run / ".lock").exists():
+        return False
+    with (run / ".lock").open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
 
 
 def merge(archive: Path, root: Path = Path(".")) -> dict[str, list[str]]:
@@ -32,9 +48,9 @@ def merge(archive: Path, root: Path = Path(".")) -> dict[str, list[str]]:
             if single_file or not done_there:
                 keep = not local.exists()
             else:
-                keep = not (local / "summary.json").exists()
+                keep = not (local / "summary.json").exists() and not _held(local)
                 if keep and local.exists():
-                    shutil.rmtree(local)  # an unfinished local run of what finished there
+                    shutil.rmtree(local)  # an unfinished local run of what finished there, no process in it
             (taken if keep else skipped).append(run)
             if keep:
                 tar.extractall(root, members=members, filter="data")

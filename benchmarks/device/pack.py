@@ -95,8 +95,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(".devbundle"))
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
     args = parser.parse_args()
-    tracked = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
-    capacity = LIMIT - sum(Path(f.decode()).stat().st_size for f in tracked if f) - 2 * 2**20
+    top = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                              check=True).stdout.strip())
+    travels = subprocess.run(["git", "-C", str(top), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             capture_output=True, check=True).stdout.split(b"\0")
+    sizes = [(top / f.decode()).stat().st_size for f in travels if f and (top / f.decode()).is_file()]
+    capacity = LIMIT - sum(sizes) - 2 * 2**20  # what travels with every call, and a margin
     shutil.rmtree(args.out, ignore_errors=True)
     with tempfile.TemporaryDirectory() as work:
         files = build_items(Path(work), args.data_dir)

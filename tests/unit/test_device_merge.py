@@ -56,3 +56,20 @@ def test_parts_fit_the_capacity_and_refuse_a_file_above_it():
     assert all(sum(sizes[n] for n in g) <= 61 for g in groups) and len(groups) == 3
     with pytest.raises(ValueError, match="above one call's capacity"):
         parts({"big": 62}, 61)
+
+
+def test_merge_leaves_a_run_that_a_local_process_is_writing(tmp_path, monkeypatch):
+    from fedpeft.tracking.rundir import RunDir
+
+    there, here = tmp_path / "there", tmp_path / "here"
+    _run(there, "a", True, "gpu")
+    _run(here, "a", False, "cpu")
+    monkeypatch.chdir(there)
+    archive_runs.archive(Path("runs/bench"), tmp_path / "back.tgz")
+    writer = RunDir(here / "runs" / "bench" / "a")
+    writer.lock()  # a grid here is resuming it
+    try:
+        assert merge(tmp_path / "back.tgz", here) == {"taken": [], "skipped": ["runs/bench/a"]}
+    finally:
+        writer.unlock()
+    assert merge(tmp_path / "back.tgz", here)["taken"] == ["runs/bench/a"]
