@@ -23,10 +23,12 @@ fi
 export PYTHONPATH=$S/site:$PWD/src:$PWD FEDPEFT_DATA_DIR=$S/data FEDPEFT_CACHE=$S/cache PYTHONUNBUFFERED=1 \
   TOKENIZERS_PARALLELISM=false HF_HUB_DISABLE_PROGRESS_BARS=1
 # CUDA MPS lets the grid's processes run their small kernels side by side instead of taking turns on the GPU;
-# if it does not start, or CUDA does not come up under it, it is stopped and the processes take turns
+# a daemon left by an earlier call is reused; if none starts, or CUDA does not come up under it, it is stopped
+# and the processes take turns
 if [ "${MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control > /dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p /tmp/mps /tmp/mps-log
-  nvidia-cuda-mps-control -d && timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" \
+  { echo get_server_list | nvidia-cuda-mps-control > /dev/null 2>&1 || nvidia-cuda-mps-control -d; } \
+    && timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" \
     && echo "MPS on" || { echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY; echo "MPS off"; }
 fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
