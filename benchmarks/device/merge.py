@@ -9,6 +9,7 @@ Records beside the runs are taken when absent.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import shutil
 import tarfile
 from collections import defaultdict
@@ -17,8 +18,6 @@ from pathlib import Path, PurePosixPath
 
 def _held(run: Path) -> bool:
     """Whether a process holds the run directory's write lock (``RunDir.lock``): a grid is resuming it here."""
-    import fcntl
-
     if not (run / ".lock").exists():
         return False
     with (run / ".lock").open("a+") as f:
