@@ -12,6 +12,7 @@ cannot receive the real weights. ``python -m benchmarks.generation_perf [--devic
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import json
 import statistics
@@ -96,14 +97,40 @@ def decoding_ratio(ours, theirs, reference: str, new_tokens: int, device: str, r
 
 
 
+def step_ops(run, new_tokens: int) -> collections.Counter:
+    """The ops one decoding step dispatches, by (op, the dtype, shape and contiguity of each tensor argument): the
+    difference between decoding ``new_tokens + 1`` and ``new_tokens`` tokens."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            self.ops[(str(func), tuple((str(x.dtype), tuple(x.shape), x.is_contiguous())
+                                        for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)))] += 1
+            return func(*args, **kwargs)
+
+    counts = []
+    for n in (new_tokens, new_tokens + 1):
+        with Log() as log:
+            run(n)
+        counts.append(log.ops)
+    return counts[1] - counts[0]
+
+
 def profile_decoding(sides: dict, new_tokens: int, device: str) -> dict:
     """Where each side's decoding step goes: aten calls per step (the difference between decoding 2 and
-    2 + ``new_tokens`` tokens, divided) and the profiler's table of the ops and kernels that took the most time
-    (device time on a GPU), to find why one side is slower."""
+    2 + ``new_tokens`` tokens, divided), the profiler's table of the ops and kernels that took the most time
+    (device time on a GPU), and the ops of one step that the sides do not share (``step_op_differences``: op and
+    argument dtypes/shapes, with each side's count), to find why one side is slower."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    out = {}
+    out: dict = {}
+    steps = {}
     for side, run in sides.items():
         calls = []
         for n in (2, 2 + new_tokens):
@@ -115,6 +142,11 @@ def profile_decoding(sides: dict, new_tokens: int, device: str) -> dict:
         sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
         out[side] = {"aten_calls_per_step": (calls[1] - calls[0]) / new_tokens,
                      "top": prof.key_averages().table(sort_by=sort, row_limit=15)}
+        steps[side] = step_ops(run, new_tokens)
+    keys = sorted(set().union(*steps.values()))
+    out["step_op_differences"] = [{"op": op, "args": [list(a) for a in args],
+                                   **{side: steps[side][(op, args)] for side in steps}}
+                                  for op, args in keys if len({steps[side][(op, args)] for side in steps}) > 1]
     return out
 
 PROMPT_ADAPTERS = {"soft_prompt": {"num_tokens": 20, "position": "before_all"},  # the generation grid's settings
@@ -271,7 +303,11 @@ def main() -> None:
             {"fedpeft": fedpeft_decoding(lm, trained, prompts),
              "hf_merged": hf_decoding(merged, prompts, lm.pad_id, a.device, dtype)}, 8, a.device)
         for side, prof in out["decoding_profile"].items():
-            print(f"{side}: {prof['aten_calls_per_step']:.0f} aten calls per decoding step\n{prof['top']}")
+            if side != "step_op_differences":
+                print(f"{side}: {prof['aten_calls_per_step']:.0f} aten calls per decoding step\n{prof['top']}")
+        print("ops of one decoding step that the sides do not share:")
+        for d in out["decoding_profile"]["step_op_differences"]:
+            print(f"  {d['op']} fedpeft {d['fedpeft']} hf_merged {d['hf_merged']} {d['args']}")
     print(json.dumps(out, indent=1))
     if a.out:
         open(a.out, "w").write(json.dumps(out, indent=1) + "\n")
