@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.grids import load_grid
-from benchmarks.runner import run_config, run_pool
+from benchmarks.runner import paired_cell, run_config, run_pool
 
 GRID = load_grid("generation")
 ARMS = GRID["arms"]
@@ -153,14 +153,18 @@ def _own(rec: dict, key: str) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+def _part(arm: str, rec: dict, part: str, key: str) -> float | None:
+    """A WebNLG arm's score on the seen or unseen test entries; local-only: the mean over the clients of each own
+    adapter's score on the unseen ones (decoded post hoc), none on the seen ones (each client has its own)."""
+    if arm.startswith("local-only"):
+        return _mean_over_clients(rec.get("local_unseen"), key) if part == "unseen" else None
+    return _gen(rec, part, key)
+
+
 def _webnlg_rows(arm: str, done: list[list[dict]]) -> list[str]:
     last = [r[-1] for r in done]
     own = [_cell([_own(r, k) for r in last]) for k in ("bleu", "chrf")]
-    if arm.startswith("local-only"):  # each client's own adapter: its own category; the unseen ones post hoc
-        unseen = [_cell([_mean_over_clients(r.get("local_unseen"), k) for r in last]) for k in ("bleu", "chrf",
-                                                                                                  "rouge_l")]
-        return own + ["–"] * 3 + unseen
-    return own + [_cell([_gen(r, p, k) for r in last]) for p, k in WEBNLG_PARTS]
+    return own + [_cell([_part(arm, r, p, k) for r in last]) for p, k in WEBNLG_PARTS]
 
 
 def _mean_over_clients(scores: dict | None, key: str) -> float | None:
@@ -168,23 +172,30 @@ def _mean_over_clients(scores: dict | None, key: str) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+def _category(arm: str, rec: dict, category: str) -> float | None:
+    """ROUGE-L on one Dolly category's test entries: the global adapter's, or (local-only) that category's client's
+    own adapter's."""
+    if arm.startswith("local-only"):
+        ids = [c for c, name in rec.get("client_names", {}).items() if name == category]
+        scores = (rec.get("local_generation") or {}).get(ids[0], {}) if ids else {}
+        return scores.get("rouge_l")
+    return ((rec.get("generation") or {}).get("by_group") or {}).get(category, {}).get("rouge_l")
+
+
+def _grounded(arm: str, rec: dict) -> float | None:
+    """The mean ROUGE-L over the grounded categories (``_category``)."""
+    vals = [v for v in (_category(arm, rec, g) for g in GROUNDED) if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
 def _dolly_rows(arm: str, done: list[list[dict]]) -> list[str]:
     last = [r[-1] for r in done]
-    if arm.startswith("local-only"):
-        return [_cell([_local(r, "rouge_l") for r in last])] + ["–"] * len(GROUNDED)
-    per = [_cell([((r.get("generation") or {}).get("by_group") or {}).get(g, {}).get("rouge_l") for r in last])
-           for g in GROUNDED]
-    return [_cell([_grounded(r) for r in last])] + per
+    return [_cell([_grounded(arm, r) for r in last])] + [_cell([_category(arm, r, g) for r in last])
+                                                          for g in GROUNDED]
 
 
 def _local_loss(rec: dict) -> float | None:
     vals = [v for v in (rec.get("local_loss") or {}).values() if v is not None]
-    return statistics.fmean(vals) if vals else None
-
-
-def _grounded(rec: dict) -> float | None:
-    by = (rec.get("generation") or {}).get("by_group") or {}
-    vals = [by[g]["rouge_l"] for g in GROUNDED if g in by and by[g].get("rouge_l") is not None]
     return statistics.fmean(vals) if vals else None
 
 
@@ -202,6 +213,56 @@ def _standard_errors(task: str, finals: list[dict]) -> str:
     what = "all test entries" if task == "webnlg" else "all test entries (not only the grounded categories)"
     return (f"Bootstrap standard error of one run's score on {what} ({len(finals)} finished federated runs, "
             f"mean): {', '.join(cells)}.")
+
+
+ZERO_SHOT = "zero-shot"  # round 0 of the fedit run of the same seed
+METRICS = {"own-category BLEU": lambda arm, r: _own(r, "bleu"),
+           "seen BLEU": lambda arm, r: _part(arm, r, "seen", "bleu"),
+           "unseen BLEU": lambda arm, r: _part(arm, r, "unseen", "bleu"),
+           "grounded ROUGE-L": _grounded}
+# the questions of the results paragraph, as (arm, against, metrics): arms named by the start of their label
+PAIRED = {"webnlg": [("fedit", "local-only", ("own-category BLEU", "unseen BLEU")),
+                     ("fedit", "centralised", ("seen BLEU", "unseen BLEU")),
+                     ("fedit", ZERO_SHOT, ("seen BLEU", "unseen BLEU")),
+                     ("local-only", ZERO_SHOT, ("own-category BLEU", "unseen BLEU")),
+                     ("soft prompt", "fedit", ("seen BLEU", "unseen BLEU")),
+                     ("deep prompt", "fedit", ("seen BLEU", "unseen BLEU")),
+                     ("head-pruned", "fedit", ("seen BLEU", "unseen BLEU"))],
+          "dolly": [("fedit", "local-only", ("grounded ROUGE-L",)),
+                    ("fedit", "centralised", ("grounded ROUGE-L",)),
+                    ("fedit", ZERO_SHOT, ("grounded ROUGE-L",)),
+                    ("local-only", ZERO_SHOT, ("grounded ROUGE-L",))]}
+
+
+def _label(start: str) -> str:
+    return start if start == ZERO_SHOT else next(a for a in ARMS if a.startswith(start))
+
+
+def _final(args, task: str, arm: str, seed: int) -> dict | None:
+    """The record an arm is scored by in one seed: the final round (zero-shot: round 0 of fedit), None if
+    unfinished."""
+    recs = _load(Path(args.runs_dir) / job_name(task, _label("fedit") if arm == ZERO_SHOT else arm, seed))
+    if not recs:
+        return None
+    if arm == ZERO_SHOT:
+        return recs[0] if recs[0]["round"] == 0 else None
+    return recs[-1]
+
+
+def _paired(args, task: str) -> list[str]:
+    """The table of paired differences by seed that the results paragraph reads (``PAIRED``)."""
+    rows = []
+    for start, against, metrics in PAIRED[task]:
+        arm, ref = _label(start), _label(against)
+        if any(a != ZERO_SHOT and a not in args.arms for a in (arm, ref, _label("fedit"))):
+            continue
+        pairs = [(_final(args, task, arm, s), _final(args, task, ref, s)) for s in args.seeds]
+        for m in metrics:
+            d = [METRICS[m](arm, a) - METRICS[m](ref, b) for a, b in pairs if a and b
+                 and METRICS[m](arm, a) is not None and METRICS[m](ref, b) is not None]
+            rows.append(f"| {arm} − {ref} | {m} | {paired_cell(d)} |")
+    return ["Paired differences by seed, final round, in points: mean [95 % CI] over the seeds both arms "
+            "finished (n); one seed: the difference alone.", "", "| arms | metric | Δ |", "|---|---|---|", *rows]
 
 
 HEADERS = {"webnlg": ["own category BLEU (mean of 10 clients)", "own category chrF", "seen BLEU", "seen chrF",
@@ -252,7 +313,7 @@ def render(args) -> Path:
             lines.append(f"| zero-shot (round 0 of fedit) | {' | '.join(cells)} | "
                          f"{_cell([r[0].get('loss') for r in zero], 3)} | 0 | {len(zero)}/{len(args.seeds)} | "
                          "as fedit |")
-        lines += ["", _standard_errors(task, finals), ""]
+        lines += ["", _standard_errors(task, finals), "", *_paired(args, task), ""]
     out = Path(args.results)
     out.write_text("\n".join(lines) + "\n")
     return out

@@ -125,6 +125,43 @@ def test_a_lora_family_row_reads_the_final_round_and_the_clients_mean(tmp_path):
     assert row["curve"] == [(0.9, 40), (0.7, 80)]  # upload after each round beside the accuracy reached
 
 
+def test_dolly_rows_read_the_grounded_categories_and_pair_the_arms_by_seed(tmp_path):
+    """Local-only's grounded ROUGE-L is the mean of the grounded categories' clients on their own entries (not of
+    every client); the paired differences pair each seed's final rounds, zero-shot being fedit's round 0."""
+    import json
+
+    from benchmarks.generation import GROUNDED, job_name, parse, render
+
+    from fedpeft.config import dump_config
+    from fedpeft.resolve import load_config
+
+    names = ["brainstorming", *GROUNDED, "creative_writing"]  # 6 clients, 4 of them grounded
+
+    def write(arm, seed, recs):
+        out = tmp_path / job_name("dolly", arm, seed)
+        out.mkdir()
+        (out / "config.yaml").write_text(dump_config(load_config(None, [])))
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r | {"bytes_up": 6, "num_ok": 6}) + "\n"
+                                                   for r in recs))
+        (out / "summary.json").write_text(json.dumps({"client_names": dict(enumerate(names))}))
+
+    def global_rec(rnd, score):
+        return {"round": rnd, "loss": 2.0, "generation": {"by_group": {g: {"rouge_l": score} for g in names}}}
+
+    for seed, (local, fed) in enumerate([(10.0, 30.0), (20.0, 34.0)]):
+        own = {str(c): {"rouge_l": 90.0 if n not in GROUNDED else local + c} for c, n in enumerate(names)}
+        write("local-only LoRA", seed, [{"round": 3, "local_generation": own, "local_loss": {"0": 2.0}}])
+        write("fedit (LoRA all-linear, FedAvg)", seed, [global_rec(0, 5.0), global_rec(3, fed)])
+    args = parse(["--runs-dir", str(tmp_path), "--results", str(tmp_path / "g.md"), "--notes",
+                  str(tmp_path / "none.md"), "--tasks", "dolly", "--seeds", "0", "1"])
+    table = render(args).read_text()
+    # clients 1-4 are grounded: seed 0 mean 10 + 2.5, seed 1 mean 20 + 2.5; closed_qa is client 1
+    assert "| local-only LoRA | 17.5 ± 7.1 | 16.0 ± 7.1 |" in table
+    assert "| fedit (LoRA all-linear, FedAvg) − local-only LoRA | grounded ROUGE-L | +14.5 [-23.6, +52.6] (n=2) |" in table
+    assert "| fedit (LoRA all-linear, FedAvg) − zero-shot | grounded ROUGE-L | +27.0 [+1.6, +52.4] (n=2) |" in table
+    assert "| fedit (LoRA all-linear, FedAvg) − centralised LoRA | grounded ROUGE-L | – |" in table
+
+
 def test_every_secagg_job_resolves_and_the_empty_table_renders(tmp_path):
     from benchmarks.secagg import MODES, job_name, overrides, parse, plan, render
 
