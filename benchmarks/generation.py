@@ -66,18 +66,34 @@ def plan(args) -> list[tuple[str, str, int]]:
             if t == "webnlg" or a in DOLLY_ARMS]
 
 
-def _load(out: Path) -> list[dict] | None:
+def _load(out: Path, categories: dict[str, str] | None = None) -> list[dict] | None:
     """The run's records when it finished, else None (an unfinished row is reported as such); every record gets
-    the clients' category names from summary.json (``client_names``), the last one the clients' own adapters'
-    scores on the unseen categories when they were measured (``local_unseen``, see ``score_local_unseen``)."""
+    the clients' category names from summary.json (``client_names``; a centralised run's one client: the
+    federation's training ``categories``), the last one the run's upload per client-round (summary.json) and the
+    clients' own adapters' scores on the unseen categories when they were measured (``local_unseen``, see
+    ``score_local_unseen``)."""
     if not (out / "summary.json").exists():
         return None
-    names = json.loads((out / "summary.json").read_text()).get("client_names") or {}
+    summary = json.loads((out / "summary.json").read_text())
+    names = summary.get("client_names") or categories or {}
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     recs = [r | {"client_names": names} for r in recs]
+    recs[-1]["bytes_up_per_client_round"] = summary.get("bytes_up_per_client_round")
     if (out / UNSEEN_FILE).exists():
         recs[-1]["local_unseen"] = json.loads((out / UNSEEN_FILE).read_text())
     return recs
+
+
+def _categories(args, task: str) -> dict[str, str]:
+    """The training categories by client (the by-column partition gives every federated arm and seed the same),
+    which a centralised run's "own category" columns average over."""
+    for arm in args.arms:
+        for seed in args.seeds:
+            summary = Path(args.runs_dir) / job_name(task, arm, seed) / "summary.json"
+            names = json.loads(summary.read_text()).get("client_names") if summary.exists() else None
+            if names:
+                return names
+    return {}
 
 
 UNSEEN_FILE = "local_unseen.json"
@@ -143,10 +159,10 @@ GROUNDED = ("closed_qa", "information_extraction", "summarization", "classificat
 WEBNLG_PARTS = [(p, k) for p in ("seen", "unseen") for k in ("bleu", "chrf", "rouge_l")]
 
 
-def _own(rec: dict, key: str) -> float | None:
-    """Mean over the clients of the score on their own category's test entries: local-only's own adapters
-    (``local_generation``), or the global adapter's per-category scores (``generation.by_group``)."""
-    if rec.get("local_generation"):
+def _own(rec: dict, key: str, personal: bool) -> float | None:
+    """Mean over the clients of the score on their own category's test entries: each client's own adapter
+    (``personal``: ``local_generation``), or the global adapter's per-category scores (``generation.by_group``)."""
+    if personal:
         return _local(rec, key)
     by = (rec.get("generation") or {}).get("by_group") or {}
     vals = [by[n][key] for n in rec.get("client_names", {}).values() if n in by and by[n].get(key) is not None]
@@ -163,7 +179,7 @@ def _part(arm: str, rec: dict, part: str, key: str) -> float | None:
 
 def _webnlg_rows(arm: str, done: list[list[dict]]) -> list[str]:
     last = [r[-1] for r in done]
-    own = [_cell([_own(r, k) for r in last]) for k in ("bleu", "chrf")]
+    own = [_cell([_own(r, k, arm.startswith("local-only")) for r in last]) for k in ("bleu", "chrf")]
     return own + [_cell([_part(arm, r, p, k) for r in last]) for p, k in WEBNLG_PARTS]
 
 
@@ -211,12 +227,12 @@ def _standard_errors(task: str, finals: list[dict]) -> str:
     if not cells:
         return "Bootstrap standard errors: no finished run yet."
     what = "all test entries" if task == "webnlg" else "all test entries (not only the grounded categories)"
-    return (f"Bootstrap standard error of one run's score on {what} ({len(finals)} finished federated runs, "
+    return (f"Bootstrap standard error of one run's score on {what} ({len(finals)} finished runs scored with a global adapter, "
             f"mean): {', '.join(cells)}.")
 
 
 ZERO_SHOT = "zero-shot"  # round 0 of the fedit run of the same seed
-METRICS = {"own-category BLEU": lambda arm, r: _own(r, "bleu"),
+METRICS = {"own-category BLEU": lambda arm, r: _own(r, "bleu", arm.startswith("local-only")),
            "seen BLEU": lambda arm, r: _part(arm, r, "seen", "bleu"),
            "unseen BLEU": lambda arm, r: _part(arm, r, "unseen", "bleu"),
            "grounded ROUGE-L": _grounded}
@@ -241,7 +257,8 @@ def _label(start: str) -> str:
 def _final(args, task: str, arm: str, seed: int) -> dict | None:
     """The record an arm is scored by in one seed: the final round (zero-shot: round 0 of fedit), None if
     unfinished."""
-    recs = _load(Path(args.runs_dir) / job_name(task, _label("fedit") if arm == ZERO_SHOT else arm, seed))
+    recs = _load(Path(args.runs_dir) / job_name(task, _label("fedit") if arm == ZERO_SHOT else arm, seed),
+                 _categories(args, task))
     if not recs:
         return None
     if arm == ZERO_SHOT:
@@ -279,7 +296,7 @@ def render(args) -> Path:
              f"{args.test_per_category} --bootstrap {args.bootstrap}` (resumable). Budget per run: {args.rounds} "
              f"rounds × {args.steps} local steps (batch {args.batch}) per client; train {args.train_per_category} "
              f"entries per category, test {args.test_per_category} per category; final round. Cells: mean ± std over "
-             "the finished seeds (n in the last column); BLEU/chrF/ROUGE-L on 0-100; test loss per response token. "
+             "the finished seeds (n in the \"seeds done\" column); BLEU/chrF/ROUGE-L on 0-100; test loss per response token. "
              "The test set "
              "is evaluated after the last round, and at round 0 in the fedit runs (the zero-shot row). WebNLG's \"own "
              "category\" columns average the clients' scores on their own category's 10 test entries (local-only: "
@@ -289,13 +306,13 @@ def render(args) -> Path:
              "checkpoint). Test loss: all test entries "
              "(local-only: the mean of the clients' losses on their own category).", ""]
     for task in args.tasks:
-        heads = HEADERS[task]
+        heads, categories = HEADERS[task], _categories(args, task)
         lines += [f"## {task}", "", f"| arm | {' | '.join(heads)} | test loss | bytes up / client-round | seeds done "
                   "| device |", "|" + "---|" * (len(heads) + 5)]
         zero: list[list[dict]] = []
         finals: list[dict] = []
         for arm in [a for a in args.arms if task == "webnlg" or a in DOLLY_ARMS]:
-            recs = [_load(Path(args.runs_dir) / job_name(task, arm, s)) for s in args.seeds]
+            recs = [_load(Path(args.runs_dir) / job_name(task, arm, s), categories) for s in args.seeds]
             done = [r for r in recs if r]
             if arm.startswith("fedit"):
                 zero = [[r[0]] for r in done if r[0]["round"] == 0]
@@ -303,7 +320,7 @@ def render(args) -> Path:
             cells = ROWS[task](arm, done)
             finals += [] if arm.startswith("local-only") else last
             loss = _cell([_local_loss(r) if arm.startswith("local-only") else r.get("loss") for r in last], 3)
-            up = _cell([r["bytes_up"] / max(r["num_ok"], 1) for r in last], 0)
+            up = _cell([r["bytes_up_per_client_round"] for r in last], 0)
             devices = sorted({_device(Path(args.runs_dir) / job_name(task, arm, s)) for s, r in zip(args.seeds, recs)
                               if r})
             lines.append(f"| {arm} | {' | '.join(cells)} | {loss} | {up} | {len(done)}/{len(args.seeds)} | "

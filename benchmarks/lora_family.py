@@ -238,16 +238,20 @@ def _generation_rows(args) -> list[str]:
             loaded = _records(out) if out.exists() else None
             if loaded:
                 recs, summary = loaded
-                if arm.startswith("zero-shot"):
+                if arm.startswith("zero-shot"):  # fedit's round 0, when it was evaluated
                     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][:1]
+                    recs = [r for r in recs if r["round"] == 0]
+                    if not recs:
+                        continue
                 done.append((recs[-1] | {"client_names": summary.get("client_names", {})}, summary))
         if not done:
             lines.append(f"| {arm} | 0/{len(args.seeds)} | – | – | – | – | – | – |")
             continue
         zero, personal = arm.startswith("zero-shot"), arm.startswith("local-only")
+        own_adapters = personal or arm.startswith("FedSA")  # the header's exceptions to the global adapter
         glob = [] if personal else done  # local-only's global adapter is never trained
         lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | "
-                     f"{mean_std([generation._own(r, 'bleu') for r, _ in done], 1)} | "
+                     f"{mean_std([generation._own(r, 'bleu', own_adapters) for r, _ in done], 1)} | "
                      f"{mean_std([bleu(r, 'seen') for r, _ in glob], 1)} | "
                      f"{mean_std([bleu(r, 'unseen') for r, _ in glob], 1)} | "
                      f"{mean_std([r.get('loss') for r, _ in glob], 1, 3)} | "

@@ -162,6 +162,36 @@ def test_dolly_rows_read_the_grounded_categories_and_pair_the_arms_by_seed(tmp_p
     assert "| fedit (LoRA all-linear, FedAvg) − centralised LoRA | grounded ROUGE-L | – |" in table
 
 
+def test_centralised_webnlg_own_categories_are_the_federations_training_categories(tmp_path):
+    """A centralised run has one client and no category names: its "own category" cells average the global
+    adapter's scores on the categories the federated runs' clients hold (not the unseen ones)."""
+    import json
+
+    from benchmarks.generation import job_name, parse, render
+
+    from fedpeft.config import dump_config
+    from fedpeft.resolve import load_config
+
+    scores = {"Airport": 10.0, "Astronaut": 20.0, "Athlete": 90.0}  # Athlete: unseen
+
+    def write(arm, names):
+        out = tmp_path / job_name("webnlg", arm, 0)
+        out.mkdir()
+        (out / "config.yaml").write_text(dump_config(load_config(None, [])))
+        rec = {"round": 3, "loss": 1.0, "generation": {"by_group": {g: {"bleu": s, "chrf": s} for g, s in
+                                                                     scores.items()}}}
+        (out / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+        (out / "summary.json").write_text(json.dumps({"bytes_up_per_client_round": 8.0} |
+                                                     ({"client_names": names} if names else {})))
+
+    write("fedit (LoRA all-linear, FedAvg)", {"0": "Airport", "1": "Astronaut"})
+    write("centralised LoRA", None)
+    args = parse(["--runs-dir", str(tmp_path), "--results", str(tmp_path / "g.md"), "--notes",
+                  str(tmp_path / "none.md"), "--tasks", "webnlg", "--seeds", "0"])
+    table = render(args).read_text()
+    assert "| centralised LoRA | 15.0 | 15.0 |" in table and "| fedit (LoRA all-linear, FedAvg) | 15.0 | 15.0 |" in table
+
+
 def test_every_secagg_job_resolves_and_the_empty_table_renders(tmp_path):
     from benchmarks.secagg import MODES, job_name, overrides, parse, plan, render
 
