@@ -58,7 +58,13 @@ def overrides(args, task: str, arm: str, seed: int) -> list[str]:
 
 
 def run_job(args, task: str, arm: str, seed: int) -> str:
-    return run_config(Path(args.runs_dir) / job_name(task, arm, seed), overrides(args, task, arm, seed))
+    """One run (skipped when finished); a finished WebNLG local-only run then gets its unseen scores, once."""
+    out = Path(args.runs_dir) / job_name(task, arm, seed)
+    done = run_config(out, overrides(args, task, arm, seed))
+    if (task == "webnlg" and arm.startswith("local-only") and (out / "summary.json").exists()
+            and not (out / UNSEEN_FILE).exists()):
+        done += f"; wrote {score_local_unseen(out)}"
+    return done
 
 
 def plan(args) -> list[tuple[str, str, int]]:
@@ -367,10 +373,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if not args.render_only:
         run_pool(run_job, [(args, *j) for j in plan(args)], args.workers)
-        for s in args.seeds if "webnlg" in args.tasks and "local-only LoRA" in args.arms else []:
-            out = Path(args.runs_dir) / job_name("webnlg", "local-only LoRA", s)
-            if (out / "summary.json").exists() and not (out / UNSEEN_FILE).exists():
-                print(f"wrote {score_local_unseen(out)}", flush=True)
     print(f"wrote {render(args)}")
 
 
