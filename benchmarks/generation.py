@@ -233,8 +233,8 @@ def _standard_errors(task: str, finals: list[dict]) -> str:
     if not cells:
         return "Bootstrap standard errors: no finished run yet."
     what = "all test entries" if task == "webnlg" else "all test entries (not only the grounded categories)"
-    return (f"Bootstrap standard error of one run's score on {what} ({len(finals)} finished runs scored with a global adapter, "
-            f"mean): {', '.join(cells)}.")
+    return (f"Bootstrap standard error of one run's score on {what} ({len(finals)} finished runs scored with a "
+            f"global adapter, mean): {', '.join(cells)}.")
 
 
 ZERO_SHOT = "zero-shot"  # round 0 of the fedit run of the same seed
@@ -260,29 +260,30 @@ def _label(start: str) -> str:
     return start if start == ZERO_SHOT else next(a for a in ARMS if a.startswith(start))
 
 
-def _final(args, task: str, arm: str, seed: int) -> dict | None:
-    """The record an arm is scored by in one seed: the final round (zero-shot: round 0 of fedit), None if
-    unfinished."""
-    recs = _load(Path(args.runs_dir) / job_name(task, _label("fedit") if arm == ZERO_SHOT else arm, seed),
-                 _categories(args, task))
-    if not recs:
-        return None
-    if arm == ZERO_SHOT:
-        return recs[0] if recs[0]["round"] == 0 else None
-    return recs[-1]
-
-
 def _paired(args, task: str) -> list[str]:
-    """The table of paired differences by seed that the results paragraph reads (``PAIRED``)."""
+    """The table of paired differences by seed that the results paragraph reads (``PAIRED``): each seed's final
+    rounds (zero-shot: round 0 of fedit), each run read once."""
+    categories, fedit = _categories(args, task), _label("fedit")
+    runs: dict[tuple[str, int], list[dict] | None] = {}
+
+    def scored(arm: str, seed: int) -> dict | None:
+        source = fedit if arm == ZERO_SHOT else arm
+        if (source, seed) not in runs:
+            runs[source, seed] = _load(Path(args.runs_dir) / job_name(task, source, seed), categories)
+        recs = runs[source, seed]
+        if not recs:
+            return None
+        return (recs[0] if recs[0]["round"] == 0 else None) if arm == ZERO_SHOT else recs[-1]
+
     rows = []
     for start, against, metrics in PAIRED[task]:
         arm, ref = _label(start), _label(against)
-        if any(a != ZERO_SHOT and a not in args.arms for a in (arm, ref, _label("fedit"))):
+        if any((fedit if a == ZERO_SHOT else a) not in args.arms for a in (arm, ref)):
             continue
-        pairs = [(_final(args, task, arm, s), _final(args, task, ref, s)) for s in args.seeds]
+        pairs = [(scored(arm, s), scored(ref, s)) for s in args.seeds]
         for m in metrics:
-            d = [METRICS[m](arm, a) - METRICS[m](ref, b) for a, b in pairs if a and b
-                 and METRICS[m](arm, a) is not None and METRICS[m](ref, b) is not None]
+            values = [(METRICS[m](arm, a), METRICS[m](ref, b)) for a, b in pairs if a and b]
+            d = [x - y for x, y in values if x is not None and y is not None]
             rows.append(f"| {arm} − {ref} | {m} | {paired_cell(d)} |")
     return ["Paired differences by seed, final round, in points: mean [95 % CI] over the seeds both arms "
             "finished (n); one seed: the difference alone.", "", "| arms | metric | Δ |", "|---|---|---|", *rows]
@@ -302,8 +303,8 @@ def render(args) -> Path:
              f"{args.test_per_category} --bootstrap {args.bootstrap}` (resumable). Budget per run: {args.rounds} "
              f"rounds × {args.steps} local steps (batch {args.batch}) per client; train {args.train_per_category} "
              f"entries per category, test {args.test_per_category} per category; final round. Cells: mean ± std over "
-             "the finished seeds (n in the \"seeds done\" column); BLEU/chrF/ROUGE-L on 0-100; test loss per response token. "
-             "The test set "
+             "the finished seeds (n in the \"seeds done\" column); BLEU/chrF/ROUGE-L on 0-100; test loss per "
+             "response token. The test set "
              "is evaluated after the last round, and at round 0 in the fedit runs (the zero-shot row). WebNLG's \"own "
              "category\" columns average the clients' scores on their own category's 10 test entries (local-only: "
              "each client's own adapter; the others: the global adapter); \"seen\"/\"unseen\" pool the test "

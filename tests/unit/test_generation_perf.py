@@ -32,6 +32,7 @@ def test_profile_names_the_ops_one_side_adds_to_a_step():
                     torch.mul(h, 2)
         return steps
 
-    diffs = profile_decoding({"plain": run(False), "more": run(True)}, new_tokens=2, device="cpu")["step_op_differences"]
+    prof = profile_decoding({"plain": run(False), "more": run(True)}, new_tokens=2, device="cpu")
+    diffs = prof["step_op_differences"]
     assert [(d["op"], d["args"], d["plain"], d["more"]) for d in diffs] == \
         [("aten.mul.Tensor", [["torch.float64", (3,), True]], 0, 1)]
