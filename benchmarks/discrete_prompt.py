@@ -16,14 +16,13 @@ client-round, the mean client training loss per round; final round only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
 from pathlib import Path
 
 from benchmarks.grids import load_grid
-from benchmarks.runner import mean_std, run_config, run_pool
+from benchmarks.runner import grid_parser, mean_std, parse_grid_args, run_config, run_grid, write_results
 
 GRID = load_grid("discrete_prompt")
 ARMS, SCALE = GRID["arms"], GRID["scale"]
@@ -174,10 +173,7 @@ def render(args) -> Path:
             lines.append(f"| {task} | {r['n']} | {r['majority'] * 100:.1f} | {r['none'] * 100:.1f} | "
                          f"{r['none_classes']} | {r['contextual'] * 100:.1f} | {r['contextual_classes']} |")
         lines.append("")
-    out = Path(args.results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return write_results(args.results, lines)
 
 
 def calibration(args) -> dict:
@@ -211,34 +207,21 @@ def calibration(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs-dir", default="runs/discrete_prompt")
-    p.add_argument("--results", default=str(Path(__file__).parent / "results" / "discrete_prompt.md"))
+    p = grid_parser("discrete_prompt", __doc__.splitlines()[0])
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--max-train", type=int, default=100, help="per domain (domains; SST-2 takes 500 for its 10 "
                                                                 "Dirichlet clients)")
     p.add_argument("--max-test", type=int, default=200)
     p.add_argument("--max-length", type=int, default=40)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--render-only", action="store_true")
     p.add_argument("--calibration", action="store_true", help="measure the SmolLM2 zero-shot table, then render")
-    p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "discrete_prompt_notes.md"),
-                   help="text (the reading) put under the setup paragraph")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
+    args = parse_grid_args(p, argv)
     if args.calibration:
         Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.runs_dir) / "calibration.json").write_text(json.dumps(calibration(args), indent=1))
-    elif not args.render_only:
-        jobs = [(st, arm, s) for st in args.settings for arm in args.arms for s in args.seeds]
-        run_pool(run_job, [(args, *j) for j in jobs], args.workers)
-    print(f"wrote {render(args)}")
+        args.render_only = True  # measured: now only render
+    run_grid(args, run_job, [(st, arm, s) for st in args.settings for arm in args.arms for s in args.seeds], render)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,15 @@ among all 20 three-layer subsets (the others reset).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 from benchmarks.grids import load_grid
-from benchmarks.runner import finished, mean_std, paired_cell, run_config, run_pool
+from benchmarks.runner import (finished, grid_parser, mean_std, paired_cell, parse_grid_args, run_config, run_grid,
+                               write_results)
 
 GRID = load_grid("fedpeptao")
 TOKENS, SCRIPT_LR, ARMS = GRID["tokens"], GRID["script_lr"], GRID["arms"]  # ARMS: group -> label -> overrides
@@ -285,39 +284,27 @@ def render(args) -> Path:
         lines.append("")
         if args.validity:
             lines += validity_section(args, task)
-    out = Path(args.results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return write_results(args.results, lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs-dir", default="runs/fedpeptao")
-    p.add_argument("--results", default=str(Path(__file__).parent / "results" / "fedpeptao.md"))
-    p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "fedpeptao_notes.md"))
+    p = grid_parser("fedpeptao", __doc__.splitlines()[0], seeds=(0, 1, 2, 3, 4))
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="groups of arms to run")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--validity-seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--max-train", type=int, default=600)
     p.add_argument("--every", type=int, default=10, help="evaluate every k rounds (and round 0, the last)")
     p.add_argument("--max-test", type=int, default=None, help="cap the test sets (smoke tests; default: SST-2's "
                    "whole dev set, 1,000 AG News)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--render-only", action="store_true")
     p.add_argument("--validity", action="store_true", help="compute the score-validity table (after the runs)")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
+    args = parse_grid_args(p, argv)
     args.arm_labels = [label for group in args.arms for label in ARMS[group]]
     if REFERENCE not in args.arm_labels:
         args.arm_labels.insert(0, REFERENCE)
-    if not args.render_only:  # seeds outermost: every finished seed pairs all arms
-        jobs = [(args, t, label, s) for s in args.seeds for t in args.tasks for label in args.arm_labels]
-        run_pool(run_job, jobs, args.workers)
-    print(f"wrote {render(args)}")
+    # seeds outermost: every finished seed pairs all arms
+    run_grid(args, run_job, [(t, label, s) for s in args.seeds for t in args.tasks for label in args.arm_labels],
+             render)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ final round only, mean ± std over seeds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
 from benchmarks.grids import load_grid
-from benchmarks.runner import mean_std, run_config, run_pool
+from benchmarks.runner import grid_parser, mean_std, parse_grid_args, run_config, run_grid, write_results
 
 GRID = load_grid("fedprompt_security")
 POISON = GRID["poison"]
@@ -153,35 +152,20 @@ def render(args) -> Path:
                         lines.append(f"| {label} | " + " | ".join(
                             f"{statistics.fmean(r[key][i] for r in done) * 100:.1f}" for i in range(n)) + " |")
             lines.append("")
-    out = Path(args.results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return write_results(args.results, lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs-dir", default="runs/fedprompt_security")
-    p.add_argument("--results", default=str(Path(__file__).parent / "results" / "fedprompt_security.md"))
-    p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "fedprompt_security_notes.md"))
+    p = grid_parser("fedprompt_security", __doc__.splitlines()[0])
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--partitions", nargs="+", default=list(PARTITIONS), choices=list(PARTITIONS))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--max-train", type=int, default=1000)
     p.add_argument("--max-test", type=int, default=500)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--render-only", action="store_true")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
-    if not args.render_only:
-        jobs = [(args, t, part, arm, s) for t in args.tasks for part in args.partitions
-                for arm in arms_for(t, part) for s in args.seeds]
-        run_pool(run_job, jobs, args.workers)
-    print(f"wrote {render(args)}")
+    args = parse_grid_args(p, argv)
+    jobs = [(t, part, arm, s) for t in args.tasks for part in args.partitions for arm in arms_for(t, part)
+            for s in args.seeds]
+    run_grid(args, run_job, jobs, render)
 
 
 if __name__ == "__main__":

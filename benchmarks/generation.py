@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.grids import load_grid
-from benchmarks.runner import paired_cell, run_config, run_pool
+from benchmarks.runner import grid_parser, paired_cell, parse_grid_args, run_config, run_grid, write_results
 
 GRID = load_grid("generation")
 ARMS = GRID["arms"]
@@ -338,19 +338,13 @@ def render(args) -> Path:
                          f"{_cell([r[0].get('loss') for r in zero], 3)} | 0 | {len(zero)}/{len(args.seeds)} | "
                          "as fedit |")
         lines += ["", _standard_errors(task, finals), "", *_paired(args, task), ""]
-    out = Path(args.results)
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return write_results(args.results, lines)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs-dir", default="runs/generation")
-    p.add_argument("--results", default=str(Path(__file__).parent / "results" / "generation.md"))
-    p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "generation_notes.md"))
+    p = grid_parser("generation", __doc__.split("\n\n")[0], threads=2, workers=1)
     p.add_argument("--tasks", nargs="+", default=["webnlg", "dolly"], choices=list(TASKS))
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=5, help="local steps per client and round")
     p.add_argument("--batch", type=int, default=4)
@@ -359,12 +353,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-response", type=int, default=64)
     p.add_argument("--bootstrap", type=int, default=200)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--workers", type=int, default=1)
     p.add_argument("--paper-scale", action="store_true", help="the full grid: 20 rounds, 500 entries per category, "
                                                              "all test entries (a GPU machine)")
-    p.add_argument("--render-only", action="store_true")
-    args = p.parse_args(argv)
+    args = parse_grid_args(p, argv)
     if args.paper_scale:
         args.rounds, args.steps, args.batch, args.train_per_category, args.test_per_category = 20, 10, 8, 500, 100000
     return args
@@ -372,9 +363,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if not args.render_only:
-        run_pool(run_job, [(args, *j) for j in plan(args)], args.workers)
-    print(f"wrote {render(args)}")
+    run_grid(args, run_job, plan(args), render)
 
 
 if __name__ == "__main__":

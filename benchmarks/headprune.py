@@ -17,7 +17,6 @@ Every run is a fedpeft run directory under --runs-dir; finished runs are skipped
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 
 from benchmarks.grids import load_grid
-from benchmarks.runner import mean_std, run_config, run_pool
+from benchmarks.runner import grid_parser, mean_std, parse_grid_args, run_config, run_grid, write_results
 
 GRID = load_grid("headprune")
 ARMS = GRID["arms"]
@@ -166,22 +165,14 @@ def render(args) -> Path:
                   "| masked: pruned heads computed, output zeroed | physically pruned: not computed | ratio |",
                   "|---|---|---|", f"| {t['masked'] * 1000:.1f} ms/step | {t['pruned'] * 1000:.1f} ms/step | "
                   f"{t['masked'] / t['pruned']:.2f}× |", ""]
-    out = Path(args.results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return write_results(args.results, lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs-dir", default="runs/headprune")
-    p.add_argument("--results", default=str(Path(__file__).parent / "results" / "headprune.md"))
+    p = grid_parser("headprune", __doc__.split("\n\n")[0])
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--partitions", nargs="+", default=list(PARTITIONS), choices=list(PARTITIONS))
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--per-round", type=int, default=5)
     p.add_argument("--rounds", type=int, default=20)
@@ -190,22 +181,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--render-only", action="store_true")
     p.add_argument("--step-time", action="store_true", help="measure masked vs physically pruned step time, then render")
     p.add_argument("--step-reps", type=int, default=5)
-    p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "headprune_notes.md"),
-                   help="text (where it ran, the reading) put under the setup paragraph")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
+    args = parse_grid_args(p, argv)
     if args.step_time:
         Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.runs_dir) / "step_time.json").write_text(json.dumps(step_time(args), indent=1))
-    elif not args.render_only:
-        jobs = [(t, part, arm, s) for s in args.seeds for t in args.tasks for part in args.partitions for arm in args.arms]
-        run_pool(run_job, [(args, *j) for j in jobs], args.workers)
-    print(f"wrote {render(args)}")
+        args.render_only = True  # measured: now only render
+    jobs = [(t, part, arm, s) for s in args.seeds for t in args.tasks for part in args.partitions for arm in args.arms]
+    run_grid(args, run_job, jobs, render)
 
 
 if __name__ == "__main__":

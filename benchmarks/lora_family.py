@@ -32,11 +32,11 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 from benchmarks.grids import load_grid
-from benchmarks.runner import mean_std, paired_cell, run_config, run_pool
+from benchmarks.runner import (grid_parser, mean_std, paired_cell, parse_grid_args, run_config, run_grid,
+                               write_results)
 
 GRID = load_grid("lora_family")
 TIERS, FAMILY, OWN_LR, HEADPRUNE = GRID["tiers"], GRID["family"], GRID["own_lr"], GRID["headprune"]
@@ -207,10 +207,7 @@ def render(args) -> Path:
         lines.append("")
     if "generation" in args.parts:
         lines += _generation_rows(args)
-    out = Path(args.results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return write_results(args.results, lines)
 
 
 def _generation_rows(args) -> list[str]:
@@ -261,18 +258,14 @@ def _generation_rows(args) -> list[str]:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs-dir", default="runs/lora_family")
+    p = grid_parser("lora_family", __doc__.split("\n\n")[0])
     p.add_argument("--generation-runs", default="runs/generation", help="the generation benchmark's runs (fedit, "
                                                                         "zero-shot and local-only rows)")
-    p.add_argument("--results", default=str(Path(__file__).parent / "results" / "lora_family.md"))
-    p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "lora_family_notes.md"))
     p.add_argument("--parts", nargs="+", default=["family", "headprune", "generation"],
                    choices=["family", "headprune", "generation"])
     p.add_argument("--family-tasks", nargs="+", default=["agnews", "20ng"], choices=list(TASKS))
     p.add_argument("--family-partitions", nargs="+", default=["dir0.5"], choices=list(PARTITIONS))
     p.add_argument("--headprune-tasks", nargs="+", default=["mnli", "20ng"], choices=list(TASKS))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--per-round", type=int, default=10)
     p.add_argument("--rounds", type=int, default=20)
@@ -282,14 +275,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--workers", type=int, default=2)
     p.add_argument("--full", action="store_true", help="the full grid: the family on MNLI, AG News and 20 "
                                                        "Newsgroups, IID and Dirichlet 0.5, 40 rounds, 6000 "
                                                        "training examples (a GPU machine)")
-    p.add_argument("--render-only", action="store_true")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
+    args = parse_grid_args(p, argv)
     if args.full:
         args.family_tasks, args.family_partitions, args.rounds, args.max_train = list(TASKS), list(PARTITIONS), 40, 6000
     return args
@@ -297,9 +286,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if not args.render_only:
-        run_pool(run_job, [(args, *j) for j in plan(args)], args.workers)
-    print(f"wrote {render(args)}")
+    run_grid(args, run_job, plan(args), render)
 
 
 if __name__ == "__main__":

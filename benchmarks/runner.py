@@ -1,12 +1,55 @@
-"""What the resumable benchmark scripts share: running their jobs in a process pool, reusing only finished runs of
-the same config, mean ± std cells and paired 95 % t-intervals."""
+"""What the resumable benchmark scripts share: their common options, running their jobs in a process pool, reusing
+only finished runs of the same config, mean ± std cells, paired 95 % t-intervals and writing the results file."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
+import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def grid_parser(name: str, doc: str, *, seeds: tuple[int, ...] = (0, 1, 2), threads: int = 1,
+                workers: int = 2) -> argparse.ArgumentParser:
+    """The options every grid benchmark has (runs in ``runs/NAME``, results in ``results/NAME.md`` with the text of
+    ``results/NAME_notes.md`` under the setup); the script adds its own."""
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument("--runs-dir", default=f"runs/{name}")
+    p.add_argument("--results", default=str(RESULTS / f"{name}.md"))
+    p.add_argument("--notes", default=str(RESULTS / f"{name}_notes.md"),
+                   help="text (where it ran, the reading) put under the setup paragraph")
+    p.add_argument("--seeds", nargs="+", type=int, default=list(seeds))
+    p.add_argument("--threads", type=int, default=threads, help="torch threads per run")
+    p.add_argument("--workers", type=int, default=workers, help="runs at once, one process each")
+    p.add_argument("--render-only", action="store_true", help="rewrite the results file from the finished runs")
+    return p
+
+
+def parse_grid_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed options, with ``argv`` kept for the results file's "Rendered with" line."""
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    return args
+
+
+def run_grid(args, job: Callable[..., str], jobs: list[tuple], render: Callable[..., Path]) -> None:
+    """Run the jobs ``job(args, *j)`` not finished yet (unless ``--render-only``), then rewrite the results file."""
+    if not args.render_only:
+        run_pool(job, [(args, *j) for j in jobs], args.workers)
+    print(f"wrote {render(args)}")
+
+
+def write_results(path, lines: list[str]) -> Path:
+    """The results file, its folder made if needed."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
 
 
 def run_pool(job: Callable[..., str], jobs: list[tuple], workers: int) -> None:
@@ -61,8 +104,6 @@ def finished(out, overrides: list[str]) -> bool:
     """Whether run directory ``out`` holds a finished run of the config the overrides give, on any device and
     thread count (a grid's GPU rows and CPU rows side by side); a finished run of another config (other rounds,
     budget, ...) is an error naming the directory, never silently reused."""
-    from pathlib import Path
-
     from fedpeft.resolve import load_config
     from fedpeft.runtime.session import config_changes
 
@@ -79,7 +120,6 @@ def run_config(out, overrides: list[str]) -> str:
     """One fedpeft run in directory ``out`` from ``--set``-style overrides: skipped when finished (with the same
     config), resumed when interrupted; returns a line for the log."""
     import time
-    from pathlib import Path
 
     from fedpeft.resolve import load_config
     from fedpeft.runtime.embedded import run_embedded

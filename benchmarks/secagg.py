@@ -25,11 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 from benchmarks.grids import load_grid
-from benchmarks.runner import mean_std, paired_cell, run_config, run_pool
+from benchmarks.runner import grid_parser, mean_std, paired_cell, parse_grid_args, run_config, run_grid, write_results
 
 GRID = load_grid("secagg")
 METHODS, SECURE, MODES = GRID["methods"], GRID["secure"], GRID["modes"]
@@ -118,36 +117,23 @@ def render(args) -> Path:
                     f"{mean('up') / 1e3:.1f} | {mean('down') / 1e3:.1f} | {mean('wall'):.1f} | "
                     f"{completed} |")
         lines.append("")
-    out = Path(args.results)
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return write_results(args.results, lines)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs-dir", default="runs/secagg")
-    p.add_argument("--results", default=str(Path(__file__).parent / "results" / "secagg.md"))
-    p.add_argument("--notes", default=str(Path(__file__).parent / "results" / "secagg_notes.md"))
+    p = grid_parser("secagg", __doc__.split("\n\n")[0], workers=1)
     p.add_argument("--clients", nargs="+", type=int, default=[10, 100])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=3, help="local steps per client-round with 10 clients or fewer")
     p.add_argument("--steps-many", type=int, default=1, help="local steps per client-round with more clients")
     p.add_argument("--max-train", type=int, default=4000)
     p.add_argument("--max-test", type=int, default=872)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--render-only", action="store_true")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
-    return args
+    return parse_grid_args(p, argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if not args.render_only:
-        run_pool(run_job, [(args, *j) for j in plan(args)], args.workers)
-    print(f"wrote {render(args)}")
+    run_grid(args, run_job, plan(args), render)
 
 
 if __name__ == "__main__":
