@@ -38,6 +38,8 @@ torch.cuda.is_available(), 'transformers', transformers.__version__, 'peft', pef
 BACKBONES.get('smollm2')()"  # dequantized once, before the workers
   echo "setup took $(( $(date +%s) - T0 )) s"; } > $OUT/env.log 2>&1
 cat $OUT/env.log
+# the runs finished before, on any machine (the committed archives travel with the working tree), are not run again
+python3 -m benchmarks.device.merge benchmarks/results/lora_family_runs.tgz benchmarks/results/generation_runs.tgz
 if [ "${PERF:-0}" = 1 ]; then  # alone on the GPU: the generation speed ratios and where decoding's time goes
   timeout $(( END - $(date +%s) - 60 > 300 ? 300 : END - $(date +%s) - 60 )) python3 -m benchmarks.generation_perf --device cuda --steps 10 --batch 8 --length 256 --new-tokens 64 \
     --profile-decoding --out $OUT/generation_perf_gpu.json > $OUT/generation_perf.log 2>&1
