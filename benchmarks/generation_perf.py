@@ -78,7 +78,9 @@ def hf_decoding(model, prompts: Encoded, pad_id: int, device: str, dtype):
 def decoding_ratio(ours, theirs, reference: str, new_tokens: int, device: str, repeats: int = 3) -> dict:
     """Median seconds of each side over ``repeats`` alternating calls (after a 4-token warm-up of each), their
     ratio, and how many rows got the same tokens. Alternating keeps a shared machine's drift off the ratio (one
-    call each once gave 1.6x for the deep prompt, alternating calls 1.0x)."""
+    call each once gave 1.6x for the deep prompt, alternating calls 1.0x). Every call's time is kept, in order: the
+    first full-length call meets key lengths the warm-up did not, so a per-shape cost on the GPU (cuDNN attention
+    builds a plan per new shape) shows as a slow first call of whichever side goes first."""
     times: dict[str, list[float]] = {"ours": [], "theirs": []}
     tokens = {}
     for run in (ours, theirs):
@@ -93,7 +95,7 @@ def decoding_ratio(ours, theirs, reference: str, new_tokens: int, device: str, r
     ours_s, theirs_s = statistics.median(times["ours"]), statistics.median(times["theirs"])
     same = sum(x == y for x, y in zip(tokens["theirs"], tokens["ours"]))
     return {"fedpeft": ours_s, reference: theirs_s, "ratio": ours_s / theirs_s, "prompts": len(tokens["ours"]),
-            "new_tokens": new_tokens, "repeats": repeats, "rows_with_same_tokens": same}
+            "new_tokens": new_tokens, "repeats": repeats, "rows_with_same_tokens": same, "calls_s": times}
 
 
 
