@@ -300,6 +300,13 @@ def main() -> None:
                                         a.new_tokens, a.device),
            "generate_prompts_s": {name: prompt_decoding(name, prompt_bb, a.device, a.length, a.new_tokens, autocast,
                                                         task) for name in PROMPT_ADAPTERS}}
+    if a.device.startswith("cuda"):  # the same, with cuDNN attention (a plan built per new shape) out of the choice
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            out["generate_s_without_cudnn_attention"] = decoding_ratio(
+                fedpeft_decoding(lm, trained, prompts), hf_decoding(merged, prompts, lm.pad_id, a.device, dtype),
+                "hf_merged", a.new_tokens, a.device)
     if a.profile_decoding:
         out["decoding_profile"] = profile_decoding(
             {"fedpeft": fedpeft_decoding(lm, trained, prompts),
