@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -194,14 +195,53 @@ def _mean_over_clients(scores: dict | None, key: str) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def _category(arm: str, rec: dict, category: str) -> float | None:
-    """ROUGE-L on one Dolly category's test entries: the global adapter's, or (local-only) that category's client's
-    own adapter's."""
+def _category(arm: str, rec: dict, category: str, key: str = "rouge_l") -> float | None:
+    """A score on one Dolly category's test entries (``key``: a generation metric, or ``loss`` per response token):
+    the global adapter's, or (local-only) that category's client's own adapter's."""
     if arm.startswith("local-only"):
         ids = [c for c, name in rec.get("client_names", {}).items() if name == category]
-        scores = (rec.get("local_generation") or {}).get(ids[0], {}) if ids else {}
-        return scores.get("rouge_l")
-    return ((rec.get("generation") or {}).get("by_group") or {}).get(category, {}).get("rouge_l")
+        if not ids:
+            return None
+        if key == "loss":
+            return (rec.get("local_loss") or {}).get(ids[0])
+        return (rec.get("local_generation") or {}).get(ids[0], {}).get(key)
+    by = (rec.get("by_group") or {}) if key == "loss" else ((rec.get("generation") or {}).get("by_group") or {})
+    return by.get(category, {}).get(key)
+
+
+def _own_loss(arm: str, rec: dict) -> float | None:
+    """The mean over the clients' categories of the test loss on that category's entries (``_category``)."""
+    vals = [v for v in (_category(arm, rec, c, "loss") for c in rec.get("client_names", {}).values())
+            if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def _loss_table(args, categories: dict[str, str]) -> list[str]:
+    """Dolly's test loss per response token on each category's test entries, with its perplexity e^loss: the global
+    adapter's (zero-shot: fedit's round 0), local-only each category's client's own adapter's."""
+    names = list(categories.values())
+    if not names:
+        return []
+    lines = ["Test loss per response token on each category's test entries (mean ± std over the finished seeds; "
+             "perplexity e^loss of the mean in brackets); local-only: each category's client's own adapter.", "",
+             f"| arm | {' | '.join(names)} | mean of {len(names)} |", "|" + "---|" * (len(names) + 2)]
+
+    def cell(xs: list[float | None]) -> str:
+        xs = [x for x in xs if x is not None]
+        return f"{_cell(xs, 2)} ({math.exp(statistics.fmean(xs)):.1f})" if xs else "–"
+
+    fedit = _label("fedit")
+    for arm in [a for a in args.arms if a in DOLLY_ARMS] + [ZERO_SHOT]:
+        recs = [_load(Path(args.runs_dir) / job_name("dolly", fedit if arm == ZERO_SHOT else arm, s), categories)
+                for s in args.seeds]
+        if arm == ZERO_SHOT:
+            recs = [r[0] for r in recs if r and r[0]["round"] == 0]
+        else:
+            recs = [r[-1] for r in recs if r]
+        label = "zero-shot (round 0 of fedit)" if arm == ZERO_SHOT else arm
+        lines.append(f"| {label} | {' | '.join(cell([_category(arm, r, c, 'loss') for r in recs]) for c in names)}"
+                     f" | {cell([_own_loss(arm, r) for r in recs])} |")
+    return lines + [""]
 
 
 def _grounded(arm: str, rec: dict) -> float | None:
@@ -238,10 +278,19 @@ def _standard_errors(task: str, finals: list[dict]) -> str:
 
 
 ZERO_SHOT = "zero-shot"  # round 0 of the fedit run of the same seed
+
+
+def _scaled(loss: float | None) -> float | None:
+    """A loss in hundredths of a nat, so that the paired table's one decimal reads it to 0.001."""
+    return None if loss is None else 100 * loss
+
+
+LOSS = "test loss, mean of the categories (×100)"
 METRICS = {"own-category BLEU": lambda arm, r: _own(r, "bleu", arm.startswith("local-only")),
            "seen BLEU": lambda arm, r: _part(arm, r, "seen", "bleu"),
            "unseen BLEU": lambda arm, r: _part(arm, r, "unseen", "bleu"),
-           "grounded ROUGE-L": _grounded}
+           "grounded ROUGE-L": _grounded,
+           LOSS: lambda arm, r: _scaled(_own_loss(arm, r))}
 # the questions of the results paragraph, as (arm, against, metrics): arms named by the start of their label
 PAIRED = {"webnlg": [("fedit", "local-only", ("own-category BLEU", "unseen BLEU")),
                      ("fedit", "centralised", ("seen BLEU", "unseen BLEU")),
@@ -250,10 +299,10 @@ PAIRED = {"webnlg": [("fedit", "local-only", ("own-category BLEU", "unseen BLEU"
                      ("soft prompt", "fedit", ("seen BLEU", "unseen BLEU")),
                      ("deep prompt", "fedit", ("seen BLEU", "unseen BLEU")),
                      ("head-pruned", "fedit", ("seen BLEU", "unseen BLEU"))],
-          "dolly": [("fedit", "local-only", ("grounded ROUGE-L",)),
-                    ("fedit", "centralised", ("grounded ROUGE-L",)),
-                    ("fedit", ZERO_SHOT, ("grounded ROUGE-L",)),
-                    ("local-only", ZERO_SHOT, ("grounded ROUGE-L",))]}
+          "dolly": [("fedit", "local-only", ("grounded ROUGE-L", LOSS)),
+                    ("fedit", "centralised", ("grounded ROUGE-L", LOSS)),
+                    ("fedit", ZERO_SHOT, ("grounded ROUGE-L", LOSS)),
+                    ("local-only", ZERO_SHOT, ("grounded ROUGE-L", LOSS))]}
 
 
 def _label(start: str) -> str:
@@ -311,7 +360,9 @@ def render(args) -> Path:
              "entries of the training categories / of the 5 categories no client holds (local-only: the mean over "
              "the clients of each own adapter's score on the unseen entries, decoded post hoc from the final "
              "checkpoint). Test loss: all test entries "
-             "(local-only: the mean of the clients' losses on their own category).", ""]
+             "(local-only: the mean of the clients' losses on their own category; a token-weighted mean for the others, so "
+             "the column does not compare local-only with them: Dolly's per-category table and the paired "
+             "differences do).", ""]
     for task in args.tasks:
         heads, categories = HEADERS[task], _categories(args, task)
         lines += [f"## {task}", "", f"| arm | {' | '.join(heads)} | test loss | bytes up / client-round | seeds done "
@@ -337,7 +388,8 @@ def render(args) -> Path:
             lines.append(f"| zero-shot (round 0 of fedit) | {' | '.join(cells)} | "
                          f"{_cell([r[0].get('loss') for r in zero], 3)} | 0 | {len(zero)}/{len(args.seeds)} | "
                          "as fedit |")
-        lines += ["", _standard_errors(task, finals), "", *_paired(args, task), ""]
+        lines += ["", _standard_errors(task, finals), "", *(_loss_table(args, categories) if task == "dolly" else []),
+                  *_paired(args, task), ""]
     return write_results(args.results, lines)
 
 

@@ -127,7 +127,8 @@ def test_a_lora_family_row_reads_the_final_round_and_the_clients_mean(tmp_path):
 
 def test_dolly_rows_read_the_grounded_categories_and_pair_the_arms_by_seed(tmp_path):
     """Local-only's grounded ROUGE-L is the mean of the grounded categories' clients on their own entries (not of
-    every client); the paired differences pair each seed's final rounds, zero-shot being fedit's round 0."""
+    every client), and so is its per-category test loss; the paired differences pair each seed's final rounds,
+    zero-shot being fedit's round 0."""
     import json
 
     from benchmarks.generation import GROUNDED, job_name, parse, render
@@ -146,11 +147,13 @@ def test_dolly_rows_read_the_grounded_categories_and_pair_the_arms_by_seed(tmp_p
         (out / "summary.json").write_text(json.dumps({"client_names": dict(enumerate(names))}))
 
     def global_rec(rnd, score):
-        return {"round": rnd, "loss": 2.0, "generation": {"by_group": {g: {"rouge_l": score} for g in names}}}
+        return {"round": rnd, "loss": 2.0, "generation": {"by_group": {g: {"rouge_l": score} for g in names}},
+                "by_group": {g: {"loss": 2.5 if rnd == 0 else 1.5} for g in names}}
 
     for seed, (local, fed) in enumerate([(10.0, 30.0), (20.0, 34.0)]):
         own = {str(c): {"rouge_l": 90.0 if n not in GROUNDED else local + c} for c, n in enumerate(names)}
-        write("local-only LoRA", seed, [{"round": 3, "local_generation": own, "local_loss": {"0": 2.0}}])
+        losses = {str(c): 2.0 + seed for c in range(len(names))}
+        write("local-only LoRA", seed, [{"round": 3, "local_generation": own, "local_loss": losses}])
         write("fedit (LoRA all-linear, FedAvg)", seed, [global_rec(0, 5.0), global_rec(3, fed)])
     args = parse(["--runs-dir", str(tmp_path), "--results", str(tmp_path / "g.md"), "--notes",
                   str(tmp_path / "none.md"), "--tasks", "dolly", "--seeds", "0", "1"])
@@ -161,6 +164,11 @@ def test_dolly_rows_read_the_grounded_categories_and_pair_the_arms_by_seed(tmp_p
     assert fedit + "local-only LoRA | grounded ROUGE-L | +14.5 [-23.6, +52.6] (n=2) |" in table
     assert fedit + "zero-shot | grounded ROUGE-L | +27.0 [+1.6, +52.4] (n=2) |" in table
     assert fedit + "centralised LoRA | grounded ROUGE-L | – |" in table
+    # per-category test loss: local-only each client's own adapter on its category (2.0, then 3.0), e^mean beside
+    assert "| local-only LoRA | " + " | ".join(["2.50 ± 0.71 (12.2)"] * 7) + " |" in table  # 6 clients, their mean
+    assert "| zero-shot (round 0 of fedit) | 2.50 ± 0.00 (12.2) | " in table
+    assert fedit + "local-only LoRA | test loss, mean of the categories (×100) | -100.0 [-735.3, +535.3] (n=2) |" in table
+    assert fedit + "zero-shot | test loss, mean of the categories (×100) | -100.0 [-100.0, -100.0] (n=2) |" in table
 
 
 def test_centralised_webnlg_own_categories_are_the_federations_training_categories(tmp_path):
