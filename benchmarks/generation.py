@@ -256,11 +256,6 @@ def _dolly_rows(arm: str, done: list[list[dict]]) -> list[str]:
                                                           for g in GROUNDED]
 
 
-def _local_loss(rec: dict) -> float | None:
-    vals = [v for v in (rec.get("local_loss") or {}).values() if v is not None]
-    return statistics.fmean(vals) if vals else None
-
-
 def _standard_errors(task: str, finals: list[dict]) -> str:
     """The bootstrap standard error of one run's score, averaged over the finished runs of the table."""
     keys = [(p, k) for p, k in WEBNLG_PARTS] if task == "webnlg" else [(None, "rouge_l")]
@@ -377,7 +372,7 @@ def render(args) -> Path:
             last = [r[-1] for r in done]
             cells = ROWS[task](arm, done)
             finals += [] if arm.startswith("local-only") else last
-            loss = _cell([_local_loss(r) if arm.startswith("local-only") else r.get("loss") for r in last], 3)
+            loss = _cell([_own_loss(arm, r) if arm.startswith("local-only") else r.get("loss") for r in last], 3)
             up = _cell([r["bytes_up_per_client_round"] for r in last], 0)
             devices = sorted({_device(Path(args.runs_dir) / job_name(task, arm, s)) for s, r in zip(args.seeds, recs)
                               if r})
