@@ -280,16 +280,16 @@ def _scaled(loss: float | None) -> float | None:
     return None if loss is None else 100 * loss
 
 
-LOSS = "test loss, mean of the categories (×100)"
+LOSS = "test loss, mean over the clients' categories (×100)"
 METRICS = {"own-category BLEU": lambda arm, r: _own(r, "bleu", arm.startswith("local-only")),
            "seen BLEU": lambda arm, r: _part(arm, r, "seen", "bleu"),
            "unseen BLEU": lambda arm, r: _part(arm, r, "unseen", "bleu"),
            "grounded ROUGE-L": _grounded,
            LOSS: lambda arm, r: _scaled(_own_loss(arm, r))}
 # the questions of the results paragraph, as (arm, against, metrics): arms named by the start of their label
-PAIRED = {"webnlg": [("fedit", "local-only", ("own-category BLEU", "unseen BLEU")),
-                     ("fedit", "centralised", ("seen BLEU", "unseen BLEU")),
-                     ("fedit", ZERO_SHOT, ("seen BLEU", "unseen BLEU")),
+PAIRED = {"webnlg": [("fedit", "local-only", ("own-category BLEU", "unseen BLEU", LOSS)),
+                     ("fedit", "centralised", ("seen BLEU", "unseen BLEU", LOSS)),
+                     ("fedit", ZERO_SHOT, ("seen BLEU", "unseen BLEU", LOSS)),
                      ("local-only", ZERO_SHOT, ("own-category BLEU", "unseen BLEU")),
                      ("soft prompt", "fedit", ("seen BLEU", "unseen BLEU")),
                      ("deep prompt", "fedit", ("seen BLEU", "unseen BLEU")),
@@ -354,10 +354,9 @@ def render(args) -> Path:
              "each client's own adapter; the others: the global adapter); \"seen\"/\"unseen\" pool the test "
              "entries of the training categories / of the 5 categories no client holds (local-only: the mean over "
              "the clients of each own adapter's score on the unseen entries, decoded post hoc from the final "
-             "checkpoint). Test loss: all test entries "
-             "(local-only: the mean of the clients' losses on their own category; a token-weighted mean for the others, so "
-             "the column does not compare local-only with them: Dolly's per-category table and the paired "
-             "differences do).", ""]
+             "checkpoint). Test loss: all test entries, a token-weighted mean (local-only: the mean of the "
+             "clients' losses on their own category, so the column does not compare local-only with the others: "
+             "Dolly's per-category table and the paired differences do).", ""]
     for task in args.tasks:
         heads, categories = HEADERS[task], _categories(args, task)
         lines += [f"## {task}", "", f"| arm | {' | '.join(heads)} | test loss | bytes up / client-round | seeds done "

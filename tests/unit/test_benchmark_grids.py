@@ -167,8 +167,9 @@ def test_dolly_rows_read_the_grounded_categories_and_pair_the_arms_by_seed(tmp_p
     # per-category test loss: local-only each client's own adapter on its category (2.0, then 3.0), e^mean beside
     assert "| local-only LoRA | " + " | ".join(["2.50 ± 0.71 (12.2)"] * 7) + " |" in table  # 6 clients, their mean
     assert "| zero-shot (round 0 of fedit) | 2.50 ± 0.00 (12.2) | " in table
-    assert fedit + "local-only LoRA | test loss, mean of the categories (×100) | -100.0 [-735.3, +535.3] (n=2) |" in table
-    assert fedit + "zero-shot | test loss, mean of the categories (×100) | -100.0 [-100.0, -100.0] (n=2) |" in table
+    loss = " | test loss, mean over the clients' categories (×100) | "
+    assert fedit + "local-only LoRA" + loss + "-100.0 [-735.3, +535.3] (n=2) |" in table
+    assert fedit + "zero-shot" + loss + "-100.0 [-100.0, -100.0] (n=2) |" in table
 
 
 def test_centralised_webnlg_own_categories_are_the_federations_training_categories(tmp_path):
