@@ -196,8 +196,8 @@ def _mean_over_clients(scores: dict | None, key: str) -> float | None:
 
 
 def _category(arm: str, rec: dict, category: str, key: str = "rouge_l") -> float | None:
-    """A score on one Dolly category's test entries (``key``: a generation metric, or ``loss`` per response token):
-    the global adapter's, or (local-only) that category's client's own adapter's."""
+    """A score on one category's test entries (``key``: a generation metric, or ``loss`` per response token): the
+    global adapter's, or (local-only) that category's client's own adapter's."""
     if arm.startswith("local-only"):
         ids = [c for c, name in rec.get("client_names", {}).items() if name == category]
         if not ids:
