@@ -152,7 +152,7 @@ def test_dolly_rows_read_the_grounded_categories_and_pair_the_arms_by_seed(tmp_p
 
     for seed, (local, fed) in enumerate([(10.0, 30.0), (20.0, 34.0)]):
         own = {str(c): {"rouge_l": 90.0 if n not in GROUNDED else local + c} for c, n in enumerate(names)}
-        losses = {str(c): 2.0 + seed for c in range(len(names))}
+        losses = {str(c): 2.0 + seed + c / 10 for c in range(len(names))}  # each client its own loss
         write("local-only LoRA", seed, [{"round": 3, "local_generation": own, "local_loss": losses}])
         write("fedit (LoRA all-linear, FedAvg)", seed, [global_rec(0, 5.0), global_rec(3, fed)])
     args = parse(["--runs-dir", str(tmp_path), "--results", str(tmp_path / "g.md"), "--notes",
@@ -164,11 +164,14 @@ def test_dolly_rows_read_the_grounded_categories_and_pair_the_arms_by_seed(tmp_p
     assert fedit + "local-only LoRA | grounded ROUGE-L | +14.5 [-23.6, +52.6] (n=2) |" in table
     assert fedit + "zero-shot | grounded ROUGE-L | +27.0 [+1.6, +52.4] (n=2) |" in table
     assert fedit + "centralised LoRA | grounded ROUGE-L | – |" in table
-    # per-category test loss: local-only each client's own adapter on its category (2.0, then 3.0), e^mean beside
-    assert "| local-only LoRA | " + " | ".join(["2.50 ± 0.71 (12.2)"] * 7) + " |" in table  # 6 clients, their mean
+    # per-category test loss: local-only each category's client's own adapter (client c: 2.0 + c/10, then 3.0 +
+    # c/10), e^mean beside; the last column is the mean of the 6 categories
+    row = next(line for line in table.splitlines() if line.startswith("| local-only LoRA | 2."))
+    assert row.startswith("| local-only LoRA | 2.50 ± 0.71 (12.2) | 2.60 ± 0.71 (13.5) | ")
+    assert row.endswith(" | 3.00 ± 0.71 (20.1) | 2.75 ± 0.71 (15.6) |")
     assert "| zero-shot (round 0 of fedit) | 2.50 ± 0.00 (12.2) | " in table
     loss = " | test loss, mean over the clients' categories (×100) | "
-    assert fedit + "local-only LoRA" + loss + "-100.0 [-735.3, +535.3] (n=2) |" in table
+    assert fedit + "local-only LoRA" + loss + "-125.0 [-760.3, +510.3] (n=2) |" in table
     assert fedit + "zero-shot" + loss + "-100.0 [-100.0, -100.0] (n=2) |" in table
 
 
