@@ -375,7 +375,9 @@ class RuntimeConfig(_Strict):
                                                   "one sequence without pad tokens, position ids restarting at each "
                                                   "row and each row attending to itself alone (TRL's padding_free); "
                                                   "the same losses up to float rounding, no compute spent on "
-                                                  "padding; adapters that insert no rows (lora, full)")
+                                                  "padding; adapters that insert no rows (lora, full); faster "
+                                                  "on the CPU, slower on a GPU at small batches (one attention "
+                                                  "call per row)")
     progress: bool = Field(True, description="show progress bars and per-round log lines")
     checkpoint_every: int = Field(1, ge=1, description="save a resumable checkpoint every k rounds (and after the "
                                                        "last)")
