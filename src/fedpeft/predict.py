@@ -136,21 +136,12 @@ def open_model(run_dir: str | Path, client: int | str | None = None, best: bool 
         exp = build_experiment(cfg)
     else:
         exp = build_experiment(cfg, TaskOnly.from_record(record))
-        _check_backbone(exp.backbone, record["backbone"])
+        exp.backbone.check_recorded(record["backbone"])
     method = build(cfg, exp).method
     names = exp.client_names()
     cid = client_id(client, names, exp.num_clients)
     return TrainedModel(run.root, cfg, method, adapter_params(method, server, client_states, cid), round, best, cid,
                         names)
-
-
-def _check_backbone(backbone: Any, saved: dict[str, Any]) -> None:
-    """ValueError when the backbone loaded now is not the one whose weights the run trained on."""
-    if backbone.fingerprint() != saved["sha256"]:
-        raise ValueError(f"model.name: the backbone '{saved['name']}' loaded now (weights sha256 "
-                         f"{backbone.fingerprint()[:12]}…) is not the one the run trained with (sha256 "
-                         f"{saved['sha256'][:12]}…, from {saved.get('source') or saved['name']}); its adapter only "
-                         "applies to those weights")
 
 
 def client_id(client: int | str | None, names: list[str] | None, num_clients: int) -> int | None:

@@ -1,7 +1,7 @@
 """A run directory is a thing you can keep, move and hand on (issue 35): it holds what using its model needs
-(``model.json``), predict/export never read the training data, ``--resume`` refuses other data, other configs and
-directories that hold no run, a finished run can be extended, and ``evaluation.keep_best`` keeps the best
-validation round."""
+(``model.json``), predict/export never read the training data, ``--resume`` refuses other data, other backbone
+weights, other configs and directories that hold no run, a finished run can be extended, and
+``evaluation.keep_best`` keeps the best validation round."""
 
 from __future__ import annotations
 
@@ -112,6 +112,20 @@ def test_a_backbone_with_other_weights_is_refused(csv_run):
     (run_dir / "model.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="model.name: the backbone 'tiny-bert' loaded now .* is not the one the run"):
         open_model(run_dir)
+
+
+def test_resume_refuses_a_backbone_with_other_weights(csv_run):
+    _, run_dir = csv_run
+    record = json.loads((run_dir / "model.json").read_text())
+    record["backbone"]["sha256"] = "0" * 64
+    (run_dir / "model.json").write_text(json.dumps(record))
+    res = runner.invoke(app, ["run", "--resume", str(run_dir), "--set", "federation.rounds=3"])
+    assert res.exit_code == 2
+    assert "model.name: the backbone 'tiny-bert' loaded now" in res.output and "000000000000…" in res.output
+    # nothing was touched: still a finished 2-round run, its record as it was
+    assert load_config(run_dir / "config.yaml").federation.rounds == 2
+    assert (run_dir / "summary.json").exists() and len(RunDir(run_dir).read_metrics()) == 3
+    assert json.loads((run_dir / "model.json").read_text()) == record
 
 
 # ---------------------------------------------------------------- defects 7 and 8; resume and extend

@@ -115,6 +115,15 @@ class Backbone:
             self.cache["fingerprint"] = h.hexdigest()
         return self.cache["fingerprint"]
 
+    def check_recorded(self, saved: dict[str, Any]) -> None:
+        """ValueError when these are not the weights a run recorded (``model.json``'s ``backbone``): its adapter
+        and checkpoints only apply to those."""
+        if saved.get("sha256") not in (None, self.fingerprint()):
+            raise ValueError(f"model.name: the backbone '{saved['name']}' loaded now (weights sha256 "
+                             f"{self.fingerprint()[:12]}…) is not the one the run trained with (sha256 "
+                             f"{saved['sha256'][:12]}…, from {saved.get('source') or saved['name']}); its adapter "
+                             "only applies to those weights")
+
     def checksum(self) -> str:
         """SHA-256 over every weight's bytes, in name order; unchanged iff the backbone stayed frozen."""
         h = hashlib.sha256()

@@ -188,7 +188,7 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
                 resume: bool, stop_after_round: int | None, bar: Progress | None, tracker: Tracker) -> dict[str, Any]:
     driver = RoundDriver(cfg, method, exp.client_label)
     checksum = exp.backbone.checksum()
-    keep_record(run, exp.record(exp.backbone.fingerprint()), resume)
+    keep_record(run, exp, resume)
     commit_config(run, cfg)
     start, state = 1, method.server_init()
     ckpt = run.load_checkpoint() if resume else None
@@ -317,15 +317,17 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
     return summary
 
 
-def keep_record(run: RunDir, record: dict[str, Any], resume: bool) -> None:
+def keep_record(run: RunDir, exp: Experiment, resume: bool) -> None:
     """Write ``model.json`` (what using the run's model needs, and the data's fingerprint); on resume first refuse
-    data that changed since the run started, naming the file."""
+    data that changed since the run started, naming the file, and a backbone with other weights."""
+    record = exp.record(exp.backbone.fingerprint())
     saved = run.read_record() if resume else None
     if saved is not None:
         changes = data_changes(saved["data"], record["data"])
         if changes:
             raise DataChangedError(f"--resume: the data differ from those the run trained on: {'; '.join(changes)}. "
                                    "Restore them, or start a new run with another --out")
+        exp.backbone.check_recorded(saved["backbone"])
     run.write_record(record)
 
 
