@@ -53,16 +53,22 @@ REM=$((END - $(date +%s) - 40))
   --parts ${LF_PARTS:-family headprune} --device cuda --workers ${LF_WORKERS:-12} > $OUT/lora_family.log 2>&1 &
 [ "${GEN_WORKERS:-0}" -gt 0 ] && timeout -k 5 $REM python3 -m benchmarks.generation --runs-dir runs/generation \
   --device cuda --threads 1 --workers $GEN_WORKERS > $OUT/generation.log 2>&1 &
+keep() {  # $OUT/<b>_runs.tgz from runs/<b>, replaced whole (written beside $OUT, then renamed)
+  [ -d runs/$1 ] && python3 -m benchmarks.archive_runs runs/$1 $OUT/../$1_runs.tmp --max-unfinished-mb $2 > /dev/null \
+    && mv $OUT/../$1_runs.tmp $OUT/$1_runs.tgz
+}
+i=0
 while [ $(date +%s) -lt $((END - 35)) ] && [ -n "$(jobs -rp)" ]; do  # until the budget ends or all is done
-  sleep 15
+  sleep 15; i=$((i + 1))
   echo "t=$(( $(date +%s) - T0 )) s: finished lora_family $(ls runs/lora_family/*/summary.json 2>/dev/null | wc -l)," \
     "generation $(ls runs/generation/*/summary.json 2>/dev/null | wc -l);" \
     "GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)"
+  # every minute, the finished runs so far: a call stopped by its timeout still brings them back
+  [ $((i % 4)) = 0 ] && for b in lora_family generation; do keep $b 0; done
 done
 pkill -f "benchmarks\.(lora_family|generation)|pytest -q -m cuda"; sleep 3
 pkill -9 -f "benchmarks\.(lora_family|generation)|pytest -q -m cuda"; wait  # tests still running at the end are cut
-for b in lora_family generation; do [ -d runs/$b ] && python3 -m benchmarks.archive_runs runs/$b $OUT/${b}_runs.tgz \
-  --max-unfinished-mb 5; done
+for b in lora_family generation; do keep $b 5; done  # now with the unfinished runs of at most 5 MB, to resume
 [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
 ls -la $OUT
 if [ -f $OUT/cuda_tests.log ]; then tail -3 $OUT/cuda_tests.log; fi
