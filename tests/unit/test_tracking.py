@@ -106,6 +106,11 @@ def test_wandb_writes_an_offline_run_in_the_run_directory(tiny_cfg, tmp_path, mo
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     summary = run_embedded(tiny_cfg(tracking="[{name: wandb}]"), tmp_path / "run")
+    import wandb
+
+    # `run.finish()` only tells the wandb-core service that the run ended; the service closes (flushes) the run's log
+    # afterwards, on its own time. Wait for it to shut down, as the atexit hook does before a `wandb sync`.
+    wandb.teardown()
     state = json.loads((tmp_path / "run" / STATE).read_text())
     runs = list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{state['wandb']['id']}"))
     assert len(runs) == 1 and {"summary.json", "report.html"} <= {p.name for p in (runs[0] / "files").iterdir()}
