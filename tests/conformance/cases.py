@@ -66,7 +66,7 @@ AGGREGATOR_CASES: dict[str, AggregatorCase] = {
     "keep-global": AggregatorCase(skip="accepts no updates: the zero-shot baselines train nothing"),
     "hetlora": AggregatorCase(updates="lora", fixed_point=True),
     "flexlora": AggregatorCase(updates="lora", compare="product", fixed_point=True),
-    "stack": AggregatorCase(skip="the stack's rank grows with the clients (tests/methods/test_lora_family.py)"),
+    "stack": AggregatorCase(skip="the stack's rank grows with the clients (tests/methods/test_lora_ranks.py)"),
     "head_weighted": AggregatorCase(skip="needs an adapter's head slices (tests/methods/test_headprune.py)"),
     "server_cmaes": AggregatorCase(skip="accepts CMA-ES distributions, not tensors (tests/methods/test_fedbpt.py)"),
     "clip": AggregatorCase(fixed_point=True),  # x_c within the clipping norm of x_t

@@ -20,7 +20,11 @@ from fedpeft.runtime.audit import FULL_MODEL_PRESETS, audit_reply
 from fedpeft.runtime.embedded import StopAfterRound, run_embedded
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import TIMING_FIELDS
+from fedpeft.sharing import SHARING
+from fedpeft.trainers import TRAINERS
+from fedpeft.transforms import TRANSFORMS
 from fedpeft.transforms.scale_delta import ScaleDelta, ScaleDeltaSettings
+from tests.conformance.cases import LEAST
 
 MODELS = ["tiny-bert", "tiny-llama"]
 SMALL = {  # per adapter, trainer and post-tuning: the smallest settings that still exercise it
@@ -207,6 +211,40 @@ def test_scale_delta_in_a_run_boosts_the_uploaded_delta(tmp_path):
         inst = method.configure_round(method.server_init(), 1, [0])[0]
         got[factor] = method.client_update(inst, exp.client(0)).tensors["prompt"] - inst.tensors["prompt"]
     assert torch.allclose(got[4.0], 4 * got[1.0], atol=1e-5)
+
+
+def _takes_transforms(preset: str) -> bool:
+    """Its trainer uploads what the client-side transforms change (trained tensors)."""
+    kind = TRAINERS.get(PRESETS.get(preset).method_defaults["trainer"]["name"]).kind
+    return all(kind in TRANSFORMS.get(n).accepts for n in TRANSFORMS.names())
+
+
+TRANSFORMABLE = [p for p in PRESETS.names() if _takes_transforms(p)]
+
+
+def test_every_sharing_policy_is_in_a_preset_that_takes_transforms():
+    used = {PRESETS.get(p).method_defaults["sharing"]["name"] for p in TRANSFORMABLE}
+    assert set(SHARING.names()) <= used, f"no gradient preset uses {sorted(set(SHARING.names()) - used)}"
+
+
+@pytest.mark.parametrize("preset", TRANSFORMABLE)
+def test_client_transforms_see_the_start_of_what_each_client_uploads(preset, tmp_path, monkeypatch):
+    """Every registered transform, chained, takes its delta from the start of each uploaded tensor in the shape it
+    is uploaded in (cut to the client's LoRA rank, to its kept heads, FLoRA's fresh block), so no client fails."""
+    seen: list[list[str]] = []
+    for name in TRANSFORMS.names():
+        def spy(self, update, start, round, generator, _apply=TRANSFORMS.get(name).apply):
+            seen.append([k for k, v in update.tensors.items()
+                         if v.is_floating_point() and (k not in start or start[k].shape != v.shape)])
+            return _apply(self, update, start, round, generator)
+        monkeypatch.setattr(TRANSFORMS.get(name), "apply", spy)
+    chain = [{"name": n, **LEAST["transforms"][n]} for n in TRANSFORMS.names()]
+    tiers = [{"name": "small", "share": 0.5, "rank": 2}, {"name": "large", "share": 0.5, "rank": 4}]
+    ranked = SHARING.get(PRESETS.get(preset).method_defaults["sharing"]["name"]).ranked
+    extra = {"method.adapter.r": 4, "federation.client_profiles": tiers} if ranked else {}
+    _, recs = _run(tmp_path, "run", preset, **{"method.transforms": chain, "federation.rounds": 1, **extra})
+    assert [c["status"] for c in recs[0]["clients"]] == ["ok"] * len(recs[0]["clients"])
+    assert len(seen) == len(recs[0]["clients"]) * len(chain) and not any(seen), seen
 
 
 # ---------------------------------------------------------------- device

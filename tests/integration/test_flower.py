@@ -186,6 +186,33 @@ def test_discrete_prompt_on_flower_sim_matches_embedded(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+LORA_TIERS = [{"name": "small", "share": 0.5, "rank": 2}, {"name": "large", "share": 0.5, "rank": 4}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, extra", [
+    ("fedsa-lora", {}),  # each client's B in the client-state store, never sent
+    ("hetlora", {"federation__client_profiles": LORA_TIERS, "method__sharing__self_prune": True}),  # per-client ranks
+    ("flexlora", {"federation__client_profiles": LORA_TIERS}),  # per-client truncated SVD downloads
+    ("flora", {"federation__client_profiles": LORA_TIERS, "method__trainer__reset_optimizer": True}),  # a growing stack
+], ids=["fedsa-lora", "hetlora", "flexlora", "flora"])
+def test_the_lora_family_on_flower_sim_matches_embedded(preset, extra, tmp_path):
+    """Personal factors, per-client ranks and downloads, and a growing stack cross Flower as they cross the
+    embedded runtime: the same metrics, per-client records and bytes, and the same final state."""
+    from fedpeft.runtime.flower.simulation import run_flower_sim
+
+    cfg = _cfg(method__name=preset, method__adapter__num_tokens=None, method__adapter__r=4, federation__rounds=2,
+               **extra)
+    run_embedded(cfg, tmp_path / "embedded")
+    run_flower_sim(cfg, tmp_path / "sim")
+    emb, sim = RunDir(tmp_path / "embedded").read_metrics(), RunDir(tmp_path / "sim").read_metrics()
+    assert _comparable(sim) == _comparable(emb)
+    a = RunDir(tmp_path / "embedded").load_checkpoint()[1]
+    b = RunDir(tmp_path / "sim").load_checkpoint()[1]
+    assert a.tensors.keys() == b.tensors.keys() and all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+    assert a.scalars == b.scalars  # e.g. HetLoRA's clients' current ranks
+
+
 @pytest.mark.slow
 def test_fedpeft_run_cli_with_flower_sim_runtime(tmp_path):
     from typer.testing import CliRunner

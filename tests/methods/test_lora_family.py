@@ -9,9 +9,11 @@ from conftest import last_hidden_ours_and_peft, tiny_overrides
 
 from fedpeft.build import build_method
 from fedpeft.clients import sub_state
+from fedpeft.comm.codec import Message, encode
 from fedpeft.experiment import build_experiment
 from fedpeft.methods.state import PRIVATE, ServerState
 from fedpeft.resolve import load_config
+from fedpeft.runtime.audit import audit_reply
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.tracking.rundir import RunDir
 
@@ -96,6 +98,10 @@ def test_fedsa_lora_averages_a_and_keeps_each_clients_b():
         assert sorted(reply.tensors) == a_keys  # B never leaves the device
         kept = sub_state(ctxs[c].state, PRIVATE)
         assert sorted(kept) == b_keys and any(bool(kept[k].abs().sum() > 0) for k in b_keys)
+        assert audit_reply(encode(reply, method.wire), exp, c, private=kept) == []  # nor any value of it
+    leaky = Message(dict(replies[0].tensors) | {"x": sub_state(ctxs[0].state, PRIVATE)[b_keys[0]]}, replies[0].scalars)
+    assert any("private tensor" in p for p in audit_reply(encode(leaky, method.wire), exp, 0,
+                                                           private=sub_state(ctxs[0].state, PRIVATE)))
     g = ServerState.from_message(new).glob
     assert all(torch.equal(g[k], init[k]) for k in b_keys)  # the global B stays at its zeros
     assert not torch.equal(g[a_keys[0]], init[a_keys[0]])  # the shared A moved

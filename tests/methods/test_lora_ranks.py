@@ -316,6 +316,10 @@ def test_flora_runs_with_tiers_resumes_and_exports_its_grown_stack_for_peft(tmp_
 @pytest.mark.parametrize("over, match", [
     ({"method.aggregator.name": "fedavg"}, "sharing 'stacking' uploads what only stack can combine"),
     ({"method.sharing.name": "all"}, "'stack' reads \\['fresh_lora'\\]"),
+    ({"method.wrappers": [{"name": "clip", "max_norm": 1.0}]},  # a fresh block has no difference from the stack
+     "method.wrappers.0.name: 'clip' works on each client's difference from the global model; sharing 'stacking'"),
+    ({"method.trainer.reset_optimizer": False},  # Adam's moments would belong to last round's fresh block
+     "method.trainer.reset_optimizer: false carries optimizer moments from round to round; sharing 'stacking'"),
 ])
 def test_stacking_and_its_aggregator_go_together(over, match):
     from fedpeft.config import ConfigError

@@ -26,8 +26,8 @@ def svd_factors(delta: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
     zero-padded when ``delta`` has fewer singular values than ``rank``."""
     u, s, vh = torch.linalg.svd(delta.double(), full_matrices=False)
     k = min(rank, s.numel())
-    b = torch.zeros(delta.shape[0], rank, dtype=torch.float64)
-    a = torch.zeros(rank, delta.shape[1], dtype=torch.float64)
+    b = torch.zeros(delta.shape[0], rank, dtype=torch.float64, device=delta.device)
+    a = torch.zeros(rank, delta.shape[1], dtype=torch.float64, device=delta.device)
     b[:, :k], a[:k] = u[:, :k] * s[:k], vh[:k]
     return b, a
 

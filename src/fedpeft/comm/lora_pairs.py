@@ -50,7 +50,7 @@ def pad(params: Params, rank: int) -> Params:
             continue
         shape = list(v.shape)
         shape[RANK_DIM[f]] = rank
-        full = torch.zeros(shape, dtype=v.dtype)
+        full = torch.zeros(shape, dtype=v.dtype, device=v.device)
         full.narrow(RANK_DIM[f], 0, v.shape[RANK_DIM[f]]).copy_(v)
         out[k] = full
     return out

@@ -112,6 +112,15 @@ def check_combination(cfg: ExperimentConfig) -> None:
     if policy.aggregators is not None and m.aggregator.name not in policy.aggregators:
         raise ValueError(f"method.aggregator.name: sharing '{m.sharing.name}' uploads what only "
                          f"{' or '.join(sorted(policy.aggregators))} can combine, not '{m.aggregator.name}'")
+    if not getattr(m.trainer.typed_settings, "reset_optimizer", True) and not policy.same_tensors(
+            m.sharing.typed_settings):
+        raise ValueError(f"method.trainer.reset_optimizer: false carries optimizer moments from round to round; "
+                         f"sharing '{m.sharing.name}' with these settings trains other tensors each round, so set it "
+                         "true")
+    if m.wrappers and not policy.deltas:
+        raise ValueError(f"method.wrappers.0.name: '{m.wrappers[0].name}' works on each client's difference from the "
+                         f"global model; sharing '{m.sharing.name}' uploads tensors that have none (e.g. fresh LoRA "
+                         "blocks to stack), so it takes no server wrapper")
     if policy.adapters is not None and m.adapter.name not in policy.adapters:
         raise ValueError(f"method.sharing.name: '{m.sharing.name}' shares the layers of "
                          f"{' or '.join(sorted(policy.adapters))}, not of the adapter '{m.adapter.name}'")

@@ -285,12 +285,13 @@ class ComposedMethod:
         private = set(start) - set(received)  # kept on the device, never uploaded
         update = update.with_tensors({k: v for k, v in trained.items() if k not in private})
         update = self.sharing.finish(update, start, trained, instruction, client, round, plan)
+        base = self.sharing.upload_start(plan.get("params", start), update, plan)  # cut as the update was
         for i, (name, t) in enumerate(self.transforms):
-            update = t.apply(update, start, round, torch_rng(client.seed, round, client.client_id,
-                                                             f"transform:{i}:{name}"))
+            update = t.apply(update, base, round, torch_rng(client.seed, round, client.client_id,
+                                                            f"transform:{i}:{name}"))
         for i, (name, t) in enumerate(self.attacker_transforms if client.malicious else []):
-            update = t.apply(update, start, round, torch_rng(client.seed, round, client.client_id,
-                                                             f"attack:{i}:{name}"))
+            update = t.apply(update, base, round, torch_rng(client.seed, round, client.client_id,
+                                                            f"attack:{i}:{name}"))
         update = replace(update, scalars=update.scalars | local_asr(self.trainer, start, trained, client))
         state = with_sub_state(client.state, PRIVATE, self.sharing.private_state(trained))
         client.state = with_sub_state(state, OPT, trainer_state)

@@ -7,7 +7,7 @@ aggregation. The method calls it at fixed points of the round: server ``init`` /
 ``instruction_scalars`` / ``for_client`` (what one client receives) / ``report_schema`` / ``wire_shapes`` / ``check``
 / ``expand`` / ``after_aggregate``;
 client ``client_params`` / ``plan`` (before training: which entries stay frozen) / ``finish`` (after training:
-reports, compression) / ``private_state``; and ``record`` (what a reply adds to its client's round record).
+reports, compression) / ``upload_start`` (what the uploaded tensors started from) / ``private_state``; and ``record`` (what a reply adds to its client's round record).
 """
 
 from __future__ import annotations
@@ -75,6 +75,11 @@ class SharingPolicy(Protocol):
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
                round: int, plan: Any) -> Update: ...
 
+    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
+        """The values the tensors of ``finish``'s update started from (``start``: what the client trained from), cut
+        as ``finish`` cut them: the base client-side transforms take the client's delta w^k − w^t from."""
+        ...
+
     def private_state(self, trained: Params) -> Params: ...
 
     def diagnostics(self, state: Message) -> dict[str, float]: ...
@@ -98,6 +103,7 @@ class ShareAll:
     ranked: bool = False                    # trains each client at its tier's LoRA rank (client_profiles[].rank)
     aggregators: frozenset[str] | None = None  # the aggregators that can combine its replies (None: any)
     summable: bool = True                   # its replies are dense tensors of fixed shapes, nothing per client
+    deltas: bool = True                     # its replies are trained global tensors: w_k − w is an update (wrappers)
 
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         self.settings, self.ctx = settings, ctx
@@ -106,6 +112,12 @@ class ShareAll:
     def summable_with(cls, settings: Any) -> bool:
         """Whether, with these settings, its replies can be summed across clients (secure aggregation)."""
         return cls.summable
+
+    @classmethod
+    def same_tensors(cls, settings: Any) -> bool:
+        """Whether its clients train the same tensors, entry for entry, every round, so that optimizer moments may
+        carry over (``trainer.reset_optimizer: false``)."""
+        return True
 
     @classmethod
     def side_by_side(cls, settings: Any) -> bool:
@@ -147,6 +159,9 @@ class ShareAll:
 
     def finish(self, update, start, trained, instruction, client, round, plan) -> Update:
         return update
+
+    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
+        return start
 
     def private_state(self, trained: Params) -> Params:
         return {}

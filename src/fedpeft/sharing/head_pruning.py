@@ -105,6 +105,11 @@ class HeadPruning(ShareAll):
     provides = frozenset({HEADS, ALPHA})
 
     @classmethod
+    def same_tensors(cls, settings: HeadPruningSettings) -> bool:
+        """Not when pruned: the cut tensors' entries belong to other heads as the kept heads change."""
+        return settings.mode != "pruned"
+
+    @classmethod
     def side_by_side(cls, settings: HeadPruningSettings) -> bool:
         """Not while scoring importance: reading attentions switches the shared model to eager attention."""
         return settings.scoring not in ("importance", "lowest")
@@ -187,18 +192,22 @@ class HeadPruning(ShareAll):
                round: int, plan: Any) -> Update:
         """Upload only the kept slices (+ ids and importances) and report the step's analytic OPs."""
         kept = plan["kept"]
-        if self.settings.mode != "pruned":  # (a pruned step trained the kept slices in their wire form)
-            idx = kept_slices(self.slices, set(kept))
-            tensors = dict(update.tensors)
-            for name, spec in self.slices.items():
-                if name in tensors:
-                    tensors[name] = _take(tensors[name], spec, idx[name]).contiguous()
-            update = update.with_tensors(tensors)
+        update = update.with_tensors(self._wire_form(update.tensors, kept))
         update.aux_tensors |= {HEADS: torch.tensor(kept, dtype=torch.int32), ALPHA: plan["alpha"]}
         ops = client_ops(self.ctx.classifier, len(kept) / self.num_heads, client.train,
                          int(update.scalars.get("steps", 0)), int(getattr(self.ctx.trainer, "batch_size", 1)))
         update.scalars |= {"kept_heads": len(kept), **ops}
         return update
+
+    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
+        return self._wire_form(start, plan["kept"])
+
+    def _wire_form(self, params: Params, kept: list[int]) -> Params:
+        """Only the kept heads' slices of the head-assignable tensors (a pruned step trained them in that form)."""
+        if self.settings.mode == "pruned":
+            return params
+        idx = kept_slices(self.slices, set(kept))
+        return {k: _take(v, self.slices[k], idx[k]).contiguous() if k in self.slices else v for k, v in params.items()}
 
     # ---------------------------------------------------------------- server
 

@@ -133,6 +133,9 @@ class RankTiers(ShareAll):
         update.scalars |= {RANK: r, **scalars}
         return update
 
+    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
+        return truncate(start, int(update.scalars[RANK]))
+
 
 def tail_score(params: Params, modules: list[tuple[str, str]], keep: int, r: int) -> torch.Tensor:
     """Σ_m ‖B_m[:, keep:r]‖_F · ‖A_m[keep:r, :]‖_F (differentiable; a zero subgradient at zero)."""

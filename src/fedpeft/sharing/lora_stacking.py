@@ -32,10 +32,17 @@ torch = lazy("torch")
 FRESH = "fresh_lora"  # what the clients upload: a fresh LoRA block to stack, not the trained global tensors
 
 
+def fresh_block(params: Params, r: int) -> Params:
+    """The last ``r`` rows of every A and columns of every B: the client's fresh LoRA (other tensors unchanged)."""
+    return {k: v.narrow(RANK_DIM[f], v.shape[RANK_DIM[f]] - r, r).contiguous() if (f := factor(k)) else v
+            for k, v in params.items()}
+
+
 @SHARING.register("stacking", "FLoRA: clients merge the stacked global LoRA into their frozen weights and train a "
                   "fresh LoRA at their own rank; only the fresh factors are uploaded")
 class FreshLora(ShareAll):
     summable = False  # secure aggregation: the fresh factors are stacked, not summed
+    deltas = False    # a fresh block is stacked as it is; its difference from the stack means nothing
     adapters = frozenset({"lora"})
     ranked = True
     aggregators = frozenset({"stack"})
@@ -44,6 +51,11 @@ class FreshLora(ShareAll):
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         super().__init__(settings, ctx)
         self.r = int(ctx.classifier.adapter.cfg.r)
+
+    @classmethod
+    def same_tensors(cls, settings: Any) -> bool:
+        """No: every round a fresh LoRA block is trained over a stack that grows."""
+        return False
 
     def tier_rank(self, client: int) -> int:
         p = self.ctx.profiles[client] if client < len(self.ctx.profiles) else None
@@ -68,12 +80,13 @@ class FreshLora(ShareAll):
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
                round: int, plan: Any) -> Update:
         """Upload the fresh block only: the last r_k rows of every A and columns of every B."""
-        r = plan[RANK]
-        tensors = {k: v.narrow(RANK_DIM[f], v.shape[RANK_DIM[f]] - r, r).contiguous() if (f := factor(k)) else v
-                   for k, v in update.tensors.items()}
-        update = update.with_tensors(tensors)
-        update.scalars |= {RANK: r}
+        update = update.with_tensors(fresh_block(update.tensors, plan[RANK]))
+        update.scalars |= {RANK: plan[RANK]}
         return update
+
+    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
+        """The fresh block as drawn (A) and zero (B): ``start`` is the plan's stack + fresh block."""
+        return fresh_block(start, plan[RANK])
 
     # ---------------------------------------------------------------- server
 
