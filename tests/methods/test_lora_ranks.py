@@ -313,6 +313,26 @@ def test_flora_runs_with_tiers_resumes_and_exports_its_grown_stack_for_peft(tmp_
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 
+@pytest.mark.parametrize("preset, tiers", [("ffa-lora", []), ("hetlora", TIERS), ("flexlora", TIERS)])
+def test_the_final_global_lora_exports_for_peft(preset, tiers, tmp_path):
+    """The global LoRA after mixed-rank rounds (HetLoRA's zero-padded, FlexLoRA's SVD factors at the global rank)
+    or with FFA-LoRA's frozen A, loaded by ``PeftModel.from_pretrained``, gives fedpeft's outputs."""
+    from typer.testing import CliRunner
+
+    from fedpeft.cli import app
+    from fedpeft.predict import open_model
+
+    cfg = _cfg(preset, tiers=tiers, **{"federation.rounds": 2})
+    exp = build_experiment(cfg)
+    run_embedded(cfg, tmp_path / "run", experiment=exp)
+    res = CliRunner().invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "peft")])
+    assert res.exit_code == 0, res.output
+    params = open_model(tmp_path / "run").params
+    assert any(bool(v.abs().sum() > 0) for k, v in params.items() if k.endswith(B))  # trained, not the zero init
+    ours, theirs = last_hidden_ours_and_peft(exp, params, tmp_path / "peft")
+    assert torch.allclose(ours, theirs, atol=1e-5)
+
+
 @pytest.mark.parametrize("over, match", [
     ({"method.aggregator.name": "fedavg"}, "sharing 'stacking' uploads what only stack can combine"),
     ({"method.sharing.name": "all"}, "'stack' reads \\['fresh_lora'\\]"),
