@@ -54,8 +54,8 @@ def overrides(args, part: str, task: str, partition: str, arm: str, seed: int) -
     if part == "generation":
         from benchmarks import generation
 
-        return generation.overrides(generation.parse([]), "webnlg", "fedit (LoRA all-linear, FedAvg)", seed) \
-            + GENERATION[arm]
+        budget = generation.parse(["--threads", str(args.threads), "--device", args.device])  # its budget, our device
+        return generation.overrides(budget, "webnlg", "fedit (LoRA all-linear, FedAvg)", seed) + GENERATION[arm]
     arms = FAMILY if part == "family" else HEADPRUNE
     method = arms[arm] if part == "family" else ["method.name=headprune-rand-cs", *arms[arm]]
     lr = [] if arm in OWN_LR else [f"method.trainer.lr={args.lr}"]
