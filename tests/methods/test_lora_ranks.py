@@ -212,8 +212,9 @@ def test_tier_step_caps_apply_per_client(tmp_path):
         assert c["rank"] == (2 if tier[c["client"]] == "slow" else 8)
 
 
-def test_a_tiered_run_resumes_to_the_uninterrupted_records(tmp_path):
-    cfg = _cfg("hetlora", **{"federation.rounds": 2})
+@pytest.mark.parametrize("preset", ["hetlora", "flexlora"])
+def test_a_tiered_run_resumes_to_the_uninterrupted_records(preset, tmp_path):
+    cfg = _cfg(preset, **{"federation.rounds": 2})
     run_embedded(cfg, tmp_path / "full")
     with pytest.raises(StopAfterRound):
         run_embedded(cfg, tmp_path / "cut", stop_after_round=1)
