@@ -210,50 +210,87 @@ def render(args) -> Path:
     return write_results(args.results, lines)
 
 
-def _generation_rows(args) -> list[str]:
-    """WebNLG: this benchmark's arms beside the generation benchmark's zero-shot, fedit and local-only runs."""
+GEN_PAIRED = ("own-category BLEU", "seen BLEU", "unseen BLEU")  # each generation arm − fedit, paired by seed
+FEDIT = "FedAvg-LoRA (fedit)"  # the row every generation arm is compared with
+
+
+def _generation_finals(args) -> dict[str, dict[int, tuple[dict, dict, str]]]:
+    """Label -> seed -> (final record with the client names, summary, device): this benchmark's generation arms and
+    the generation benchmark's zero-shot (fedit's round 0), fedit and local-only runs."""
     from benchmarks import generation
 
-    def bleu(rec: dict, part: str) -> float | None:
-        return ((rec.get("generation") or {}).get(part) or {}).get("bleu")
-
-    lines = ["## Generation: WebNLG, SmolLM2-135M-Instruct, 10 category clients", "",
-             "Own category BLEU: the mean over the clients of the BLEU on their own category's test entries (the "
-             "global adapter's; local-only's: each client's own adapter, whose seen / unseen scores are in "
-             "`generation.md`, so its global columns are empty; FedSA-LoRA's: the shared A with each client's own "
-             "B, while its global adapter keeps B at its initial zeros, so its global columns are the instruct "
-             "model's).", "",
-             "| arm | seeds done | own category BLEU | seen BLEU | unseen BLEU | test loss | MB up / client-round | "
-             "MB down / client-round |", "|---|---|---|---|---|---|---|---|"]
     sources = {a: (Path(args.generation_runs), g) for a, g in FROM_GENERATION.items()}
     sources |= {a: (Path(args.runs_dir), None) for a in GENERATION}
+    finals: dict[str, dict[int, tuple[dict, dict, str]]] = {}
     for arm, (root, gen_arm) in sources.items():
-        done = []
+        finals[arm] = {}
         for s in args.seeds:
             out = root / (generation.job_name("webnlg", gen_arm, s) if gen_arm else
                           job_name("generation", "webnlg", "category", arm, s))
             loaded = _records(out) if out.exists() else None
-            if loaded:
-                recs, summary = loaded
-                if arm.startswith("zero-shot"):  # fedit's round 0, when it was evaluated
-                    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][:1]
-                    recs = [r for r in recs if r["round"] == 0]
-                    if not recs:
-                        continue
-                done.append((recs[-1] | {"client_names": summary.get("client_names", {})}, summary))
-        if not done:
-            lines.append(f"| {arm} | 0/{len(args.seeds)} | – | – | – | – | – | – |")
+            if not loaded:
+                continue
+            recs, summary = loaded
+            if arm.startswith("zero-shot"):  # fedit's round 0, when it was evaluated
+                recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][:1]
+                recs = [r for r in recs if r["round"] == 0]
+                if not recs:
+                    continue
+            finals[arm][s] = (recs[-1] | {"client_names": summary.get("client_names", {})}, summary, _device(out))
+    return finals
+
+
+def _generation_rows(args) -> list[str]:
+    """WebNLG: this benchmark's arms beside the generation benchmark's zero-shot, fedit and local-only runs, the
+    bootstrap standard error of one run's score, and each arm's paired difference from fedit."""
+    from benchmarks import generation
+
+    finals = _generation_finals(args)
+    personal = {a: a.startswith(("local-only", "FedSA")) for a in finals}  # own-category: each client's own adapter
+
+    def metric(arm: str, rec: dict, name: str) -> float | None:
+        if name == "own-category BLEU":
+            return generation._own(rec, "bleu", personal[arm])
+        return None if arm.startswith("local-only") else generation._gen(rec, name.split()[0], "bleu")
+
+    lines = ["## Generation: WebNLG, SmolLM2-135M-Instruct, 10 category clients", "",
+             "Own category: the mean over the clients of the score on their own category's test entries (the "
+             "global adapter's; local-only's: each client's own adapter, whose unseen scores are in "
+             "`generation.md`, so its global columns are empty; FedSA-LoRA's: the shared A with each client's own "
+             "B, while its global adapter keeps B at its initial zeros, so its global columns are the instruct "
+             "model's). Seen / unseen: the global adapter on the test entries of the 10 training categories / of "
+             "the 5 categories no client holds. The runs are scored at their final round only (3 rounds), so there is no "
+             "upload-to-target column: a run uploads 3 × its bytes per client-round.", "",
+             "| arm | seeds done | own BLEU | own chrF | seen BLEU | seen chrF | seen ROUGE-L | unseen BLEU | "
+             "unseen chrF | unseen ROUGE-L | test loss | MB up / client-round | MB down / client-round | device |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for arm, runs in finals.items():
+        if not runs:
+            lines.append(f"| {arm} | 0/{len(args.seeds)} |" + " – |" * 12)
             continue
-        zero, personal = arm.startswith("zero-shot"), arm.startswith("local-only")
-        own_adapters = personal or arm.startswith("FedSA")  # the header's exceptions to the global adapter
-        glob = [] if personal else done  # local-only's global adapter is never trained
-        lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | "
-                     f"{mean_std([generation._own(r, 'bleu', own_adapters) for r, _ in done], 1)} | "
-                     f"{mean_std([bleu(r, 'seen') for r, _ in glob], 1)} | "
-                     f"{mean_std([bleu(r, 'unseen') for r, _ in glob], 1)} | "
-                     f"{mean_std([r.get('loss') for r, _ in glob], 1, 3)} | "
-                     f"{'0' if zero else _mb(statistics.fmean(s['bytes_up_per_client_round'] for _, s in done))} | "
-                     f"{'0' if zero else _mb(statistics.fmean(s['bytes_down_per_client_round'] for _, s in done))} |")
+        recs, summaries = [r for r, _, _ in runs.values()], [s for _, s, _ in runs.values()]
+        glob = [] if arm.startswith("local-only") else recs  # local-only's global adapter is never trained
+        zero = arm.startswith("zero-shot")
+        cells = [mean_std([generation._own(r, k, personal[arm]) for r in recs], 1) for k in ("bleu", "chrf")]
+        cells += [mean_std([generation._gen(r, p, k) for r in glob], 1) for p, k in generation.WEBNLG_PARTS]
+        cells.append(mean_std([r.get("loss") for r in glob], 1, 3))
+        cells += ["0" if zero else _mb(statistics.fmean(s[f"bytes_{d}_per_client_round"] for s in summaries))
+                  for d in ("up", "down")]
+        devices = ", ".join(sorted({d for _, _, d in runs.values()}))
+        lines.append(f"| {arm} | {len(runs)}/{len(args.seeds)} | {' | '.join(cells)} | {devices} |")
+    scored = [r for a, runs in finals.items() if not a.startswith(("local-only", "zero-shot"))
+              for r, _, _ in runs.values()]
+    lines += ["", generation._standard_errors("webnlg", scored), "",
+              "Paired differences from FedAvg-LoRA (fedit) by seed, final round, in points: mean [95 % CI] over the "
+              "seeds both finished (n); one seed: the difference alone.", "", "| arm − fedit | metric | Δ |",
+              "|---|---|---|"]
+    fedit = finals[FEDIT]
+    for arm in GENERATION:
+        for name in GEN_PAIRED:
+            d = [x - y for s in finals[arm] if s in fedit
+                 for x, y in [(metric(arm, finals[arm][s][0], name), metric(FEDIT, fedit[s][0], name))]
+                 if x is not None and y is not None]
+            lines.append(f"| {arm} | {name} | {paired_cell(d)} |")
     return lines + [""]
 
 

@@ -88,6 +88,7 @@ def test_every_lora_family_job_resolves_and_the_empty_table_renders(tmp_path, ar
     for part, task, partition, arm, seed in jobs:
         cfg = load_config(None, overrides(args, part, task, partition, arm, seed))
         assert (cfg.task.name, cfg.seed) == (task, seed)
+        assert (cfg.runtime.device, cfg.runtime.threads) == (args.device, args.threads)  # the generation arms too
         tiered = "4/8/16" in arm
         assert [p.rank for p in cfg.federation.client_profiles] == ([4, 8, 16] if tiered else [])
         if part == "generation":
