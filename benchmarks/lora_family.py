@@ -259,8 +259,8 @@ def _generation_rows(args) -> list[str]:
              "`generation.md`, so its global columns are empty; FedSA-LoRA's: the shared A with each client's own "
              "B, while its global adapter keeps B at its initial zeros, so its global columns are the instruct "
              "model's). Seen / unseen: the global adapter on the test entries of the 10 training categories / of "
-             "the 5 categories no client holds. The runs are scored at their final round only (3 rounds), so there is no "
-             "upload-to-target column: a run uploads 3 × its bytes per client-round.", "",
+             "the 5 categories no client holds. The runs are scored at their final round only (3 rounds), so there "
+             "is no upload-to-target column: a run uploads 3 × its bytes per client-round.", "",
              "| arm | seeds done | own BLEU | own chrF | seen BLEU | seen chrF | seen ROUGE-L | unseen BLEU | "
              "unseen chrF | unseen ROUGE-L | test loss | MB up / client-round | MB down / client-round | device |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -7,7 +7,8 @@ aggregation. The method calls it at fixed points of the round: server ``init`` /
 ``instruction_scalars`` / ``for_client`` (what one client receives) / ``report_schema`` / ``wire_shapes`` / ``check``
 / ``expand`` / ``after_aggregate``;
 client ``client_params`` / ``plan`` (before training: which entries stay frozen) / ``finish`` (after training:
-reports, compression) / ``upload_start`` (what the uploaded tensors started from) / ``private_state``; and ``record`` (what a reply adds to its client's round record).
+reports, compression) / ``upload_start`` (what the uploaded tensors started from) / ``private_state``; and
+``record`` (what a reply adds to its client's round record).
 """
 
 from __future__ import annotations
