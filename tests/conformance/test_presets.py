@@ -18,9 +18,9 @@ from fedpeft.methods import PRESETS
 from fedpeft.resolve import load_config
 from fedpeft.runtime.audit import FULL_MODEL_PRESETS, audit_reply
 from fedpeft.runtime.embedded import StopAfterRound, run_embedded
+from fedpeft.sharing import SHARING
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import TIMING_FIELDS
-from fedpeft.sharing import SHARING
 from fedpeft.trainers import TRAINERS
 from fedpeft.transforms import TRANSFORMS
 from fedpeft.transforms.scale_delta import ScaleDelta, ScaleDeltaSettings
