@@ -55,7 +55,8 @@ def overrides(args, part: str, task: str, partition: str, arm: str, seed: int) -
         from benchmarks import generation
 
         budget = generation.parse(["--threads", str(args.threads), "--device", args.device])  # its budget, our device
-        return generation.overrides(budget, "webnlg", "fedit (LoRA all-linear, FedAvg)", seed) + GENERATION[arm]
+        return generation.overrides(budget, "webnlg", "fedit (LoRA all-linear, FedAvg)", seed) + GENERATION[arm] \
+            + ["evaluation.round_zero=false"]  # the zero-shot row is fedit's round 0 in the generation benchmark
     arms = FAMILY if part == "family" else HEADPRUNE
     method = arms[arm] if part == "family" else ["method.name=headprune-rand-cs", *arms[arm]]
     lr = [] if arm in OWN_LR else [f"method.trainer.lr={args.lr}"]

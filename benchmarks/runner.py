@@ -97,13 +97,15 @@ def paired_cell(d: list[float]) -> str:
     return f"{ci[0]:+.1f} [{ci[1]:+.1f}, {ci[2]:+.1f}] (n={len(d)})"
 
 
-WHERE_IT_RAN = ("runtime.device", "runtime.threads")  # a finished run counts wherever it ran (tables say where)
+# keys a finished run may differ in and still count: where it ran (the tables say where), and whether round 0 was
+# scored (a record before any training, which changes no later number)
+COUNTS_ANYWAY = ("runtime.device", "runtime.threads", "evaluation.round_zero")
 
 
 def finished(out, overrides: list[str]) -> bool:
     """Whether run directory ``out`` holds a finished run of the config the overrides give, on any device and
-    thread count (a grid's GPU rows and CPU rows side by side); a finished run of another config (other rounds,
-    budget, ...) is an error naming the directory, never silently reused."""
+    thread count (a grid's GPU rows and CPU rows side by side), with or without round 0 scored; a finished run of
+    another config (other rounds, budget, ...) is an error naming the directory, never silently reused."""
     from fedpeft.resolve import load_config
     from fedpeft.runtime.session import config_changes
 
@@ -111,7 +113,7 @@ def finished(out, overrides: list[str]) -> bool:
     if not (out / "summary.json").exists():
         return False
     changes = config_changes((out / "config.yaml").read_text(), load_config(None, overrides))
-    if [key for key, _, _ in changes if key not in WHERE_IT_RAN]:
+    if [key for key, _, _ in changes if key not in COUNTS_ANYWAY]:
         raise ValueError(f"{out} finished with another config than this benchmark's; use another --runs-dir")
     return True
 

@@ -281,7 +281,8 @@ def test_each_archived_benchmark_renders_its_committed_table(name, tmp_path):
 
 def test_a_finished_run_counts_on_any_device_but_not_with_another_config(tmp_path):
     """A grid's rows may come from a GPU machine and the CPU: a finished run is skipped whatever device and thread
-    count it ran with, but a finished run of other numbers (here: rounds) is an error, never reused."""
+    count it ran with, and whether it scored round 0, but a finished run of other numbers (here: rounds) is an
+    error, never reused."""
     from benchmarks.runner import finished
 
     from fedpeft.config import dump_config
@@ -292,5 +293,6 @@ def test_a_finished_run_counts_on_any_device_but_not_with_another_config(tmp_pat
     assert not finished(tmp_path, sets)  # no summary.json: not finished
     (tmp_path / "summary.json").write_text("{}")
     assert finished(tmp_path, [*sets, "runtime.device=cpu", "runtime.threads=3"])
+    assert finished(tmp_path, [*sets, "evaluation.round_zero=false"])  # round 0 scored or not: no later number moves
     with pytest.raises(ValueError, match="finished with another config"):
         finished(tmp_path, [*sets[:2], "federation.rounds=3"])

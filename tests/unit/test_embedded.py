@@ -114,6 +114,10 @@ def test_round_zero_is_the_untrained_state_and_is_not_repeated_on_resume(tiny_cf
     shorter = RunDir(tmp_path / "one").read_metrics()
     assert _strip_timing(shorter[:1]) == got[:1]  # the initial state does not depend on what follows
     assert full["rounds"] == 3 and full["initial_accuracy"] == got[0]["accuracy"]
+    # and what follows does not depend on it: without round 0, the same rounds 1-3 (a benchmark's finished run
+    # counts either way, benchmarks.runner.COUNTS_ANYWAY)
+    run_embedded(tiny_cfg(evaluation__round_zero=False, federation__rounds=3), tmp_path / "none")
+    assert _strip_timing(RunDir(tmp_path / "none").read_metrics()) == got[1:]
 
 
 def test_resume_keeps_persistent_optimizer_state(tiny_cfg, tmp_path):
