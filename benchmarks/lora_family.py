@@ -252,7 +252,7 @@ def _generation_rows(args) -> list[str]:
     def metric(arm: str, rec: dict, name: str) -> float | None:
         if name == "own-category BLEU":
             return generation._own(rec, "bleu", personal[arm])
-        return None if arm.startswith("local-only") else generation._gen(rec, name.split()[0], "bleu")
+        return generation._part(arm, rec, name.split()[0], "bleu")
 
     lines = ["## Generation: WebNLG, SmolLM2-135M-Instruct, 10 category clients", "",
              "Own category: the mean over the clients of the score on their own category's test entries (the "

@@ -103,11 +103,9 @@ def test_a_sink_added_at_resume_is_sent_the_earlier_rounds(tiny_cfg, tmp_path):
 
 
 def test_wandb_writes_an_offline_run_in_the_run_directory(tiny_cfg, tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     summary = run_embedded(tiny_cfg(tracking="[{name: wandb}]"), tmp_path / "run")
-    import wandb
-
     # `run.finish()` only tells the wandb-core service that the run ended; the service closes (flushes) the run's log
     # afterwards, on its own time. Wait for it to shut down, as the atexit hook does before a `wandb sync`.
     wandb.teardown()

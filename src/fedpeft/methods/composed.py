@@ -285,11 +285,13 @@ class ComposedMethod:
         private = set(start) - set(received)  # kept on the device, never uploaded
         update = update.with_tensors({k: v for k, v in trained.items() if k not in private})
         update = self.sharing.finish(update, start, trained, instruction, client, round, plan)
-        base = self.sharing.upload_start(plan.get("params", start), update, plan)  # cut as the update was
+        attacks = self.attacker_transforms if client.malicious else []
+        if self.transforms or attacks:  # they take the delta from the uploaded tensors' start, cut as they were
+            base = self.sharing.upload_start(plan.get("params", start), update, plan)
         for i, (name, t) in enumerate(self.transforms):
             update = t.apply(update, base, round, torch_rng(client.seed, round, client.client_id,
                                                             f"transform:{i}:{name}"))
-        for i, (name, t) in enumerate(self.attacker_transforms if client.malicious else []):
+        for i, (name, t) in enumerate(attacks):
             update = t.apply(update, base, round, torch_rng(client.seed, round, client.client_id,
                                                             f"attack:{i}:{name}"))
         update = replace(update, scalars=update.scalars | local_asr(self.trainer, start, trained, client))
