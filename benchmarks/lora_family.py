@@ -9,7 +9,7 @@ Criteria, fixed before the runs:
   each LoRA rank 4 / 8 / 16 (seeded, the same clients in every tiered arm of a seed); the homogeneous arms train
   rank 4 (the smallest tier: what every client can afford) or 16 (the upper bound). LoRA scaling alpha / r = 2
   everywhere. Reported: the final round's global test accuracy (never the best round) and the mean of the clients'
-  accuracies on their own test shards (personalised: FedSA-LoRA's own B, each tier's own rank, local-only's own
+  accuracies on their own test shards (personalised: FedSA-LoRA's own B and head, each tier's own rank, local-only's own
   adapter), bytes up and down per client-round from the codec, and the upload spent until the global accuracy
   first reaches 95 % of FedAvg-LoRA r = 16's final accuracy of the same seed. Baselines: the majority class and the
   per-client majority (each client predicts its training shard's majority on its test shard).
@@ -43,6 +43,9 @@ TIERS, FAMILY, OWN_LR, HEADPRUNE = GRID["tiers"], GRID["family"], GRID["own_lr"]
 GENERATION, FROM_GENERATION, TASKS, PARTITIONS = (GRID["generation"], GRID["from_generation"], GRID["tasks"],
                                                   GRID["partitions"])
 REFERENCE = "FedAvg-LoRA r=16 (all at the largest rank)"
+# arms scored only with each client's own adapter: local-only's global adapter is never trained; FedSA-LoRA's keeps B
+# at its initial zeros and, classifying, the task head at its initialisation (each client keeps its own)
+PERSONAL_ONLY = ("local-only", "FedSA")
 
 
 def job_name(part: str, task: str, partition: str, arm: str, seed: int) -> str:
@@ -147,8 +150,8 @@ def render(args) -> Path:
              f"train capped at {args.max_train}, test at {args.max_test}. Tiers: a third of the clients at each LoRA "
              "rank 4 / 8 / 16 under a global r = 16. Accuracy: the final round, mean ± std over the finished seeds; "
              "personalised: the mean of the clients' accuracies on their own test shards with what each client runs "
-             "(local-only has no global column: its global adapter is never trained; FedSA-LoRA's global column is "
-             "the frozen backbone with the averaged task head, since its global B stays at zeros). "
+             "(local-only and FedSA-LoRA have no global column: local-only's global adapter is never trained, "
+             "FedSA-LoRA's keeps B at zero and the task head at its initialisation, since each client keeps its own). "
              "Bytes: real codec payloads per client-round. 'Upload to target': cumulative upload until the global "
              "accuracy first reaches 95 % of FedAvg-LoRA r = 16's final accuracy of the same seed (evaluated every "
              f"{args.eval_every} rounds).", ""]
@@ -179,7 +182,7 @@ def render(args) -> Path:
                 glob = (f"{mean_std([r['final'] for r in done.values()])} | "
                         f"{paired_cell(d) if arm != REFERENCE else '0'}")
                 to_target = f"{_mb(statistics.fmean(reached)) if reached else '–'} ({len(reached)}/{len(to)} reached)"
-                if arm.startswith("local-only"):  # its global adapter is never trained: no global column
+                if arm.startswith(PERSONAL_ONLY):  # no global model worth scoring: no global column
                     glob, to_target = "– | –", "–"
                 lines.append(
                     f"| {arm} | {len(done)}/{len(args.seeds)} | {glob} | "
@@ -247,7 +250,7 @@ def _generation_rows(args) -> list[str]:
     from benchmarks import generation
 
     finals = _generation_finals(args)
-    personal = {a: a.startswith(("local-only", "FedSA")) for a in finals}  # own-category: each client's own adapter
+    personal = {a: a.startswith(PERSONAL_ONLY) for a in finals}  # own-category: each client's own adapter
 
     def metric(arm: str, rec: dict, name: str) -> float | None:
         if name == "own-category BLEU":
@@ -258,8 +261,8 @@ def _generation_rows(args) -> list[str]:
              "Own category: the mean over the clients of the score on their own category's test entries (the "
              "global adapter's; local-only's: each client's own adapter, whose unseen scores are in "
              "`generation.md`, so its global columns are empty; FedSA-LoRA's: the shared A with each client's own "
-             "B, while its global adapter keeps B at its initial zeros, so its global columns are the instruct "
-             "model's). Seen / unseen: the global adapter on the test entries of the 10 training categories / of "
+             "B, while its global adapter keeps B at its initial zeros, the instruct model, so its global columns are "
+             "empty too). Seen / unseen: the global adapter on the test entries of the 10 training categories / of "
              "the 5 categories no client holds. The runs are scored at their final round only (3 rounds), so there "
              "is no upload-to-target column: a run uploads 3 × its bytes per client-round.", "",
              "| arm | seeds done | own BLEU | own chrF | seen BLEU | seen chrF | seen ROUGE-L | unseen BLEU | "
@@ -270,7 +273,7 @@ def _generation_rows(args) -> list[str]:
             lines.append(f"| {arm} | 0/{len(args.seeds)} |" + " – |" * 12)
             continue
         recs, summaries = [r for r, _, _ in runs.values()], [s for _, s, _ in runs.values()]
-        glob = [] if arm.startswith("local-only") else recs  # local-only's global adapter is never trained
+        glob = [] if personal[arm] else recs
         zero = arm.startswith("zero-shot")
         cells = [mean_std([generation._own(r, k, personal[arm]) for r in recs], 1) for k in ("bleu", "chrf")]
         cells += [mean_std([generation._gen(r, p, k) for r in glob], 1) for p, k in generation.WEBNLG_PARTS]
@@ -279,7 +282,7 @@ def _generation_rows(args) -> list[str]:
                   for d in ("up", "down")]
         devices = ", ".join(sorted({d for _, _, d in runs.values()}))
         lines.append(f"| {arm} | {len(runs)}/{len(args.seeds)} | {' | '.join(cells)} | {devices} |")
-    scored = [r for a, runs in finals.items() if not a.startswith(("local-only", "zero-shot"))
+    scored = [r for a, runs in finals.items() if not a.startswith((*PERSONAL_ONLY, "zero-shot"))
               for r, _, _ in runs.values()]
     lines += ["", generation._standard_errors("webnlg", scored), "",
               "Paired differences from FedAvg-LoRA (fedit) by seed, final round, in points: mean [95 % CI] over the "
@@ -287,7 +290,7 @@ def _generation_rows(args) -> list[str]:
               "|---|---|---|"]
     fedit = finals[FEDIT]
     for arm in GENERATION:
-        for name in GEN_PAIRED:
+        for name in GEN_PAIRED[:1] if personal[arm] else GEN_PAIRED:
             d = [x - y for s in finals[arm] if s in fedit
                  for x, y in [(metric(arm, finals[arm][s][0], name), metric(FEDIT, fedit[s][0], name))]
                  if x is not None and y is not None]

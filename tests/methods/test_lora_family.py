@@ -156,13 +156,21 @@ def test_fedsa_lora_exports_each_clients_own_adapter_for_peft(tmp_path):
     assert torch.allclose(ours, theirs, atol=1e-5) and not torch.allclose(ours, plain, atol=1e-4)
 
 
-@pytest.mark.parametrize("preset, factor", [("ffa-lora", A), ("fedsa-lora", B)])
-def test_a_linear_task_head_is_shared_and_averaged_beside_the_shared_factor(preset, factor):
-    exp, method, state, inst, replies, ctxs, new = _one_round(_cfg(preset, **{"model.readout": "linear"}))
+@pytest.mark.parametrize("preset, extra, local", [
+    ("ffa-lora", {}, ()),                                          # the head averaged beside B
+    ("fedsa-lora", {}, (B, "head")),                               # the head kept on the client with B (default)
+    ("fedsa-lora", {"method.sharing.share_head": True}, (B,)),     # the head averaged beside A
+], ids=["ffa-lora", "fedsa-lora", "fedsa-lora-share-head"])
+def test_a_linear_task_head_travels_or_stays_as_the_policy_says(preset, extra, local):
+    exp, method, state, inst, replies, ctxs, new = _one_round(_cfg(preset, **{"model.readout": "linear"}, **extra))
     init = method.initial_params()
     head = sorted(k for k in init if not k.endswith((A, B)))
-    assert head  # the linear readout's weight and bias
-    for reply in replies.values():
-        assert sorted(reply.tensors) == sorted(k for k in init if not k.endswith(factor))
+    assert head and all(k.startswith("head") for k in head)  # the linear readout's weight and bias
+    kept = [k for k in init if k.endswith(local) or ("head" in local and k in head)]
+    sent = sorted(k for k in init if k not in kept and not (preset == "ffa-lora" and k.endswith(A)))
+    for c, reply in replies.items():
+        assert sorted(reply.tensors) == sent
+        assert sorted(sub_state(ctxs[c].state, PRIVATE)) == sorted(kept)
     g = ServerState.from_message(new).glob
-    assert all(not torch.equal(g[k], init[k]) for k in head)  # trained and averaged: the global head moved
+    moved = [not torch.equal(g[k], init[k]) for k in head]
+    assert all(moved) if "head" not in local else not any(moved)  # averaged: moved; private: the global keeps init

@@ -129,6 +129,18 @@ def test_stacking_adds_the_weighted_products_exactly_and_compaction_keeps_them()
     assert compact(glob) is glob  # 2 rows: nothing to do
 
 
+def test_stacking_leaves_out_the_initial_lora_whose_product_is_zero():
+    g = torch.Generator().manual_seed(7)
+    init = {k: (torch.zeros_like(v) if k.endswith(B) else v) for k, v in _lora(g, 2).items()}  # B = 0: ΔW = 0
+    ups = [_lora(g, r) for r in (1, 3)]
+    new = stack(init, ups, [1.0, 1.0])
+    assert new[f"m1{A}"].shape == (4, 5) and new[f"m1{B}"].shape == (4, 4)  # Σ r_k rows, none of the initial 2
+    for m in ("m1", "m2"):
+        torch.testing.assert_close(products(new)[m], 0.5 * products(ups[0])[m] + 0.5 * products(ups[1])[m])
+    again = stack(new, ups[:1], [1.0])  # a stack with a non-zero product is kept
+    assert again[f"m1{A}"].shape == (5, 5)
+
+
 # ---------------------------------------------------------------- runs with resource tiers
 
 
@@ -194,6 +206,9 @@ def test_self_pruning_drops_the_tail_when_its_score_falls():
     assert reply.scalars["rank"] == 7 and reply.scalars["tail_score"] >= 0
     assert {tuple(v.shape) for k, v in reply.tensors.items() if k.endswith(A)} == {(7, 32)}
     validate_reply(decode(encode(reply, method.wire)), method.reply_schema(state), c)  # lower rank: accepted
+    deeper = Message(truncate(reply.tensors, 6), dict(reply.scalars) | {"rank": 6})  # below what pruning gives
+    with pytest.raises(InvalidReply, match="rank 8 \\(or 7 after self-pruning\\)"):
+        validate_reply(decode(encode(deeper, method.wire)), method.reply_schema(state), c)
     new = method.aggregate(state, 1, {c: decode(encode(reply, method.wire))})
     assert ServerState.from_message(new).sharing.scalars["ranks"][str(c)] == 7
     assert {tuple(v.shape) for k, v in method.configure_round(new, 2, [c])[c].tensors.items()

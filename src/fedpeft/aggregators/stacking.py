@@ -4,7 +4,7 @@ For every LoRA module the server stacks the clients' factors, each A scaled by i
 A ← [A; p_1 A_1; …; p_K A_K] (rows) and B ← [B, B_1, …, B_K] (columns), so the new product is the old one plus
 Σ_k p_k B_k A_k exactly (Eq. 5), where averaging A and B separately would add cross terms. The stack is the
 global update ΔW that the clients add to their frozen weights before they train a fresh LoRA
-(``sharing.lora_stacking``). It grows by Σ_k r_k every round; once it is longer than D = the largest min(d_out,
+(``sharing.lora_stacking``); the initial LoRA (B = 0, so ΔW = 0) is dropped at the first stacking. It grows by Σ_k r_k every round; once it is longer than D = the largest min(d_out,
 d_in) of the modules it cannot gain rank, and is replaced by its exact factorisation B = U Σ, A = Vᵀ (SVD, all
 min(d_out, d_in) components, zero-padded to D so that every module keeps one rank). Other tensors are averaged.
 """
@@ -25,12 +25,16 @@ torch = lazy("torch")
 
 
 def stack(glob: Params, updates: Sequence[Params], weights: Sequence[float]) -> Params:
-    """The stacked factors of every module (Eq. 5): A rows p_k A_k, B columns B_k, after the global ones."""
+    """The stacked factors of every module (Eq. 5): A rows p_k A_k, B columns B_k, after the global ones. The
+    initial LoRA (every B zero: no update yet, the paper's bare base model) is left out, not stacked as zeros."""
     total = float(sum(weights))
+    modules = pairs(glob).values()
+    base = [] if all(not bool(glob[b].any()) for _, b in modules) else [glob]
     out = {}
-    for a, b in pairs(glob).values():
-        out[a] = torch.cat([glob[a].double()] + [(w / total) * u[a].double() for w, u in zip(weights, updates)]).float()
-        out[b] = torch.cat([glob[b].double()] + [u[b].double() for u in updates], dim=1).float()
+    for a, b in modules:
+        out[a] = torch.cat([g[a].double() for g in base]
+                           + [(w / total) * u[a].double() for w, u in zip(weights, updates)]).float()
+        out[b] = torch.cat([g[b].double() for g in base] + [u[b].double() for u in updates], dim=1).float()
     return out
 
 

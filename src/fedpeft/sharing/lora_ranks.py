@@ -86,8 +86,9 @@ class RankTiers(ShareAll):
         return {}, (RANK,)
 
     def check(self, reply: Message, client: int, state: Message) -> None:
-        """At the client's current rank (or below it after self-pruning)."""
-        check_rank(reply, client, self.rank(client, state), lower=self.settings.self_prune)
+        """At the client's current rank, or at its pruned rank ⌊γ r⌋ with self-pruning."""
+        r = self.rank(client, state)
+        check_rank(reply, client, r, pruned=self.pruned_rank(r) if self.settings.self_prune else None)
 
     def expand(self, update: Update, shared: Params) -> Update:
         """Zero-padded to the global rank (HetLoRA Sec. 3.2): the client's B A is unchanged."""
@@ -108,11 +109,15 @@ class RankTiers(ShareAll):
         """The received factors zero-padded to the global rank (the padding stays frozen at zero)."""
         return pad(received, self.r_max)
 
+    def pruned_rank(self, r: int) -> int:
+        """The rank a self-pruning client of rank r drops to: max(r_min, ⌊γ r⌋)."""
+        return max(self.settings.min_rank, math.floor(self.settings.prune_gamma * r))
+
     def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> dict[str, Any]:
         r = rank_of({k: v for k, v in instruction.tensors.items() if factor(k)}) or self.r_max
         plan: dict[str, Any] = {RANK: r, "frozen": rank_mask(start, r)}
         s = self.settings
-        keep = max(s.min_rank, math.floor(s.prune_gamma * r))
+        keep = self.pruned_rank(r)
         if s.self_prune and keep < r:
             lam, modules = s.prune_lambda, list(pairs(start).values())
             plan |= {"keep": keep, "before": float(tail_score(start, modules, keep, r)),
@@ -149,11 +154,12 @@ def rank_wire_shapes(update: Shapes) -> dict[str, tuple[int | None, ...]]:
             for k, s in update.items()}
 
 
-def check_rank(reply: Message, client: int, allowed: int, lower: bool = False) -> None:
-    """The reply states rank ``allowed`` (or, with ``lower``, one in [1, allowed]) and its factors have it."""
+def check_rank(reply: Message, client: int, allowed: int, pruned: int | None = None) -> None:
+    """The reply states rank ``allowed`` (or ``pruned``, the rank self-pruning drops to) and its factors have it."""
     r = reply.scalars[RANK]
-    if not (isinstance(r, int) and 1 <= r <= allowed) or (r != allowed and not lower):
-        raise ValueError(f"'{RANK}' is {r!r}; client {client} trains LoRA at rank {allowed}")
+    if not isinstance(r, int) or isinstance(r, bool) or r not in {allowed, pruned}:
+        also = f" (or {pruned} after self-pruning)" if pruned is not None else ""
+        raise ValueError(f"'{RANK}' is {r!r}; client {client} trains LoRA at rank {allowed}{also}")
     got = rank_of({k: v for k, v in reply.tensors.items() if factor(k)})
     if got is not None and got != r:
         raise ValueError(f"LoRA factors at rank {got}, the reply states rank {r}")
