@@ -9,8 +9,8 @@ Criteria, fixed before the runs:
   each LoRA rank 4 / 8 / 16 (seeded, the same clients in every tiered arm of a seed); the homogeneous arms train
   rank 4 (the smallest tier: what every client can afford) or 16 (the upper bound). LoRA scaling alpha / r = 2
   everywhere. Reported: the final round's global test accuracy (never the best round) and the mean of the clients'
-  accuracies on their own test shards (personalised: FedSA-LoRA's own B and head, each tier's own rank, local-only's own
-  adapter), bytes up and down per client-round from the codec, and the upload spent until the global accuracy
+  accuracies on their own test shards (personalised: FedSA-LoRA's own B and head, each tier's own rank, local-only's
+  own adapter), bytes up and down per client-round from the codec, and the upload spent until the global accuracy
   first reaches 95 % of FedAvg-LoRA r = 16's final accuracy of the same seed. Baselines: the majority class and the
   per-client majority (each client predicts its training shard's majority on its test shard).
 - head pruning (``headprune``): IID, s = 0.9, random client selection, Eq. 8 aggregation; the paper's confidence

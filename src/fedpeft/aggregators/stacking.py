@@ -4,9 +4,10 @@ For every LoRA module the server stacks the clients' factors, each A scaled by i
 A ← [A; p_1 A_1; …; p_K A_K] (rows) and B ← [B, B_1, …, B_K] (columns), so the new product is the old one plus
 Σ_k p_k B_k A_k exactly (Eq. 5), where averaging A and B separately would add cross terms. The stack is the
 global update ΔW that the clients add to their frozen weights before they train a fresh LoRA
-(``sharing.lora_stacking``); the initial LoRA (B = 0, so ΔW = 0) is dropped at the first stacking. It grows by Σ_k r_k every round; once it is longer than D = the largest min(d_out,
-d_in) of the modules it cannot gain rank, and is replaced by its exact factorisation B = U Σ, A = Vᵀ (SVD, all
-min(d_out, d_in) components, zero-padded to D so that every module keeps one rank). Other tensors are averaged.
+(``sharing.lora_stacking``); the initial LoRA (B = 0, so ΔW = 0) is dropped at the first stacking. It grows by
+Σ_k r_k every round; once it is longer than D = the largest min(d_out, d_in) of the modules it cannot gain rank,
+and is replaced by its exact factorisation B = U Σ, A = Vᵀ (SVD, all min(d_out, d_in) components, zero-padded to
+D so that every module keeps one rank). Other tensors are averaged.
 """
 
 from __future__ import annotations
