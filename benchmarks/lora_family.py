@@ -42,6 +42,7 @@ GRID = load_grid("lora_family")
 TIERS, FAMILY, OWN_LR, HEADPRUNE = GRID["tiers"], GRID["family"], GRID["own_lr"], GRID["headprune"]
 GENERATION, FROM_GENERATION, TASKS, PARTITIONS = (GRID["generation"], GRID["from_generation"], GRID["tasks"],
                                                   GRID["partitions"])
+FAMILY_CONTRASTS, GENERATION_CONTRASTS = GRID["family_contrasts"], GRID["generation_contrasts"]
 REFERENCE = "FedAvg-LoRA r=16 (all at the largest rank)"
 # arms scored only with each client's own adapter: local-only's global adapter is never trained; FedSA-LoRA's keeps B
 # at its initial zeros and, classifying, the task head at its initialisation (each client keeps its own)
@@ -190,7 +191,7 @@ def render(args) -> Path:
                     f"{_mb(statistics.fmean(r['up'] for r in done.values()))} | "
                     f"{_mb(statistics.fmean(r['down'] for r in done.values()))} | {to_target} | "
                     f"{_devices(done)} |")
-            lines.append("")
+            lines += ["", *_family_contrasts(rows), ""]
     for task in args.headprune_tasks:
         rows = {a: {s: _row(runs / job_name("headprune", task, "iid", a, s)) for s in args.seeds} for a in HEADPRUNE}
         lines += [f"## Head pruning's scoring, {task}, iid (s = 0.9)", ""]
@@ -214,7 +215,22 @@ def render(args) -> Path:
     return write_results(args.results, lines)
 
 
-GEN_PAIRED = ("own-category BLEU", "seen BLEU", "unseen BLEU")  # each generation arm − fedit, paired by seed
+def _family_contrasts(rows: dict[str, dict[int, dict | None]]) -> list[str]:
+    """The grid's contrasts (arm − reference, paired by seed, in points) on global and personalised accuracy; the
+    global one only where both arms have a global model."""
+    lines = ["The grid's contrasts, paired by seed, final round, in points: mean [95 % CI] over the seeds both "
+             "finished (n); one seed: the difference alone.", "",
+             "| arm − reference | global acc Δ | personalised acc Δ |", "|---|---|---|"]
+    for arm, ref in FAMILY_CONTRASTS.items():
+        both = [(rows[arm][s], rows[ref][s]) for s in rows[arm] if rows[arm][s] and rows[ref][s]]
+        glob = "–" if arm.startswith(PERSONAL_ONLY) or ref.startswith(PERSONAL_ONLY) else \
+            paired_cell([(x["final"] - y["final"]) * 100 for x, y in both])
+        local = paired_cell([(x["local"] - y["local"]) * 100 for x, y in both])
+        lines.append(f"| {arm} − {ref} | {glob} | {local} |")
+    return lines
+
+
+GEN_PAIRED = ("own-category BLEU", "seen BLEU", "unseen BLEU")  # arm − reference, paired by seed
 FEDIT = "FedAvg-LoRA (fedit)"  # the row every generation arm is compared with
 
 
@@ -285,16 +301,15 @@ def _generation_rows(args) -> list[str]:
     scored = [r for a, runs in finals.items() if not a.startswith((*PERSONAL_ONLY, "zero-shot"))
               for r, _, _ in runs.values()]
     lines += ["", generation._standard_errors("webnlg", scored), "",
-              "Paired differences from FedAvg-LoRA (fedit) by seed, final round, in points: mean [95 % CI] over the "
-              "seeds both finished (n); one seed: the difference alone.", "", "| arm − fedit | metric | Δ |",
-              "|---|---|---|"]
-    fedit = finals[FEDIT]
-    for arm in GENERATION:
-        for name in GEN_PAIRED[:1] if personal[arm] else GEN_PAIRED:
-            d = [x - y for s in finals[arm] if s in fedit
-                 for x, y in [(metric(arm, finals[arm][s][0], name), metric(FEDIT, fedit[s][0], name))]
+              "Paired differences by seed, final round, in points: each arm − FedAvg-LoRA (fedit), then the grid's "
+              "contrasts; mean [95 % CI] over the seeds both finished (n); one seed: the difference alone.", "",
+              "| arm − reference | metric | Δ |", "|---|---|---|"]
+    for arm, ref in [(a, FEDIT) for a in GENERATION] + list(GENERATION_CONTRASTS.items()):
+        for name in GEN_PAIRED[:1] if personal[arm] or personal[ref] else GEN_PAIRED:
+            d = [x - y for s in finals[arm] if s in finals[ref]
+                 for x, y in [(metric(arm, finals[arm][s][0], name), metric(ref, finals[ref][s][0], name))]
                  if x is not None and y is not None]
-            lines.append(f"| {arm} | {name} | {paired_cell(d)} |")
+            lines.append(f"| {arm} − {'fedit' if ref == FEDIT else ref} | {name} | {paired_cell(d)} |")
     return lines + [""]
 
 
