@@ -262,7 +262,7 @@ def _generation_finals(args) -> dict[str, dict[int, tuple[dict, dict, str]]]:
 
 def _generation_rows(args) -> list[str]:
     """WebNLG: this benchmark's arms beside the generation benchmark's zero-shot, fedit and local-only runs, the
-    bootstrap standard error of one run's score, and each arm's paired difference from fedit."""
+    bootstrap standard error of one run's score, each arm's paired difference from fedit and the grid's contrasts."""
     from benchmarks import generation
 
     finals = _generation_finals(args)
