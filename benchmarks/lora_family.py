@@ -42,6 +42,7 @@ GRID = load_grid("lora_family")
 TIERS, FAMILY, OWN_LR, HEADPRUNE = GRID["tiers"], GRID["family"], GRID["own_lr"], GRID["headprune"]
 GENERATION, FROM_GENERATION, TASKS, PARTITIONS = (GRID["generation"], GRID["from_generation"], GRID["tasks"],
                                                   GRID["partitions"])
+FAMILY_TASKS = GRID["family_tasks"]  # arms run on some of the family's tasks only
 FAMILY_CONTRASTS, GENERATION_CONTRASTS = GRID["family_contrasts"], GRID["generation_contrasts"]
 REFERENCE = "FedAvg-LoRA r=16 (all at the largest rank)"
 # arms scored only with each client's own adapter: local-only's global adapter is never trained; FedSA-LoRA's keeps B
@@ -72,16 +73,27 @@ def overrides(args, part: str, task: str, partition: str, arm: str, seed: int) -
             *PARTITIONS[partition], *method, *lr, f"method.trainer.batch_size={args.batch}"]
 
 
+def family_arms(task: str) -> list[str]:
+    """The family's arms run on ``task`` (``family_tasks`` in the grid restricts some)."""
+    return [a for a in FAMILY if task in FAMILY_TASKS.get(a, [task])]
+
+
 def plan(args) -> list[tuple[str, str, str, str, int]]:
+    """The jobs, arm by arm (every seed of an arm before the next arm), of the arms ``--arms`` names (all)."""
     jobs = []
-    for s in args.seeds:
-        if "family" in args.parts:
-            jobs += [("family", t, p, a, s) for t in args.family_tasks for p in args.family_partitions for a in FAMILY]
-        if "headprune" in args.parts:
-            jobs += [("headprune", t, "iid", a, s) for t in args.headprune_tasks for a in HEADPRUNE]
-        if "generation" in args.parts:
-            jobs += [("generation", "webnlg", "category", a, s) for a in GENERATION]
-    return jobs
+    if "family" in args.parts:
+        jobs += [("family", t, p, a, s) for a in FAMILY for s in args.seeds for t in args.family_tasks
+                 for p in args.family_partitions if a in family_arms(t)]
+    if "headprune" in args.parts:
+        jobs += [("headprune", t, "iid", a, s) for a in HEADPRUNE for s in args.seeds for t in args.headprune_tasks]
+    if "generation" in args.parts:
+        jobs += [("generation", "webnlg", "category", a, s) for a in GENERATION for s in args.seeds]
+    if args.arms is None:
+        return jobs
+    unknown = [a for a in args.arms if a not in {*FAMILY, *HEADPRUNE, *GENERATION}]
+    if unknown:
+        raise SystemExit(f"--arms: no arm {unknown} in benchmarks/grids/lora_family.yaml")
+    return sorted((j for j in jobs if j[3] in args.arms), key=lambda j: args.arms.index(j[3]))
 
 
 def run_job(args, *job) -> str:
@@ -319,6 +331,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                                                         "zero-shot and local-only rows)")
     p.add_argument("--parts", nargs="+", default=["family", "headprune", "generation"],
                    choices=["family", "headprune", "generation"])
+    p.add_argument("--arms", nargs="+", default=None, help="run only these arms (labels of the grid), in this order "
+                                                            "of priority: every seed of one before the next")
     p.add_argument("--family-tasks", nargs="+", default=["agnews", "20ng"], choices=list(TASKS))
     p.add_argument("--family-partitions", nargs="+", default=["dir0.5"], choices=list(PARTITIONS))
     p.add_argument("--headprune-tasks", nargs="+", default=["mnli", "20ng"], choices=list(TASKS))

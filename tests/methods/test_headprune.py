@@ -348,3 +348,22 @@ def test_scoring_variants_keep_other_heads_than_the_papers(variant):
         layers = method.sharing.num_heads // per
         counts = [sum(h // per == layer for h in kept["variant"]) for layer in range(layers)]
         assert max(counts) - min(counts) <= 1
+
+
+def test_fixed_random_heads_are_one_draw_for_every_client_and_round():
+    """``random`` redraws the kept heads per client and round; ``random_fixed`` keeps one seeded set everywhere (as
+    few distinct heads trained over a run as a scored variant), and another seed draws another set."""
+    def kept(scoring, seed=0):
+        cfg = _cfg("headprune", seed=seed, **{"method.sharing.scoring": scoring, "method.sharing.sparsity": 0.5})
+        exp = build_experiment(cfg)
+        method = build_method(cfg, exp)
+        out = {}
+        for rnd, cid in ((1, 0), (1, 1), (2, 0), (3, 2)):
+            inst = method.configure_round(method.server_init(), rnd, [cid])[cid]
+            start = method.sharing.client_params(method.trainer.params_of(inst), {})
+            out[rnd, cid] = tuple(method.sharing.plan(start, inst, exp.client(cid), rnd)["kept"])
+        return out
+
+    fixed, redrawn = kept("random_fixed"), kept("random")
+    assert len(set(fixed.values())) == 1 and len(set(redrawn.values())) > 1
+    assert set(kept("random_fixed", seed=1).values()) != set(fixed.values())

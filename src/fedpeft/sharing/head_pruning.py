@@ -12,7 +12,9 @@ their delta is 0) with the importances of pruned heads set to 0, for Eq. 8 (``ag
 or plain FedAvg (B2, spec A10). The analytic OPs of the client step (spec §2.7) are reported per client.
 
 Variants beside the paper's scoring, to test whether importance beats random pruning: ``scoring: lowest`` keeps the
-least confident heads; ``sinks: cls_and_eos`` also discounts attention to the first token ([CLS]/BOS), which with
+least confident heads; ``scoring: random_fixed`` keeps one seeded random set in every client and round (``random``
+redraws it per client and round, so it trains most heads over a run where a scored variant trains a few: the fair
+control for "which heads" is the fixed set); ``sinks: cls_and_eos`` also discounts attention to the first token ([CLS]/BOS), which with
 [SEP] absorbs most of a confident head's attention; ``quota: per_layer`` keeps the same number in every layer.
 """
 
@@ -30,7 +32,7 @@ from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
 from fedpeft.costs import client_ops
 from fedpeft.lazy import lazy, lazy_dict
-from fedpeft.rng import torch_rng
+from fedpeft.rng import SHARED, torch_rng
 from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, Shapes
 from fedpeft.sharing.head_importance import head_confidence, key_token_ids
 
@@ -42,9 +44,11 @@ HEADS, ALPHA = "heads", "head_alpha"  # reply tensors: kept head ids, their impo
 class HeadPruningSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     sparsity: float = Field(0.9, ge=0, lt=1, description="s: share of all attention heads pruned per client")
-    scoring: Literal["importance", "lowest", "random", "none"] = Field(
+    scoring: Literal["importance", "lowest", "random", "random_fixed", "none"] = Field(
         "importance", description="importance (Eq. 6 confidence: the most confident heads kept), lowest (the least "
-                                  "confident kept, a control), random (B2 baseline), none (dense: keep all)")
+                                  "confident kept, a control), random (B2 baseline: a new draw per client and "
+                                  "round), random_fixed (one seeded draw kept by every client in every round: as "
+                                  "few distinct heads trained as a scored variant), none (dense: keep all)")
     sinks: Literal["eos", "cls_and_eos"] = Field(
         "eos", description="key tokens whose attention does not count as confidence: the end-of-sequence token "
                            "([SEP]; the paper), or also the first token ([CLS] / BOS), the other attention sink")
@@ -161,9 +165,10 @@ class HeadPruning(ShareAll):
             alpha = self.importance(start, client)
             sign = -1.0 if s.scoring == "importance" else 1.0
             order = sorted(range(self.num_heads), key=lambda h: (sign * float(alpha[h]), h))
-        elif s.scoring == "random":
+        elif s.scoring in ("random", "random_fixed"):
             alpha = torch.ones(self.num_heads, dtype=torch.float64)
-            gen = torch_rng(client.seed, round, client.client_id, "random-heads")
+            gen = (torch_rng(client.seed, round, client.client_id, "random-heads") if s.scoring == "random" else
+                   torch_rng(client.seed, 0, SHARED, "random-heads-fixed"))  # one draw, every client alike
             order = torch.randperm(self.num_heads, generator=gen).tolist()
         else:
             alpha = torch.ones(self.num_heads, dtype=torch.float64)

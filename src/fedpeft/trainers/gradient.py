@@ -37,6 +37,8 @@ class GradientSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     lr: float = Field(0.03, gt=0, description="learning rate")
+    head_lr: float | None = Field(None, gt=0, description="learning rate of the linear readout head's tensors "
+                                                          "(head.weight, head.bias; None: lr, one rate for all)")
     batch_size: int = Field(16, ge=1, description="examples per local step")
     local_epochs: float = Field(1.0, gt=0, description="passes over the local data per round")
     max_steps: int | None = Field(None, ge=1, description="cap on optimizer steps per round")
@@ -55,12 +57,22 @@ class TrainResult:
     optimizer_state: dict[str, torch.Tensor] | None
 
 
-Optimizer = Callable[[list["torch.Tensor"], GradientSettings], "torch.optim.Optimizer"]
+Optimizer = Callable[[list[dict], GradientSettings], "torch.optim.Optimizer"]
 OPTIMIZERS: dict[str, Optimizer] = {
-    "adam": lambda ts, s: torch.optim.Adam(ts, lr=s.lr, weight_decay=s.weight_decay),
-    "adamw": lambda ts, s: torch.optim.AdamW(ts, lr=s.lr, weight_decay=s.weight_decay),
-    "sgd": lambda ts, s: torch.optim.SGD(ts, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay),
+    "adam": lambda groups, s: torch.optim.Adam(groups, lr=s.lr, weight_decay=s.weight_decay),
+    "adamw": lambda groups, s: torch.optim.AdamW(groups, lr=s.lr, weight_decay=s.weight_decay),
+    "sgd": lambda groups, s: torch.optim.SGD(groups, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay),
 }
+HEAD = "head."  # the linear readout's tensors (``model.readouts.linear``), trained at ``head_lr`` when it is set
+
+
+def param_groups(names: list[str], cfg: GradientSettings) -> list[list[str]]:
+    """The trained tensors' names by learning rate: one group (every tensor at ``lr``), or with ``head_lr`` the
+    adapter's tensors then the readout head's (the optimizer's groups, in this order)."""
+    if cfg.head_lr is None:
+        return [names]
+    groups = [[k for k in names if not k.startswith(HEAD)], [k for k in names if k.startswith(HEAD)]]
+    return [g for g in groups if g]
 
 
 def num_steps(n: int, cfg: GradientSettings) -> int:
@@ -69,10 +81,15 @@ def num_steps(n: int, cfg: GradientSettings) -> int:
     return min(steps, cfg.max_steps) if cfg.max_steps else steps
 
 
+def _group_params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
 def _flat_state(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
-    """Optimizer state as plain named tensors on the CPU (checkpointable, no pickle)."""
+    """Optimizer state as plain named tensors on the CPU (checkpointable, no pickle); ``names`` in the optimizer's
+    parameter order."""
     out = {}
-    for name, p in zip(names, opt.param_groups[0]["params"]):
+    for name, p in zip(names, _group_params(opt)):
         for k, v in opt.state.get(p, {}).items():
             out[f"{name}::{k}"] = v.detach().cpu().clone() if torch.is_tensor(v) else torch.tensor(v)
     return out
@@ -80,7 +97,7 @@ def _flat_state(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch
 
 def _load_flat_state(opt: torch.optim.Optimizer, names: list[str], flat: dict[str, torch.Tensor],
                      device: torch.device) -> None:
-    for name, p in zip(names, opt.param_groups[0]["params"]):
+    for name, p in zip(names, _group_params(opt)):
         st = {k.split("::", 1)[1]: v.clone() for k, v in flat.items() if k.split("::", 1)[0] == name}
         if st:
             opt.state[p] = {k: (v.to(device) if k != "step" else v) for k, v in st.items()}
@@ -103,9 +120,13 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
     anchor = {k: v.detach().clone() for k, v in work.items()} if cfg.prox_mu > 0 else None
     masks = {k: m.to(clf.device) for k, m in (frozen or {}).items() if bool(m.any())}
     keep = {k: work[k].detach().clone() for k in masks}
-    opt = OPTIMIZERS[optimizer]([work[k] for k in names], cfg)
+    groups = param_groups(names, cfg)
+    rate = {True: cfg.lr if cfg.head_lr is None else cfg.head_lr, False: cfg.lr}  # keyed by "is the head"
+    opt = OPTIMIZERS[optimizer]([{"params": [work[k] for k in g], "lr": rate[g[0].startswith(HEAD)]}
+                                 for g in groups], cfg)
+    ordered = [k for g in groups for k in g]  # the optimizer's parameter order
     if optimizer_state and not cfg.reset_optimizer:
-        _load_flat_state(opt, names, optimizer_state, clf.device)
+        _load_flat_state(opt, ordered, optimizer_state, clf.device)
     steps, n = num_steps(len(data), cfg), len(data)
     order = torch.empty(0, dtype=torch.long)
     total = 0.0
@@ -141,7 +162,7 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
             for k, m in masks.items():
                 work[k][m] = keep[k][m]
         total += loss
-    state = None if cfg.reset_optimizer else _flat_state(opt, names)
+    state = None if cfg.reset_optimizer else _flat_state(opt, ordered)
     return TrainResult({k: v.detach().cpu() for k, v in work.items()}, steps, float(total) / steps, state)
 
 
