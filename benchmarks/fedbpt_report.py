@@ -10,7 +10,8 @@ from pathlib import Path
 
 from benchmarks.fedbpt_arms import (ALPHAS, ARMS, BLACK_BOX, HEADLINE, MATCHED, REFERENCE, TASKS, job_name, overrides, part_key,
                          plan)
-from benchmarks.runner import finished, mean_std, paired_cell, paired_ci
+from benchmarks.runner import finished
+from benchmarks.stats import mean_std, paired_cell, paired_ci
 
 SKEWED = 0.8  # a client is "one-class" when its largest class holds >= 80 % of its few-shot examples
 

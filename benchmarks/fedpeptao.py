@@ -29,8 +29,8 @@ import statistics
 from pathlib import Path
 
 from benchmarks.grids import load_grid
-from benchmarks.runner import (finished, grid_parser, mean_std, paired_cell, parse_grid_args, run_config, run_grid,
-                               write_results)
+from benchmarks.runner import finished, grid_parser, parse_grid_args, run_config, run_grid, write_results
+from benchmarks.stats import mean_std, paired_cell
 
 GRID = load_grid("fedpeptao")
 TOKENS, SCRIPT_LR, ARMS = GRID["tokens"], GRID["script_lr"], GRID["arms"]  # ARMS: group -> label -> overrides

@@ -22,7 +22,8 @@ import statistics
 from pathlib import Path
 
 from benchmarks.grids import load_grid
-from benchmarks.runner import grid_parser, mean_std, parse_grid_args, run_config, run_grid, write_results
+from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
+from benchmarks.stats import mean_std
 
 GRID = load_grid("fedprompt_security")
 POISON = GRID["poison"]

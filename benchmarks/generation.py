@@ -26,8 +26,10 @@ import math
 import statistics
 from pathlib import Path
 
+from benchmarks.budget import budget_cell, measured
 from benchmarks.grids import load_grid
-from benchmarks.runner import grid_parser, paired_cell, parse_grid_args, run_config, run_grid, write_results
+from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
+from benchmarks.stats import paired_cell
 
 GRID = load_grid("generation")
 ARMS = GRID["arms"]
@@ -56,6 +58,14 @@ def overrides(args, task: str, arm: str, seed: int) -> list[str]:
             f"evaluation.round_zero={arm.startswith('fedit')}",  # the zero-shot row: round 0 of fedit
             "runtime.progress=false", f"runtime.threads={args.threads}", f"runtime.device={args.device}",
             *ARMS[arm]]
+
+
+def contrasts(args) -> list[tuple[str, str, list[str], list[str]]]:
+    """(arm, reference, the arm's overrides, the reference's) of every paired contrast of the results file
+    (``PAIRED``; zero-shot is fedit's own round 0, no training to compare), for the budget test over the grids."""
+    return [(arm, ref, overrides(args, task, arm, 0), overrides(args, task, ref, 0))
+            for task in args.tasks for start, against, _ in PAIRED[task] if ZERO_SHOT not in (start, against)
+            for arm, ref in [(_label(start), _label(against))]]
 
 
 def run_job(args, task: str, arm: str, seed: int) -> str:
@@ -286,6 +296,7 @@ METRICS = {"own-category BLEU": lambda arm, r: _own(r, "bleu", arm.startswith("l
            "unseen BLEU": lambda arm, r: _part(arm, r, "unseen", "bleu"),
            "grounded ROUGE-L": _grounded,
            LOSS: lambda arm, r: _scaled(_own_loss(arm, r))}
+SUPERSEDED = "local-only LoRA, wd 0.1"  # the first local-only run, at weight decay 0.1: what the confound cost
 # the questions of the results paragraph, as (arm, against, metrics): arms named by the start of their label
 PAIRED = {"webnlg": [("fedit", "local-only", ("own-category BLEU", "unseen BLEU", LOSS)),
                      ("fedit", "centralised", ("seen BLEU", "unseen BLEU", LOSS)),
@@ -293,11 +304,13 @@ PAIRED = {"webnlg": [("fedit", "local-only", ("own-category BLEU", "unseen BLEU"
                      ("local-only", ZERO_SHOT, ("own-category BLEU", "unseen BLEU")),
                      ("soft prompt", "fedit", ("seen BLEU", "unseen BLEU")),
                      ("deep prompt", "fedit", ("seen BLEU", "unseen BLEU")),
-                     ("head-pruned", "fedit", ("seen BLEU", "unseen BLEU"))],
+                     ("head-pruned", "fedit", ("seen BLEU", "unseen BLEU")),
+                     (SUPERSEDED, "local-only", ("own-category BLEU", "unseen BLEU"))],
           "dolly": [("fedit", "local-only", ("grounded ROUGE-L", LOSS)),
                     ("fedit", "centralised", ("grounded ROUGE-L", LOSS)),
                     ("fedit", ZERO_SHOT, ("grounded ROUGE-L", LOSS)),
-                    ("local-only", ZERO_SHOT, ("grounded ROUGE-L", LOSS))]}
+                    ("local-only", ZERO_SHOT, ("grounded ROUGE-L", LOSS)),
+                    (SUPERSEDED, "local-only", ("grounded ROUGE-L", LOSS))]}
 
 
 def _label(start: str) -> str:
@@ -360,7 +373,7 @@ def render(args) -> Path:
     for task in args.tasks:
         heads, categories = HEADERS[task], _categories(args, task)
         lines += [f"## {task}", "", f"| arm | {' | '.join(heads)} | test loss | bytes up / client-round | seeds done "
-                  "| device |", "|" + "---|" * (len(heads) + 5)]
+                  "| budget / client-round | device |", "|" + "---|" * (len(heads) + 6)]
         zero: list[list[dict]] = []
         finals: list[dict] = []
         for arm in [a for a in args.arms if task == "webnlg" or a in DOLLY_ARMS]:
@@ -373,15 +386,15 @@ def render(args) -> Path:
             finals += [] if arm.startswith("local-only") else last
             loss = _cell([_own_loss(arm, r) if arm.startswith("local-only") else r.get("loss") for r in last], 3)
             up = _cell([r["bytes_up_per_client_round"] for r in last], 0)
-            devices = sorted({_device(Path(args.runs_dir) / job_name(task, arm, s)) for s, r in zip(args.seeds, recs)
-                              if r})
+            outs = [Path(args.runs_dir) / job_name(task, arm, s) for s, r in zip(args.seeds, recs) if r]
+            devices = sorted({_device(out) for out in outs})
             lines.append(f"| {arm} | {' | '.join(cells)} | {loss} | {up} | {len(done)}/{len(args.seeds)} | "
-                         f"{', '.join(devices) or '–'} |")
+                         f"{budget_cell([measured(out) for out in outs])} | {', '.join(devices) or '–'} |")
         if zero:
             cells = ROWS[task]("zero-shot", zero)
             lines.append(f"| zero-shot (round 0 of fedit) | {' | '.join(cells)} | "
                          f"{_cell([r[0].get('loss') for r in zero], 3)} | 0 | {len(zero)}/{len(args.seeds)} | "
-                         "as fedit |")
+                         "none (round 0) | as fedit |")
         lines += ["", _standard_errors(task, finals), "", *(_loss_table(args, categories) if task == "dolly" else []),
                   *_paired(args, task), ""]
     return write_results(args.results, lines)

@@ -34,9 +34,10 @@ import math
 import statistics
 from pathlib import Path
 
+from benchmarks.budget import Budget, budget_cell, measured, mixed_pairs
 from benchmarks.grids import load_grid
-from benchmarks.runner import (grid_parser, mean_std, paired_cell, parse_grid_args, run_config, run_grid,
-                               write_results)
+from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
+from benchmarks.stats import accuracy_se, mean_std, paired_cell
 
 GRID = load_grid("lora_family")
 TIERS, FAMILY, OWN_LR, HEADPRUNE = GRID["tiers"], GRID["family"], GRID["own_lr"], GRID["headprune"]
@@ -45,6 +46,7 @@ GENERATION, FROM_GENERATION, TASKS, PARTITIONS = (GRID["generation"], GRID["from
 FAMILY_TASKS = GRID["family_tasks"]  # arms run on some of the family's tasks only
 FAMILY_CONTRASTS, GENERATION_CONTRASTS = GRID["family_contrasts"], GRID["generation_contrasts"]
 REFERENCE = "FedAvg-LoRA r=16 (all at the largest rank)"
+HEADPRUNE_REFERENCES = ("random heads", "fixed random heads", "dense LoRA (no head pruned)")  # the Δ columns
 # arms scored only with each client's own adapter: local-only's global adapter is never trained; FedSA-LoRA's keeps B
 # at its initial zeros and, classifying, the task head at its initialisation (each client keeps its own)
 PERSONAL_ONLY = ("local-only", "FedSA")
@@ -96,6 +98,29 @@ def plan(args) -> list[tuple[str, str, str, str, int]]:
     return sorted((j for j in jobs if j[3] in args.arms), key=lambda j: args.arms.index(j[3]))
 
 
+def contrasts(args) -> list[tuple[str, str, list[str], list[str]]]:
+    """(arm, reference, the arm's overrides, the reference's) of every paired contrast the results file reads (on
+    the first task of each part: a budget does not depend on the task), for the budget test over the grids."""
+    fam = lambda t, a: overrides(args, "family", t, args.family_partitions[0], a, 0)  # noqa: E731
+    hp = lambda a: overrides(args, "headprune", args.headprune_tasks[0], "iid", a, 0)  # noqa: E731
+    out = []
+    for task in args.family_tasks:
+        pairs = [(a, REFERENCE) for a in family_arms(task) if a != REFERENCE] + list(FAMILY_CONTRASTS.items())
+        out += [(a, r, fam(task, a), fam(task, r)) for a, r in pairs if a in family_arms(task)]
+    out += [(a, r, hp(a), hp(r)) for r in HEADPRUNE_REFERENCES for a in HEADPRUNE if a != r]
+    from benchmarks import generation
+
+    gen = generation.parse(["--threads", str(args.threads), "--device", args.device])
+
+    def gen_overrides(arm: str) -> list[str]:
+        if arm in GENERATION:
+            return overrides(args, "generation", "webnlg", "category", arm, 0)
+        return generation.overrides(gen, "webnlg", FROM_GENERATION[arm], 0)
+
+    pairs = [(a, FEDIT) for a in GENERATION] + list(GENERATION_CONTRASTS.items())
+    return out + [(a, r, gen_overrides(a), gen_overrides(r)) for a, r in pairs]
+
+
 def run_job(args, *job) -> str:
     return run_config(Path(args.runs_dir) / job_name(*job), overrides(args, *job))
 
@@ -120,9 +145,25 @@ def _row(out: Path) -> dict | None:
         up += r["bytes_up"]
         if r.get("accuracy") is not None:
             curve.append((r["accuracy"], up))
+    kept = [[set(c["kept_head_ids"]) for c in r.get("clients") or [] if c.get("kept_head_ids") is not None]
+            for r in recs]
+    heads = (statistics.fmean(len(set().union(*k)) for k in kept if k), len(set().union(*sum(kept, [])))) \
+        if any(kept) else None
     return {"final": recs[-1]["accuracy"], "local": recs[-1].get("local_accuracy_mean"), "curve": curve,
             "up": summary["bytes_up_per_client_round"], "down": summary["bytes_down_per_client_round"],
-            "hist": summary["label_histograms"], "device": _device(out)}
+            "hist": summary["label_histograms"], "device": _device(out), "budget": measured(out), "heads": heads}
+
+
+def _paired(res: dict[int, dict], ref: dict[int, dict | None], key: str = "final") -> str:
+    """The paired cell of arm − reference on ``key`` in points over the seeds both finished, with the pairs that
+    mix devices counted."""
+    both = [s for s, r in res.items() if r and ref.get(s) and r[key] is not None and ref[s][key] is not None]
+    return paired_cell([(res[s][key] - ref[s][key]) * 100 for s in both],
+                       mixed_pairs({s: res[s]["device"] for s in both}, {s: ref[s]["device"] for s in both}))
+
+
+def _budget(done: dict[int, dict]) -> str:
+    return budget_cell([r["budget"] for r in done.values()])
 
 
 def _device(out: Path) -> str:
@@ -172,28 +213,29 @@ def render(args) -> Path:
         lines += [Path(args.notes).read_text().strip(), ""]
     for task in args.family_tasks:
         for part in args.family_partitions:
-            rows = {a: {s: _row(runs / job_name("family", task, part, a, s)) for s in args.seeds} for a in FAMILY}
+            rows = {a: {s: _row(runs / job_name("family", task, part, a, s)) for s in args.seeds}
+                    for a in family_arms(task)}
             any_run = next((r for a in rows.values() for r in a.values() if r), None)
             lines += [f"## {task}, {part}", ""]
             if any_run:
                 maj, per_client, n = majorities(any_run["hist"])
-                lines += [f"Test n = {n} (standard error of one accuracy ≤ {math.sqrt(0.25 / n) * 100:.1f} points); "
+                lines += [f"Test n = {n} (standard error of one accuracy ≤ {accuracy_se(n):.1f} points); "
                           f"majority class {maj * 100:.1f} %, per-client majority {per_client * 100:.1f} % "
                           "(personalised).", ""]
             lines += ["| arm | seeds done | global acc % | Δ vs FedAvg-LoRA r=16, paired | personalised acc % | "
-                      "MB up / client-round | MB down / client-round | MB uploaded to target | device |",
-                      "|---|---|---|---|---|---|---|---|---|"]
+                      "MB up / client-round | MB down / client-round | MB uploaded to target | "
+                      "budget / client-round | device |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
             ref = rows[REFERENCE]
             for arm, res in rows.items():
                 done = {s: r for s, r in res.items() if r}
                 if not done:
-                    lines.append(f"| {arm} | 0/{len(args.seeds)} | – | – | – | – | – | – | – |")
+                    lines.append(f"| {arm} | 0/{len(args.seeds)} |" + " – |" * 8)
                     continue
-                d = [(r["final"] - ref[s]["final"]) * 100 for s, r in done.items() if ref.get(s)]
                 to = [_upload_to(r["curve"], 0.95 * ref[s]["final"]) for s, r in done.items() if ref.get(s)]
                 reached = [x for x in to if x is not None]
                 glob = (f"{mean_std([r['final'] for r in done.values()])} | "
-                        f"{paired_cell(d) if arm != REFERENCE else '0'}")
+                        f"{_paired(done, ref) if arm != REFERENCE else '0'}")
                 to_target = f"{_mb(statistics.fmean(reached)) if reached else '–'} ({len(reached)}/{len(to)} reached)"
                 if arm.startswith(PERSONAL_ONLY):  # no global model worth scoring: no global column
                     glob, to_target = "– | –", "–"
@@ -202,7 +244,7 @@ def render(args) -> Path:
                     f"{mean_std([r['local'] for r in done.values()])} | "
                     f"{_mb(statistics.fmean(r['up'] for r in done.values()))} | "
                     f"{_mb(statistics.fmean(r['down'] for r in done.values()))} | {to_target} | "
-                    f"{_devices(done)} |")
+                    f"{_budget(done)} | {_devices(done)} |")
             lines += ["", *_family_contrasts(rows), ""]
     for task in args.headprune_tasks:
         rows = {a: {s: _row(runs / job_name("headprune", task, "iid", a, s)) for s in args.seeds} for a in HEADPRUNE}
@@ -210,17 +252,21 @@ def render(args) -> Path:
         any_run = next((r for a in rows.values() for r in a.values() if r), None)
         if any_run:
             maj, _, n = majorities(any_run["hist"])
-            lines += [f"Test n = {n} (standard error of one accuracy ≤ {math.sqrt(0.25 / n) * 100:.1f} points); "
-                      f"majority class {maj * 100:.1f} %.", ""]
-        lines += [
-                  "| scoring | seeds done | global acc % | Δ vs random heads, paired | device |",
-                  "|---|---|---|---|---|"]
-        rand = rows["random heads"]
+            lines += [f"Test n = {n} (standard error of one accuracy ≤ {accuracy_se(n):.1f} points); "
+                      f"majority class {maj * 100:.1f} %. Heads trained: the distinct heads the round's clients "
+                      "kept (mean over the rounds) and over the whole run, of 72.", ""]
+        refs = [r for r in HEADPRUNE_REFERENCES if r in rows]
+        lines += [f"| scoring | seeds done | global acc % | {' | '.join(f'Δ vs {r}, paired' for r in refs)} | "
+                  "heads trained: a round / the run | budget / client-round | device |",
+                  "|---|---|---|" + "---|" * len(refs) + "---|---|---|"]
         for arm, res in rows.items():
             done = {s: r for s, r in res.items() if r}
-            d = [(r["final"] - rand[s]["final"]) * 100 for s, r in done.items() if rand.get(s)]
+            deltas = " | ".join("0" if arm == r else _paired(done, rows[r]) for r in refs)
+            heads = [r["heads"] for r in done.values() if r["heads"]]
+            trained = (f"{statistics.fmean(h[0] for h in heads):.1f} / {statistics.fmean(h[1] for h in heads):.1f}"
+                       if heads else "–")
             lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['final'] for r in done.values()])} "
-                         f"| {paired_cell(d) if arm != 'random heads' else '0'} | {_devices(done) or '–'} |")
+                         f"| {deltas} | {trained} | {_budget(done)} | {_devices(done) or '–'} |")
         lines.append("")
     if "generation" in args.parts:
         lines += _generation_rows(args)
@@ -234,11 +280,11 @@ def _family_contrasts(rows: dict[str, dict[int, dict | None]]) -> list[str]:
              "finished (n); one seed: the difference alone.", "",
              "| arm − reference | global acc Δ | personalised acc Δ |", "|---|---|---|"]
     for arm, ref in FAMILY_CONTRASTS.items():
-        both = [(rows[arm][s], rows[ref][s]) for s in rows[arm] if rows[arm][s] and rows[ref][s]]
-        glob = "–" if arm.startswith(PERSONAL_ONLY) or ref.startswith(PERSONAL_ONLY) else \
-            paired_cell([(x["final"] - y["final"]) * 100 for x, y in both])
-        local = paired_cell([(x["local"] - y["local"]) * 100 for x, y in both])
-        lines.append(f"| {arm} − {ref} | {glob} | {local} |")
+        if arm not in rows or ref not in rows:
+            continue
+        done = {s: r for s, r in rows[arm].items() if r}
+        glob = "–" if arm.startswith(PERSONAL_ONLY) or ref.startswith(PERSONAL_ONLY) else _paired(done, rows[ref])
+        lines.append(f"| {arm} − {ref} | {glob} | {_paired(done, rows[ref], 'local')} |")
     return lines
 
 
@@ -246,14 +292,14 @@ GEN_PAIRED = ("own-category BLEU", "seen BLEU", "unseen BLEU")  # arm − refere
 FEDIT = "FedAvg-LoRA (fedit)"  # the row every generation arm is compared with
 
 
-def _generation_finals(args) -> dict[str, dict[int, tuple[dict, dict, str]]]:
-    """Label -> seed -> (final record with the client names, summary, device): this benchmark's generation arms and
+def _generation_finals(args) -> dict[str, dict[int, tuple[dict, dict, str, Budget]]]:
+    """Label -> seed -> (final record with the client names, summary, device, budget): this benchmark's generation arms and
     the generation benchmark's zero-shot (fedit's round 0), fedit and local-only runs."""
     from benchmarks import generation
 
     sources = {a: (Path(args.generation_runs), g) for a, g in FROM_GENERATION.items()}
     sources |= {a: (Path(args.runs_dir), None) for a in GENERATION}
-    finals: dict[str, dict[int, tuple[dict, dict, str]]] = {}
+    finals: dict[str, dict[int, tuple[dict, dict, str, Budget]]] = {}
     for arm, (root, gen_arm) in sources.items():
         finals[arm] = {}
         for s in args.seeds:
@@ -268,7 +314,8 @@ def _generation_finals(args) -> dict[str, dict[int, tuple[dict, dict, str]]]:
                 recs = [r for r in recs if r["round"] == 0]
                 if not recs:
                     continue
-            finals[arm][s] = (recs[-1] | {"client_names": summary.get("client_names", {})}, summary, _device(out))
+            finals[arm][s] = (recs[-1] | {"client_names": summary.get("client_names", {})}, summary, _device(out),
+                              measured(out))
     return finals
 
 
@@ -294,13 +341,14 @@ def _generation_rows(args) -> list[str]:
              "the 5 categories no client holds. The runs are scored at their final round only (3 rounds), so there "
              "is no upload-to-target column: a run uploads 3 × its bytes per client-round.", "",
              "| arm | seeds done | own BLEU | own chrF | seen BLEU | seen chrF | seen ROUGE-L | unseen BLEU | "
-             "unseen chrF | unseen ROUGE-L | test loss | MB up / client-round | MB down / client-round | device |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "unseen chrF | unseen ROUGE-L | test loss | MB up / client-round | MB down / client-round | "
+             "budget / client-round | device |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, runs in finals.items():
         if not runs:
-            lines.append(f"| {arm} | 0/{len(args.seeds)} |" + " – |" * 12)
+            lines.append(f"| {arm} | 0/{len(args.seeds)} |" + " – |" * 13)
             continue
-        recs, summaries = [r for r, _, _ in runs.values()], [s for _, s, _ in runs.values()]
+        recs, summaries = [r for r, *_ in runs.values()], [s for _, s, *_ in runs.values()]
         glob = [] if personal[arm] else recs
         zero = arm.startswith("zero-shot")
         cells = [mean_std([generation._own(r, k, personal[arm]) for r in recs], 1) for k in ("bleu", "chrf")]
@@ -308,10 +356,11 @@ def _generation_rows(args) -> list[str]:
         cells.append(mean_std([r.get("loss") for r in glob], 1, 3))
         cells += ["0" if zero else _mb(statistics.fmean(s[f"bytes_{d}_per_client_round"] for s in summaries))
                   for d in ("up", "down")]
-        devices = ", ".join(sorted({d for _, _, d in runs.values()}))
+        cells.append("none (round 0)" if zero else budget_cell([b for *_, b in runs.values()]))
+        devices = ", ".join(sorted({d for _, _, d, _ in runs.values()}))
         lines.append(f"| {arm} | {len(runs)}/{len(args.seeds)} | {' | '.join(cells)} | {devices} |")
     scored = [r for a, runs in finals.items() if not a.startswith((*PERSONAL_ONLY, "zero-shot"))
-              for r, _, _ in runs.values()]
+              for r, *_ in runs.values()]
     lines += ["", generation._standard_errors("webnlg", scored), "",
               "Paired differences by seed, final round, in points: each arm − FedAvg-LoRA (fedit), then the grid's "
               "contrasts; mean [95 % CI] over the seeds both finished (n); one seed: the difference alone.", "",

@@ -1,11 +1,10 @@
 """What the resumable benchmark scripts share: their common options, running their jobs in a process pool, reusing
-only finished runs of the same config, mean ± std cells, paired 95 % t-intervals and writing the results file."""
+only finished runs of the same config and writing the results file (the statistics are in ``benchmarks.stats``,
+the arms' budgets in ``benchmarks.budget``)."""
 
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -62,39 +61,6 @@ def run_pool(job: Callable[..., str], jobs: list[tuple], workers: int) -> None:
                 print(f.result(), flush=True)
             except Exception as e:
                 print(f"failed: {type(e).__name__}: {e}", flush=True)
-
-
-def mean_std(xs: list, scale: float = 100.0, digits: int = 1) -> str:
-    """'m ± s' of the non-missing values (scaled), 'm' for one value, '–' for none."""
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "–"
-    m = statistics.fmean(xs) * scale
-    return f"{m:.{digits}f} ± {statistics.stdev(xs) * scale:.{digits}f}" if len(xs) > 1 else f"{m:.{digits}f}"
-
-
-def t95(n: int) -> float:
-    """Two-sided 95 % Student-t quantile with n - 1 degrees of freedom."""
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1))
-
-
-def paired_ci(d: list[float]) -> tuple[float, float, float] | None:
-    """(mean, low, high) of paired differences with a 95 % t-interval (None below 2 pairs)."""
-    if len(d) < 2:
-        return None
-    m = statistics.fmean(d)
-    half = t95(len(d)) * statistics.stdev(d) / math.sqrt(len(d))
-    return m, m - half, m + half
-
-
-def paired_cell(d: list[float]) -> str:
-    """'+m [+lo, +hi] (n=k)' of paired differences already in points; '+x (n=1)' for one pair, '–' for none."""
-    ci = paired_ci(d)
-    if ci is None:
-        return "–" if not d else f"{d[0]:+.1f} (n=1)"
-    return f"{ci[0]:+.1f} [{ci[1]:+.1f}, {ci[2]:+.1f}] (n={len(d)})"
 
 
 # keys a finished run may differ in and still count: where it ran (the tables say where), and whether round 0 was

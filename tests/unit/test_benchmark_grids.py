@@ -6,7 +6,7 @@ import math
 import pytest
 
 def test_paired_interval_by_hand():
-    from benchmarks.runner import paired_cell, paired_ci
+    from benchmarks.stats import paired_cell, paired_ci
 
     mean, lo, hi = paired_ci([1.0, 2.0, 3.0])  # mean 2, sample sd 1, t(0.975, 2 df) = 4.302653
     half = 4.302653 / math.sqrt(3)
@@ -46,7 +46,7 @@ def test_every_generation_job_resolves_and_the_empty_table_renders(tmp_path, arg
     args = parse([*argv, "--runs-dir", str(tmp_path), "--results", str(tmp_path / "g.md"), "--notes",
                   str(tmp_path / "none.md")])
     jobs = plan(args)
-    assert len({job_name(*j) for j in jobs}) == len(jobs) == 3 * (6 + 3)
+    assert len({job_name(*j) for j in jobs}) == len(jobs) == 3 * (7 + 4)  # the superseded local-only too
     for task, arm, seed in jobs:
         cfg = load_config(None, overrides(args, task, arm, seed))
         assert (cfg.task.name, cfg.seed, cfg.model.name) == (task, seed, "smollm2")
@@ -57,7 +57,7 @@ def test_every_generation_job_resolves_and_the_empty_table_renders(tmp_path, arg
                                                              8 if central else 1)
     assert set(ARMS) >= {a for _, a, _ in jobs}
     table = render(args).read_text()
-    assert table.count("| 0/3 |") == 9 and "## webnlg" in table and "## dolly" in table
+    assert table.count("| 0/3 |") == 11 and "## webnlg" in table and "## dolly" in table
 
 
 def test_the_flowertune_comparison_runs_fedit_on_both_runtimes():
@@ -76,14 +76,14 @@ def test_the_flowertune_comparison_runs_fedit_on_both_runtimes():
 
 @pytest.mark.parametrize("argv", [[], ["--full", "--device", "cuda"]])
 def test_every_lora_family_job_resolves_and_the_empty_table_renders(tmp_path, argv):
-    from benchmarks.lora_family import FAMILY, GENERATION, HEADPRUNE, job_name, overrides, parse, plan, render
+    from benchmarks.lora_family import GENERATION, HEADPRUNE, family_arms, job_name, overrides, parse, plan, render
 
     from fedpeft.resolve import load_config
 
     args = parse([*argv, "--runs-dir", str(tmp_path), "--results", str(tmp_path / "f.md"), "--notes",
                   str(tmp_path / "none.md"), "--generation-runs", str(tmp_path / "gen")])
     jobs = plan(args)
-    family = len(args.family_tasks) * len(args.family_partitions) * len(FAMILY)
+    family = len(args.family_partitions) * sum(len(family_arms(t)) for t in args.family_tasks)
     assert len({job_name(*j) for j in jobs}) == len(jobs) == 3 * (family + 2 * len(HEADPRUNE) + len(GENERATION))
     for part, task, partition, arm, seed in jobs:
         cfg = load_config(None, overrides(args, part, task, partition, arm, seed))
