@@ -9,7 +9,7 @@ arms cannot hide a difference in how long or how hard they trained.
   fails on any difference between the arms of a paired contrast that the grid does not declare (``budget_differences``
   in ``benchmarks/grids/<name>.yaml``: arm -> {key: why}).
 - ``measured(run_dir)``: from ``metrics.jsonl`` the mean local optimizer steps and examples seen per client-round
-  over every accepted reply of the run, from ``config.yaml`` each trained part's learning rate, the weight decay and
+  over every accepted reply of the run (forward-only trainers: the candidates and examples their forwards scored), from ``config.yaml`` each trained part's learning rate, the weight decay and
   the device. ``budget_cell`` writes the runs of one arm as one table cell.
 """
 
@@ -57,11 +57,13 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, An
 class Budget:
     """One run's measured budget: means per client-round over its accepted replies."""
 
-    steps: float | None         # local optimizer steps (gradient trainers) or search/CMA-ES steps the reply reports
-    examples: float | None      # examples a client-round trains on: steps × min(batch size, the client's examples)
+    steps: float | None         # local optimizer steps (gradient trainers)
+    examples: float | None      # examples a client-round trains on: gradient trainers steps × min(batch size, the
+    #                             client's examples); forward-only trainers the examples their forwards scored
     rates: tuple[tuple[str, float], ...]  # (part, learning rate): the adapter's tensors, the readout head
     weight_decay: float | None
     device: str
+    candidates: float | None = None  # forward-only trainers: candidates scored (CMA-ES, discrete search)
 
 
 def measured(run_dir: str | Path) -> Budget:
@@ -72,22 +74,29 @@ def measured(run_dir: str | Path) -> Budget:
     cfg = yaml.safe_load((out / "config.yaml").read_text())
     trainer = cfg["method"]["trainer"]
     batch = trainer.get("batch_size")
-    steps, examples = [], []
+    steps, examples, candidates = [], [], []
     for line in (out / "metrics.jsonl").read_text().splitlines():
         if not line.strip():
             continue
         for c in json.loads(line).get("clients") or []:
-            if c.get("status") == "ok" and c.get("steps") is not None:
+            if c.get("status") != "ok":
+                continue
+            if c.get("steps") is not None:
                 steps.append(c["steps"])
                 if batch and c.get("num_examples"):
                     examples.append(c["steps"] * min(batch, c["num_examples"]))
+            elif c.get("candidates") is not None:  # a forward-only trainer reports what its forwards scored
+                candidates.append(c["candidates"])
+                if c.get("examples") is not None:
+                    examples.append(c["examples"])
     rates: list[tuple[str, float]] = []
     if "lr" in trainer:
         rates.append(("adapter", trainer["lr"]))
         if cfg["model"].get("readout") == "linear" and cfg["task"].get("kind") != "generation":
             rates.append(("head", trainer["lr"] if trainer.get("head_lr") is None else trainer["head_lr"]))
-    return Budget(statistics.fmean(steps) if steps else None, statistics.fmean(examples) if examples else None,
-                  tuple(rates), trainer.get("weight_decay"), str(cfg["runtime"]["device"]))
+    mean = lambda xs: statistics.fmean(xs) if xs else None  # noqa: E731
+    return Budget(mean(steps), mean(examples), tuple(rates), trainer.get("weight_decay"),
+                  str(cfg["runtime"]["device"]), mean(candidates))
 
 
 def rate(x: float) -> str:
@@ -99,8 +108,9 @@ def rate(x: float) -> str:
 
 
 def budget_cell(budgets: list[Budget], device: bool = False) -> str:
-    """One arm's runs as a cell: 'steps · examples · lr (head lr) · wd' per client-round, the means over its runs
-    (values that differ between the runs are all listed); with ``device`` the devices too; '–' for no run."""
+    """One arm's runs as a cell: 'steps · examples · lr (head lr) · wd' per client-round (forward-only trainers:
+    'candidates · examples' their forwards scored), the means over its runs (values that differ between the runs are
+    all listed); with ``device`` the devices too; '–' for no run."""
     if not budgets:
         return "–"
 
@@ -111,6 +121,9 @@ def budget_cell(budgets: list[Budget], device: bool = False) -> str:
     steps = [b.steps for b in budgets if b.steps is not None]
     if steps:
         parts.append(f"{statistics.fmean(steps):.1f} steps")
+    candidates = [b.candidates for b in budgets if b.candidates is not None]
+    if candidates:
+        parts.append(f"{statistics.fmean(candidates):.0f} candidates")
     examples = [b.examples for b in budgets if b.examples is not None]
     if examples:
         parts.append(f"{statistics.fmean(examples):.0f} ex.")

@@ -7,7 +7,8 @@ Arms: the paper's method with Phi = 5 / 3, FullDownload, PCA-10 and Quant-3 down
 Prompt Tuning (Fed), the manual prompt; plus majority class and per-client majority. Every arm of a (setting,
 seed) shares the partition, the non-participants and the initial tensors. Reported: P and NP accuracy after
 post-tuning (and before it), bytes per client-round both ways, model queries (candidate evaluations) per
-client-round, the mean client training loss per round; final round only.
+client-round, each arm's budget per client-round, the mean client training loss per round, and each arm's paired
+difference from Ours (Phi = 5) by seed with a 95 % t-interval; final round only.
 
     python -m benchmarks.discrete_prompt --runs-dir runs/discrete_prompt --workers 2      # resumable
     python -m benchmarks.discrete_prompt --runs-dir runs/discrete_prompt --render-only    # rewrite the table
@@ -16,17 +17,19 @@ client-round, the mean client training loss per round; final round only.
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
 import statistics
 from pathlib import Path
 
+from benchmarks.budget import budget_cell, measured, mixed_pairs
 from benchmarks.grids import load_grid
 from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
-from benchmarks.stats import mean_std
+from benchmarks.stats import accuracy_se, mean_std, paired_cell
 
 GRID = load_grid("discrete_prompt")
 ARMS, SCALE = GRID["arms"], GRID["scale"]
+REFERENCE = "Ours (Phi=5)"  # the arm every other is paired with
 # the settings depend on the seed (its non-participant fold), so they stay code
 SETTINGS = {
     "domains": lambda seed: ["task.name=sentiment-domains", "federation.partition.scheme=domains",
@@ -55,6 +58,17 @@ def overrides(args, setting: str, arm: str, seed: int) -> list[str]:
             f"runtime.threads={args.threads}", *SETTINGS[setting](seed), *scale, *ARMS[arm]]
 
 
+def plan(args) -> list[tuple[str, str, int]]:
+    return [(st, arm, s) for st in args.settings for arm in args.arms for s in args.seeds]
+
+
+def contrasts(args) -> list[tuple[str, str, list[str], list[str]]]:
+    """(arm, reference, the arm's overrides, the reference's) of every paired contrast the results file reads (each
+    arm against Ours (Phi = 5), in every setting), for the budget test over the grids."""
+    return [(arm, REFERENCE, overrides(args, st, arm, 0), overrides(args, st, REFERENCE, 0))
+            for st in args.settings for arm in args.arms if arm != REFERENCE]
+
+
 def run_job(args, setting: str, arm: str, seed: int) -> str:
     return run_config(Path(args.runs_dir) / job_name(setting, arm, seed), overrides(args, setting, arm, seed))
 
@@ -76,7 +90,31 @@ def _load(out: Path) -> dict | None:
             "up": summary["bytes_up_per_client_round"], "down": summary["bytes_down_per_client_round"],
             "up_tensor": summary.get("upload_tensor_bytes"), "queries": statistics.fmean(cands) if cands else None,
             "loss": [r["train_loss"] for r in recs], "rounds": len(recs), "wall": summary["wall_seconds"],
-            "eval_down": last["eval_bytes_down"]}
+            "eval_down": last["eval_bytes_down"], "budget": measured(out)}
+
+
+PAIRED = {"P": "Δ P", "NP": "Δ NP", "P0": "Δ P before post-tuning", "NP0": "Δ NP before"}  # key -> column
+
+
+def _paired(res: dict[int, dict], ref: dict[int, dict], key: str) -> str:
+    """The paired cell of arm − reference on ``key`` in points over the seeds both have it, with the pairs that mix
+    devices counted (a baseline row has no device: none mixed)."""
+    both = [s for s, r in res.items() if s in ref and r.get(key) is not None and ref[s].get(key) is not None]
+    devices = {s: res[s]["budget"].device for s in both if "budget" in res[s]}
+    return paired_cell([(res[s][key] - ref[s][key]) * 100 for s in both],
+                       mixed_pairs(devices, {s: ref[s]["budget"].device for s in both}))
+
+
+def _contrast_rows(rows: dict[str, dict[int, dict]]) -> list[str]:
+    """Each arm's (and the client majority's) paired differences from Ours (Phi = 5) by seed."""
+    ref = rows.get(REFERENCE)
+    if not ref:
+        return []
+    return ["", f"Paired differences by seed, final round, in points: each row − {REFERENCE}, mean [95 % CI] over the "
+            "seeds both finished (n); one seed: the difference alone.", "",
+            f"| row − {REFERENCE} | {' | '.join(PAIRED.values())} |", "|---|" + "---|" * len(PAIRED),
+            *(f"| {arm} | {' | '.join(_paired(res, ref, key) for key in PAIRED)} |"
+              for arm, res in rows.items() if arm != REFERENCE and res)]
 
 
 def baselines(args, setting: str, seed: int) -> dict[str, float]:
@@ -128,19 +166,23 @@ def render(args) -> Path:
         base = [baselines(args, setting, s) for s in args.seeds]
         n = statistics.fmean(b["test_per_client"] for b in base)
         lines += [f"## {setting}", "", f"About {n:.0f} test examples per client (standard error of one client's "
-                  f"accuracy ≤ {math.sqrt(0.25 / n) * 100:.1f} points; of a mean over 8 P clients ≤ "
-                  f"{math.sqrt(0.25 / (8 * n)) * 100:.1f}).", "",
+                  f"accuracy ≤ {accuracy_se(n):.1f} points; of a mean over 8 P clients ≤ "
+                  f"{accuracy_se(8 * n):.1f}).", "",
                   "| arm | seeds done | P acc % | NP acc % | P before post-tuning | NP before | upload B/client-round "
-                  "| download B/client-round | queries/client-round |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| download B/client-round | queries/client-round | budget / client-round |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for name in ("majority", "client majority"):
             lines.append(f"| {name} | {len(base)}/{len(args.seeds)} | {mean_std([b.get(name + ' P') for b in base])} | "
-                         f"{mean_std([b.get(name + ' NP') for b in base])} | | | 0 | 0 | 0 |")
+                         f"{mean_std([b.get(name + ' NP') for b in base])} | | | 0 | 0 | 0 | none |")
         curves = {}
+        rows = {"client majority": {s: {"P": b.get("client majority P"), "NP": b.get("client majority NP")}
+                                    for s, b in zip(args.seeds, base)}}
         for arm in args.arms:
             res = {s: _load(runs / job_name(setting, arm, s)) for s in args.seeds}
-            done = [r for r in res.values() if r]
+            rows[arm] = {s: r for s, r in res.items() if r}
+            done = list(rows[arm].values())
             if not done:
-                lines.append(f"| {arm} | 0/{len(args.seeds)} | – | – | – | – | – | – | – |")
+                lines.append(f"| {arm} | 0/{len(args.seeds)} |" + " – |" * 8)
                 continue
             q = [r["queries"] for r in done if r["queries"] is not None]
             local = arm.startswith(("BBT (local", "Manual"))
@@ -149,19 +191,15 @@ def render(args) -> Path:
                          f"{mean_std([r['NP0'] for r in done])} | "
                          f"{'–' if local else format(statistics.fmean(r['up'] for r in done), ',.0f')} | "
                          f"{'–' if local else format(statistics.fmean(r['down'] for r in done), ',.0f')} | "
-                         f"{statistics.fmean(q):,.0f} |" if q else
-                         f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['P'] for r in done])} | "
-                         f"{mean_std([r['NP'] for r in done])} | {mean_std([r['P0'] for r in done])} | "
-                         f"{mean_std([r['NP0'] for r in done])} | "
-                         f"{'–' if local else format(statistics.fmean(r['up'] for r in done), ',.0f')} | "
-                         f"{'–' if local else format(statistics.fmean(r['down'] for r in done), ',.0f')} | – |")
+                         f"{format(statistics.fmean(q), ',.0f') if q else '–'} | "
+                         f"{budget_cell([r['budget'] for r in done], device=True)} |")
             if all(r["rounds"] == args.rounds and None not in r["loss"] for r in done) and args.rounds > 1:
                 curves[arm] = [statistics.fmean(r["loss"][i] for r in done) for i in range(args.rounds)]
         lines += ["", "Mean client training loss per round (the loss the local search / training minimised):", "",
                   "| arm | " + " | ".join(str(i + 1) for i in range(args.rounds)) + " |",
                   "|---|" + "---|" * args.rounds]
         lines += [f"| {arm} | " + " | ".join(f"{x:.3f}" for x in c) + " |" for arm, c in curves.items()]
-        lines.append("")
+        lines += [*_contrast_rows(rows), ""]
     calib = Path(args.runs_dir) / "calibration.json"
     if calib.exists():
         c = json.loads(calib.read_text())
@@ -207,7 +245,7 @@ def calibration(args) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = grid_parser("discrete_prompt", __doc__.splitlines()[0])
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
@@ -217,12 +255,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-test", type=int, default=200)
     p.add_argument("--max-length", type=int, default=40)
     p.add_argument("--calibration", action="store_true", help="measure the SmolLM2 zero-shot table, then render")
-    args = parse_grid_args(p, argv)
+    return parse_grid_args(p, argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     if args.calibration:
         Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.runs_dir) / "calibration.json").write_text(json.dumps(calibration(args), indent=1))
         args.render_only = True  # measured: now only render
-    run_grid(args, run_job, [(st, arm, s) for st in args.settings for arm in args.arms for s in args.seeds], render)
+    run_grid(args, run_job, plan(args), render)
 
 
 if __name__ == "__main__":

@@ -58,8 +58,13 @@ import sys
 from pathlib import Path
 
 from benchmarks.fedbpt_arms import ALPHAS, ARMS, HEADLINE, MODELS, SCALES, TASKS, job_name, overrides, plan
+from benchmarks.fedbpt_arms import contrasts  # noqa: F401 - where tests/unit/test_grid_budgets.py reads them
 from benchmarks.fedbpt_report import completeness, render
+from benchmarks.grids import load_grid
 from benchmarks.runner import run_config, run_pool
+
+# budget_differences: what a paired arm may differ in from its reference (``contrasts``), with why
+DECLARED = load_grid("fedbpt")["budget_differences"]
 
 # ---------------------------------------------------------------- jobs
 
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                 post_hoc(out, j[3], args.threads)
     if not args.render_only:
         run_pool(run_job, [(args, *j) for j in jobs], args.workers)
-    print(f"wrote {render(args)}")
+    print(f"wrote {render(args, DECLARED)}")
     print(completeness(args))
 
 

@@ -104,3 +104,16 @@ def plan(args) -> list[tuple[str, str, str, str, int]]:
                 for alpha in args.alphas:
                     jobs += [(model, task, f"a{alpha}", arm, seed) for arm in args.arms if ARMS[arm][1]]
     return jobs
+
+
+def contrasts(args) -> list[tuple[str, str, list[str], list[str]]]:
+    """(arm, reference, the arm's overrides, the reference's) of every paired contrast the results file reads: each
+    arm but local-only (personalised) against FedAvg-BBT, FedBPT's arms against the query-matched FedAvg-BBT, FedBPT
+    against r_p = 0 (criterion 3); on each task (r_p is the task's), with the first model and α (a budget does not
+    depend on them), for the budget test over the grids (``benchmarks/grids/fedbpt.yaml`` declares the
+    differences)."""
+    model, alpha = args.models[0], args.alphas[0]
+    pairs = [(a, REFERENCE) for a in args.arms if a not in (REFERENCE, "local")]
+    pairs += [(a, MATCHED) for a in args.arms if a.startswith("fedbpt")] + [(HEADLINE, "fedbpt-rp0")]
+    one = lambda task, arm: overrides(args, model, task, part_key(arm, alpha), arm, 0)  # noqa: E731
+    return [(a, r, one(t, a), one(t, r)) for t in args.tasks for a, r in pairs if {a, r} <= set(args.arms)]

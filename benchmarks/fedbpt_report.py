@@ -1,5 +1,6 @@
-"""The FedBPT benchmark's results file (``benchmarks/fedbpt.py``): each finished run's numbers, the paired
-criteria with their verdicts, accuracy curves, diagnostics, costs, and which rows are complete."""
+"""The FedBPT benchmark's results file (``benchmarks/fedbpt.py``): each finished run's numbers and budget, the
+per-client majority baseline, the paired criteria with their verdicts, accuracy curves, diagnostics, costs, the
+budget differences the grid declares between paired arms, and which rows are complete."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import statistics
 from pathlib import Path
 
+from benchmarks.budget import budget_cell, measured, mixed_pairs
 from benchmarks.fedbpt_arms import (ALPHAS, ARMS, BLACK_BOX, HEADLINE, MATCHED, REFERENCE, TASKS, job_name, overrides, part_key,
                          plan)
 from benchmarks.runner import finished
@@ -45,17 +47,18 @@ def load(out: Path, arm: str) -> dict | None:
            "up": summary["bytes_up_per_client_round"], "down": summary["bytes_down_per_client_round"],
            "up_tensor": summary.get("upload_tensor_bytes"), "trainable": summary["trainable_params"],
            "wall": summary["wall_seconds"], "backbone_unchanged": summary.get("backbone_unchanged"),
-           "lost": sum(r.get("num_failed", 0) + r.get("num_rejected", 0) for r in train_recs)}
-    if hist.get("test"):  # the best constant prediction: the most frequent label of the whole test set
-        pooled = [sum(col) for col in zip(*hist["test"])]
+           "lost": sum(r.get("num_failed", 0) + r.get("num_rejected", 0) for r in train_recs), "budget": measured(out)}
+    test_hist = hist.get("test")
+    if test_hist:  # the best constant prediction: the most frequent label of the whole test set
+        pooled = [sum(col) for col in zip(*test_hist)]
         row["majority_class"] = max(pooled) / sum(pooled)
+    if test_hist and train_hist:  # each client's majority training label on its own test shard, pooled
+        row["majority"] = sum(h[max(range(len(tr)), key=tr.__getitem__)] for h, tr in zip(test_hist, train_hist)) \
+            / sum(sum(h) for h in test_hist)
     if arm == "local":  # personalised: each client's post-tuned prompt on its own test shard, pooled
         per = {int(c): a for c, a in last["local_accuracy"].items() if a is not None and a == a}
-        test_hist = hist.get("test")
         if test_hist and train_hist:
             row["acc"] = _weighted([(a, sum(test_hist[c])) for c, a in per.items()])
-            row["majority"] = sum(h[max(range(len(tr)), key=tr.__getitem__)] for h, tr in zip(test_hist, train_hist)) \
-                / sum(sum(h) for h in test_hist)  # each client's majority training label on its own test shard
         else:  # no histograms: unweighted mean over the clients
             row["acc"] = statistics.fmean(per.values()) if per else None
         row["queries"] = None
@@ -104,10 +107,17 @@ def load(out: Path, arm: str) -> dict | None:
 # ---------------------------------------------------------------- statistics
 
 
-def paired(xs: dict, ys: dict, scale: float = 100.0) -> tuple[str, list[float]]:
-    """Mean paired difference x - y (seeds present in both) in points with a 95 % t-interval, and the list."""
+def paired(xs: dict, ys: dict, scale: float = 100.0, mixed: int = 0) -> tuple[str, list[float]]:
+    """Mean paired difference x - y (seeds present in both) in points with a 95 % t-interval, and the list;
+    ``mixed``: how many of the pairs put runs of two devices against each other (said in the cell)."""
     d = [scale * (xs[s] - ys[s]) for s in sorted(xs) if s in ys and xs[s] is not None and ys[s] is not None]
-    return paired_cell(d), d
+    return paired_cell(d, mixed), d
+
+
+def cpu_gpu_pairs(rows: dict[int, dict], ref: dict[int, dict]) -> int:
+    """How many seeds the runs of two arms finished on two different devices."""
+    return mixed_pairs({s: r["budget"].device for s, r in rows.items()},
+                       {s: r["budget"].device for s, r in ref.items()})
 
 
 def verdict(d: list[float], n_seeds: int, sign: int = 1) -> str:
@@ -154,7 +164,24 @@ def criteria_text(args) -> list[str]:
     ]
 
 
-def render(args) -> Path:
+def declared_text(args, declared: dict[str, dict[str, str]]) -> list[str]:
+    """The budget differences the grid declares between the shown arms and those they are paired with
+    (``benchmarks/grids/fedbpt.yaml``), the keys of one reason together; the budget test fails on any other."""
+    lines = []
+    for arm, keys in declared.items():
+        if arm in args.arms:
+            why: dict[str, list[str]] = {}
+            for key, reason in keys.items():
+                why.setdefault(reason, []).append(key)
+            lines.append(f"- {ARMS[arm][0]}: " + "; ".join(f"{', '.join(k)} ({r})" for r, k in why.items()) + ".")
+    if not lines:
+        return []
+    return ["Budget differences between paired arms (declared in `benchmarks/grids/fedbpt.yaml` and checked by "
+            "`tests/unit/test_grid_budgets.py`, which fails on any other):", "", *lines, ""]
+
+
+def render(args, declared: dict[str, dict[str, str]] | None = None) -> Path:
+    """The results file; ``declared``: the grid's budget differences between paired arms (arm -> {key: why})."""
     runs = Path(args.runs_dir)
     scale = "paper scale" if args.paper_scale else "CPU scale"
     lines = [f"# FedBPT with a search budget matched to the dimension ({scale})",
@@ -192,6 +219,10 @@ def render(args) -> Path:
         "the per-client majority label (no model) is its reference. Manual prompts and centralised BBT do not "
         "depend on the partition: the same runs appear under both α.",
         "",
+        "Budget: the mean local steps and examples a client-round trained on, where the replies report them (the "
+        "black-box searches report candidate evaluations instead: see the costs table), and the device.",
+        "",
+        *declared_text(args, declared or {}),
     ]
     verdicts, body = [], []
     for model in args.models:
@@ -236,43 +267,48 @@ def section(args, runs: Path, model: str, task: str, alpha: str, verdicts: list[
     matched = done.get(MATCHED, {})
     lines = [f"## {model}, {task}, α = {alpha}", "",
              "| arm | seeds done | final acc % | round 0 % | Δ vs FedAvg-BBT, points [95 % CI] | "
-             "Δ vs query-matched FedAvg-BBT | Δ final − round 0 |", "|---|---|---|---|---|---|---|"]
+             "Δ vs query-matched FedAvg-BBT | Δ final − round 0 | budget / client-round |",
+             "|---|---|---|---|---|---|---|---|"]
     for arm in args.arms:
         rows = done[arm]
         status = f"{len(rows)}/{n} " + ("complete" if len(rows) == n else "**incomplete**")
         if not rows:
-            lines.append(f"| {ARMS[arm][0]} | {status} | – | – | – | – | – |")
+            lines.append(f"| {ARMS[arm][0]} | {status} | – | – | – | – | – | – |")
             continue
         acc = {s: r["acc"] for s, r in rows.items()}
-        vs_ref = paired(acc, {s: r["acc"] for s, r in ref.items()})[0] \
+        vs_ref = paired(acc, {s: r["acc"] for s, r in ref.items()}, mixed=cpu_gpu_pairs(rows, ref))[0] \
             if arm not in (REFERENCE, "local") and ref else "–"  # local-only is personalised: not comparable
-        vs_m = paired(acc, {s: r["acc"] for s, r in matched.items()})[0] \
+        vs_m = paired(acc, {s: r["acc"] for s, r in matched.items()}, mixed=cpu_gpu_pairs(rows, matched))[0] \
             if arm.startswith("fedbpt") and matched else "–"
         init = {s: r["initial"] for s, r in rows.items() if r.get("initial") is not None}
         vs_0 = paired({s: acc[s] for s in init}, init)[0] if init else "–"
         lines.append(f"| {ARMS[arm][0]} | {status} | {_ms(acc.values())} | {_ms(init.values()) if init else '–'} | "
-                     f"{vs_ref} | {vs_m} | {vs_0} |")
+                     f"{vs_ref} | {vs_m} | {vs_0} | {budget_cell([r['budget'] for r in rows.values()], device=True)} |")
     majority = {s: r["majority_class"] for rows in done.values() for s, r in rows.items() if "majority_class" in r}
     if majority:
         lines.append(f"| majority class (most frequent test label; no model) | {len(majority)}/{n} | "
-                     f"{_ms(majority.values())} | – | – | – | – |")
-    if done.get("local"):
-        maj = [r.get("majority") for r in done["local"].values()]
-        if any(m is not None for m in maj):
-            lines.append(f"| per-client majority label on its own test shard (no model; reference for local-only) | "
-                         f"{len(maj)}/{n} | {_ms(maj)} | – | – | – | – |")
-            local = {s: r["acc"] for s, r in done["local"].items()}
-            gain = paired(local, {s: r.get("majority") for s, r in done["local"].items()})[0]
-            lines += ["", f"Local-only BBT − the per-client majority label, paired (personalised accuracy): {gain}."]
+                     f"{_ms(majority.values())} | – | – | – | – | none |")
+    # the partition's: any partitioned run of a seed has its clients' label histograms
+    per_client = {s: r["majority"] for arm, rows in done.items() if ARMS[arm][1] for s, r in rows.items()
+                  if r.get("majority") is not None}
+    if per_client:
+        lines.append(f"| per-client majority label on its own test shard (no model; reference for local-only) | "
+                     f"{len(per_client)}/{n} | {_ms(per_client.values())} | – | – | – | – | none |")
+    if done.get("local") and per_client:
+        gain = paired({s: r["acc"] for s, r in done["local"].items()}, per_client)[0]
+        lines += ["", f"Local-only BBT − the per-client majority label, paired (personalised accuracy): {gain}."]
     lines += pairing_check(done)
     # criteria
     bpt = done.get(HEADLINE, {})
-    c1 = paired({s: r["acc"] for s, r in bpt.items()}, {s: r["acc"] for s, r in ref.items()})
-    c1m = paired({s: r["acc"] for s, r in bpt.items()}, {s: r["acc"] for s, r in matched.items()})
+    c1 = paired({s: r["acc"] for s, r in bpt.items()}, {s: r["acc"] for s, r in ref.items()},
+                mixed=cpu_gpu_pairs(bpt, ref))
+    c1m = paired({s: r["acc"] for s, r in bpt.items()}, {s: r["acc"] for s, r in matched.items()},
+                 mixed=cpu_gpu_pairs(bpt, matched))
     c2 = paired({s: r["acc"] for s, r in bpt.items() if r.get("initial") is not None},
                 {s: r["initial"] for s, r in bpt.items() if r.get("initial") is not None})
     rp0 = done.get("fedbpt-rp0", {})
-    c3 = paired({s: r.get("pred_share") for s, r in bpt.items()}, {s: r.get("pred_share") for s, r in rp0.items()})
+    c3 = paired({s: r.get("pred_share") for s, r in bpt.items()}, {s: r.get("pred_share") for s, r in rp0.items()},
+                mixed=cpu_gpu_pairs(bpt, rp0))
     if HEADLINE in args.arms:
         verdicts.append(f"| {model} | {task} | {alpha} | {c1[0]}: {verdict(c1[1], n)} | {c1m[0]}: "
                         f"{verdict(c1m[1], n)} | {c2[0]}: {verdict(c2[1], n)} | {c3[0]}: {verdict(c3[1], n, -1)} |")

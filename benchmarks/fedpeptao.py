@@ -5,7 +5,8 @@ seeds 0-4 paired (every arm of a (task, seed) shares the partition and the initi
 dev/test set split among the clients like their training data; global and personalised accuracy (each client
 with its own tensors on its own shard, pooled over the union of the shards) at the final round, round 0 and
 every 10 rounds; per-client mean / worst / std; the per-client majority label (no model) as a reference row.
-Paired differences against FedPepTAO (global and personalised, and the majority reference) with 95 % t-intervals.
+Paired differences against FedPepTAO (global and personalised, and the majority reference) with 95 % t-intervals;
+each arm's budget per client-round.
 Arms (``--arms``): core (FedPepTAO at the paper's η and the authors' scripts' schedule, fedavg-prefix and its
 byte-matched half-length variant, local-only, FedAvg + FT, FedPer, LG-FedAvg), orders (score on non-pad tokens,
 ascending, descending, three seeded random draws) and ablations (momd, moms, moms-con, moms-adamd at both η,
@@ -22,15 +23,17 @@ among all 20 three-layer subsets (the others reset).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
 import statistics
 from pathlib import Path
 
+from benchmarks.budget import budget_cell, measured, mixed_pairs
 from benchmarks.grids import load_grid
 from benchmarks.runner import finished, grid_parser, parse_grid_args, run_config, run_grid, write_results
-from benchmarks.stats import mean_std, paired_cell
+from benchmarks.stats import accuracy_se, mean_std, paired_cell
 
 GRID = load_grid("fedpeptao")
 TOKENS, SCRIPT_LR, ARMS = GRID["tokens"], GRID["script_lr"], GRID["arms"]  # ARMS: group -> label -> overrides
@@ -59,6 +62,19 @@ def overrides(args, task: str, label: str, seed: int) -> list[str]:
             "runtime.progress=false", f"runtime.threads={args.threads}", *ALL_ARMS[label],
             f"method.adapter.num_tokens={TOKENS}" if "num_tokens" not in " ".join(ALL_ARMS[label]) else "",
             *(["method.sharing.warmup_rounds=3"] if "fedpeptao" in ALL_ARMS[label][0] else [])] if o]
+
+
+def plan(args) -> list[tuple[str, str, int]]:
+    """Seeds outermost: every finished seed pairs all arms."""
+    return [(t, label, s) for s in args.seeds for t in args.tasks for label in args.arm_labels]
+
+
+def contrasts(args) -> list[tuple[str, str, list[str], list[str]]]:
+    """(arm, reference, the arm's overrides, the reference's) of every paired contrast the results file reads (each
+    arm against FedPepTAO (η 1e-3), on the first task: a budget does not depend on it), for the budget test over the
+    grids."""
+    one = lambda label: overrides(args, args.tasks[0], label, 0)  # noqa: E731
+    return [(label, REFERENCE, one(label), one(REFERENCE)) for label in args.arm_labels if label != REFERENCE]
 
 
 def run_job(args, task: str, label: str, seed: int) -> str:
@@ -105,7 +121,7 @@ def load(out: Path) -> dict | None:
             "client_mean": statistics.fmean(per_client), "client_min": min(per_client),
             "client_std": statistics.pstdev(per_client), "majority": majority(hist)[0],
             "majority_class": max(map(sum, zip(*hist["test"]))) / sum(map(sum, hist["test"])),
-            "up": summary["bytes_up_per_client_round"],
+            "test_n": sum(map(sum, hist["test"])), "budget": measured(out), "up": summary["bytes_up_per_client_round"],
             "step_ratio": statistics.fmean(ratios) if ratios else None,
             "selected": [i for i, x in enumerate(last.get("server_vectors", {}).get("selected_layers", [])) if x],
             "scores": next((v["layer_scores"] for v in vectors if v.get("layer_scores")), None)}
@@ -117,9 +133,10 @@ def load_job(args, task: str, label: str, seed: int) -> dict | None:
     return load(out) if finished(out, overrides(args, task, label, seed)) else None
 
 
-def paired(xs: list[float], ys: list[float]) -> str:
-    """Mean paired difference x − y in points with a 95 % t-interval and the number of pairs."""
-    return paired_cell([100 * (x - y) for x, y in zip(xs, ys) if x is not None and y is not None])
+def paired(xs: dict[int, float | None], ys: dict[int, float | None], mixed: int = 0) -> str:
+    """Mean paired difference x − y in points over the seeds both have, with a 95 % t-interval and the number of
+    pairs (``mixed`` of them put runs of two devices against each other)."""
+    return paired_cell([100 * (x - ys[s]) for s, x in xs.items() if x is not None and ys.get(s) is not None], mixed)
 
 
 # ---------------------------------------------------------------- score validity
@@ -235,27 +252,37 @@ def render(args) -> Path:
               "server holds their initial prompts, and FedPepTAO's unshared layers are the server's round-3 copy. "
               f"Paired differences against {REFERENCE} in points with 95 % t-intervals over the seeds both arms have "
               "(n pairs); the intervals are per comparison, not corrected for multiple comparisons. Upload: mean "
-              "encoded bytes per client-round over the whole run (warm-up included).", ""]
+              "encoded bytes per client-round over the whole run (warm-up included).", "",
+              "Budget: the mean local steps and examples a client-round trained on, the learning rate, the weight "
+              "decay and the device of the finished runs; CPU–GPU pairs are counted in the paired cells.", ""]
     for task in args.tasks:
-        lines += [f"## {task}", "", "| arm | seeds done | global % | Δ global vs FedPepTAO | personalised % | "
-                  "Δ personalised vs FedPepTAO | per-client mean / worst / std % | round 0 % | "
-                  "upload B/client-round | ‖η m‖/‖w̄−w‖ |", "|---|---|---|---|---|---|---|---|---|---|"]
         ref = {s: load_job(args, task, REFERENCE, s) for s in args.seeds}
+        lines += [f"## {task}", ""]
+        any_run = next((r for r in ref.values() if r), None)
+        if any_run:
+            n = any_run["test_n"]
+            lines += [f"Test n = {n} (standard error of one accuracy ≤ {accuracy_se(n):.1f} points).", ""]
+        lines += ["| arm | seeds done | global % | Δ global vs FedPepTAO | personalised % | "
+                  "Δ personalised vs FedPepTAO | per-client mean / worst / std % | round 0 % | "
+                  "upload B/client-round | ‖η m‖/‖w̄−w‖ | budget / client-round |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         majority_rows, majority_class, order_layers = {}, {}, []
         for label in args.arm_labels:
             done = {s: r for s in args.seeds if (r := load_job(args, task, label, s))}
             if not done:
-                lines.append(f"| {label} | 0/{len(args.seeds)} | – | – | – | – | – | – | – | – |")
+                lines.append(f"| {label} | 0/{len(args.seeds)} |" + " – |" * 9)
                 continue
             rs = list(done.values())
             majority_rows |= {s: r["majority"] for s, r in done.items()}
             majority_class |= {s: r["majority_class"] for s, r in done.items()}
             pairs = [s for s in done if ref.get(s)]
+            mixed = mixed_pairs({s: done[s]["budget"].device for s in pairs},
+                                {s: ref[s]["budget"].device for s in pairs})
 
             def diff(key: str) -> str:
                 if label == REFERENCE:
                     return "–"
-                return paired([done[s][key] for s in pairs], [ref[s][key] for s in pairs])
+                return paired({s: done[s][key] for s in pairs}, {s: ref[s][key] for s in pairs}, mixed)
             ratio = [r["step_ratio"] for r in rs if r["step_ratio"] is not None]
             lines.append(
                 f"| {label} | {len(rs)}/{len(args.seeds)} | {mean_std([r['global'] for r in rs])} | {diff('global')} | "
@@ -263,22 +290,22 @@ def render(args) -> Path:
                 f"{mean_std([r['client_mean'] for r in rs])} / {mean_std([r['client_min'] for r in rs])} / "
                 f"{mean_std([r['client_std'] for r in rs])} | {mean_std([r['initial'] for r in rs])} | "
                 f"{statistics.fmean(r['up'] for r in rs):,.0f} | "
-                f"{f'{statistics.fmean(ratio):.2g}' if ratio else '–'} |")
+                f"{f'{statistics.fmean(ratio):.2g}' if ratio else '–'} | "
+                f"{budget_cell([r['budget'] for r in rs], device=True)} |")
             if label.startswith("FedPepTAO") and any(r["selected"] for r in rs):
                 order_layers.append(f"{label}: {[(s, r['selected']) for s, r in done.items()]}")
         if majority_class:
             lines.append("| majority class (most frequent test label; no model) | "
                          f"{len(majority_class)}/{len(args.seeds)} | "
-                         f"{mean_std(list(majority_class.values()))} | – | – | – | – | – | 0 | – |")
+                         f"{mean_std(list(majority_class.values()))} | – | – | – | – | – | 0 | – | none |")
         if majority_rows:
-            pairs = [s for s in majority_rows if ref.get(s)]
-            maj_diff = paired([majority_rows[s] for s in pairs], [ref[s]["personal"] for s in pairs])
+            maj_diff = paired(majority_rows, {s: r["personal"] for s, r in ref.items() if r})
             lines.append("| per-client majority label (no model; reference) | "
                          f"{len(majority_rows)}/{len(args.seeds)} | – | – | "
-                         f"{mean_std(list(majority_rows.values()))} | {maj_diff} | – | – | 0 | – |")
+                         f"{mean_std(list(majority_rows.values()))} | {maj_diff} | – | – | 0 | – | none |")
         if "ablations" in args.arms:
             lines.append("| adamd (AdamD: client AdamW, FedAvg server) | – | same config as fedavg-prefix (all "
-                         "layers): not run twice | | | | | | | |")
+                         "layers): not run twice | | | | | | | | |")
         if order_layers:
             lines += ["", "Layers shared after selection, per arm as (seed, layers): " + "; ".join(order_layers) + "."]
         lines.append("")
@@ -287,7 +314,7 @@ def render(args) -> Path:
     return write_results(args.results, lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = grid_parser("fedpeptao", __doc__.splitlines()[0], seeds=(0, 1, 2, 3, 4))
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="groups of arms to run")
@@ -302,9 +329,12 @@ def main(argv: list[str] | None = None) -> None:
     args.arm_labels = [label for group in args.arms for label in ARMS[group]]
     if REFERENCE not in args.arm_labels:
         args.arm_labels.insert(0, REFERENCE)
-    # seeds outermost: every finished seed pairs all arms
-    run_grid(args, run_job, [(t, label, s) for s in args.seeds for t in args.tasks for label in args.arm_labels],
-             render)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    run_grid(args, run_job, plan(args), render)
 
 
 if __name__ == "__main__":

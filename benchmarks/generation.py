@@ -49,6 +49,7 @@ def overrides(args, task: str, arm: str, seed: int) -> list[str]:
     return [f"task.name={task}", f"task.max_train={args.train_per_category}",
             f"task.max_test={args.test_per_category}", f"task.max_length={t['max_length']}",
             f"task.max_response_length={args.max_response}", "model.name=smollm2", f"seed={seed}",
+            "task.truncation=keep_end",  # the grid's first runs cut long prompts at their start: new runs pair with them
             f"federation.num_clients={t['clients']}", "federation.partition.scheme=by_column",
             f"federation.rounds={args.rounds}", f"method.trainer.max_steps={steps}",
             f"method.trainer.batch_size={args.batch}",
@@ -278,8 +279,16 @@ def _standard_errors(task: str, finals: list[dict]) -> str:
     if not cells:
         return "Bootstrap standard errors: no finished run yet."
     what = "all test entries" if task == "webnlg" else "all test entries (not only the grounded categories)"
-    return (f"Bootstrap standard error of one run's score on {what} ({len(finals)} finished runs scored with a "
+    line = (f"Bootstrap standard error of one run's score on {what} ({len(finals)} finished runs scored with a "
             f"global adapter, mean): {', '.join(cells)}.")
+    groups = len(TASKS[task]["categories"]) if "categories" in TASKS[task] else TASKS[task]["clients"]
+    if task == "webnlg":  # own category: the mean over the clients of corpus BLEU on their own seen entries
+        return line + (" Own-category BLEU is the mean of the 10 clients' corpus BLEU on the same seen test entries, "
+                       "split by category: its standard error is about that of seen BLEU; one category's score "
+                       f"rests on a tenth of them, about √10 ≈ {math.sqrt(10):.1f}× that.")
+    return line + (f" A category's ROUGE-L rests on about 1/{groups} of the test entries: its standard error is about "
+                   f"√{groups} ≈ {math.sqrt(groups):.1f}× the pooled one; the grounded mean of 4 about "
+                   f"√{groups}/2 ≈ {math.sqrt(groups) / 2:.1f}×.")
 
 
 ZERO_SHOT = "zero-shot"  # round 0 of the fedit run of the same seed

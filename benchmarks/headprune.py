@@ -7,7 +7,8 @@ selection; ours at s = 0.5; importance pruning with plain FedAvg (separates prun
 a (task, partition, seed) share the partition and the initial adapter. Reported: final-round accuracy
 (never the best round), per-round curves, upload bytes per client-round, analytic OPs per sequence (paper
 and clean mode), rounds to a target fixed before the runs (95 % of B1-random's final accuracy of the same
-seed), the majority-class baseline with the test set's standard error.
+seed), the majority-class and per-client majority baselines with the test set's standard error, each arm's
+budget per client-round and its paired difference from B1-random with a 95 % t-interval.
 
     python -m benchmarks.headprune --runs-dir runs/headprune --workers 2        # CPU, resumable
     python -m benchmarks.headprune --runs-dir runs/headprune --render-only      # rewrite the table
@@ -17,20 +18,24 @@ Every run is a fedpeft run directory under --runs-dir; finished runs are skipped
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
 import statistics
 import time
 from pathlib import Path
 
+from benchmarks.budget import budget_cell, measured, mixed_pairs
 from benchmarks.grids import load_grid
+from benchmarks.lora_family import majorities
 from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
-from benchmarks.stats import mean_std
+from benchmarks.stats import accuracy_se, mean_std, paired_cell
 
 GRID = load_grid("headprune")
 ARMS = GRID["arms"]
 TASKS = GRID["tasks"]
 PARTITIONS = GRID["partitions"]
+REFERENCE = "B1 FedAvg, random CS"  # the arm every other is paired with (the Δ column, the rounds-to-target target)
+CONTRASTS = [(c["arm"], c["reference"]) for c in GRID["contrasts"]]  # the paper's claims, paired by seed
 
 
 def job_name(task: str, part: str, arm: str, seed: int) -> str:
@@ -46,6 +51,19 @@ def overrides(args, task: str, part: str, arm: str, seed: int) -> list[str]:
             f"method.trainer.batch_size={args.batch}", "evaluation.local=false", "evaluation.batch_size=128",
             "runtime.progress=false", f"runtime.threads={args.threads}", f"runtime.device={args.device}",
             *PARTITIONS[part], *ARMS[arm]]
+
+
+def plan(args) -> list[tuple[str, str, str, int]]:
+    return [(t, part, arm, s) for s in args.seeds for t in args.tasks for part in args.partitions for arm in args.arms]
+
+
+def contrasts(args) -> list[tuple[str, str, list[str], list[str]]]:
+    """(arm, reference, the arm's overrides, the reference's) of every paired contrast the results file reads (each
+    arm against B1-random, on the first task and partition: a budget does not depend on them), for the budget test
+    over the grids."""
+    one = lambda arm: overrides(args, args.tasks[0], args.partitions[0], arm, 0)  # noqa: E731
+    pairs = [(arm, REFERENCE) for arm in args.arms if arm != REFERENCE] + CONTRASTS
+    return [(arm, ref, one(arm), one(ref)) for arm, ref in pairs if arm in args.arms and ref in args.arms]
 
 
 def run_job(args, task: str, part: str, arm: str, seed: int) -> str:
@@ -96,7 +114,45 @@ def _load(out: Path) -> dict | None:
     return {"acc": [r["accuracy"] for r in recs], "final": recs[-1]["accuracy"],
             "up": summary["bytes_up_per_client_round"], "tensor_up": summary.get("upload_tensor_bytes"),
             "ops_paper": mean("gops_seq_paper"), "ops_clean": mean("gops_seq_clean"),
-            "kept": mean("kept_heads"), "wall": summary["wall_seconds"]}
+            "kept": mean("kept_heads"), "wall": summary["wall_seconds"], "budget": measured(out)}
+
+
+def histograms(out: Path) -> dict[str, list[list[int]]]:
+    """Per client, training and test examples per class of the run in ``out`` (its summary.json predates
+    ``label_histograms``): the seeded partition of its config, rebuilt from the data without the model."""
+    import numpy as np
+
+    from fedpeft.data import label_histogram, load_task
+    from fedpeft.experiment import split_clients
+    from fedpeft.resolve import load_config
+
+    cfg = load_config(out / "config.yaml")
+    task = load_task(cfg.task, cfg.seed, cfg.federation.partition.column)
+    train, test, _ = split_clients(task, cfg)
+    labels = lambda examples: np.array([e.label for e in examples])  # noqa: E731
+    return {"train": label_histogram(labels(task.train), train, task.num_classes).tolist(),
+            "test": label_histogram(labels(task.test), test, task.num_classes).tolist()}
+
+
+def paired(done: dict[int, dict], ref: dict[int, dict | None]) -> str:
+    """The paired cell of arm − reference on the final accuracy in points over the seeds both finished, with the
+    pairs that mix devices counted."""
+    both = [s for s in done if ref.get(s)]
+    return paired_cell([(done[s]["final"] - ref[s]["final"]) * 100 for s in both],
+                       mixed_pairs({s: done[s]["budget"].device for s in both},
+                                   {s: ref[s]["budget"].device for s in both}))
+
+
+def _contrasts(runs: Path, task: str, part: str, args) -> list[str]:
+    """The grid's contrasts (``CONTRASTS``): arm − reference on the final accuracy, paired by seed."""
+    rows = []
+    for arm, ref in CONTRASTS:
+        if arm in args.arms and ref in args.arms:
+            load = lambda a: {s: _load(runs / job_name(task, part, a, s)) for s in args.seeds}  # noqa: E731
+            done = {s: r for s, r in load(arm).items() if r}
+            rows.append(f"| {arm} − {ref} | {paired(done, load(ref))} |")
+    return ["The paper's claims, paired by seed (final accuracy, points; mean [95 % CI], n seeds):", "",
+            "| arm − reference | Δ |", "|---|---|", *rows, ""] if rows else []
 
 
 def majority(task: str, args) -> tuple[float, int]:
@@ -119,19 +175,24 @@ def render(args) -> Path:
              f"train capped at {args.max_train}, test at {args.max_test} examples (the same test set for every arm). "
              f"Accuracy is the final round's global test accuracy (never the best round), mean ± std over seeds "
              f"{args.seeds} (paired: same partition and initial adapter across arms). Upload = real codec bytes per "
-             f"client-round (float32); OPs = analytic G MACs per training sequence at the local data's mean length.", ""]
+             f"client-round (float32); OPs = analytic G MACs per training sequence at the local data's mean length.",
+             "",
+             "Δ: the arm's final accuracy minus B1-random's of the same seed, mean [95 % t-interval] over the seeds "
+             "both finished (n; pairs whose runs ran on two devices counted). Budget: the mean local steps and "
+             "examples a client-round trained on, the learning rates (LoRA, task head), the weight decay and the "
+             "device of the finished runs.", ""]
     if args.notes and Path(args.notes).exists():
         lines += [Path(args.notes).read_text().strip(), ""]
     for task in args.tasks:
         maj, n = majority(task, args)
-        se = math.sqrt(0.25 / n) * 100
-        lines += [f"## {task} (test n = {n}; standard error of one accuracy ≤ {se:.1f} points; majority class "
-                  f"{maj * 100:.1f} %)", ""]
+        lines += [f"## {task} (test n = {n}; standard error of one accuracy ≤ {accuracy_se(n):.1f} points; majority "
+                  f"class {maj * 100:.1f} %)", ""]
         for part in args.partitions:
-            lines += [f"### {part}", "", "| arm | seeds done | final acc % | Δ vs B1-random, per seed | rounds to "
-                      "target | upload B/client-round | G OPs/seq paper | G OPs/seq clean | kept heads |",
-                      "|---|---|---|---|---|---|---|---|---|"]
-            base = {s: _load(runs / job_name(task, part, "B1 FedAvg, random CS", s)) for s in args.seeds}
+            base = {s: _load(runs / job_name(task, part, REFERENCE, s)) for s in args.seeds}
+            lines += [f"### {part}", "", *_per_client_majority(runs, task, part, args.seeds),
+                      "| arm | seeds done | final acc % | Δ vs B1-random, paired | rounds to target | upload "
+                      "B/client-round | G OPs/seq paper | G OPs/seq clean | kept heads | budget / client-round |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
             curves = {}
             for arm in ARMS:
                 res = {s: _load(runs / job_name(task, part, arm, s)) for s in args.seeds}
@@ -143,15 +204,18 @@ def render(args) -> Path:
                         reach.append(next((i + 1 for i, a in enumerate(r["acc"]) if a >= target), None))
                 reach_txt = ", ".join("–" if x is None else str(x) for x in reach) or "–"
                 first = next(iter(done.values()), None)
-                paired = ", ".join(f"{(done[s]['final'] - base[s]['final']) * 100:+.1f}" for s in done if base.get(s))
-                lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | {mean_std([r['final'] for r in done.values()])} | "
-                             f"{paired or '–'} | {reach_txt} | {statistics.fmean(r['up'] for r in done.values()):,.0f} | "
-                             f"{first['ops_paper'] or 0:.3f} | {first['ops_clean'] or 0:.3f} | {first['kept'] or 0:.0f} |"
-                             if first else f"| {arm} | 0/{len(args.seeds)} | – | – | – | – | – | – | – |")
+                delta = "0" if arm == REFERENCE else paired(done, base)
+                lines.append(f"| {arm} | {len(done)}/{len(args.seeds)} | "
+                             f"{mean_std([r['final'] for r in done.values()])} | {delta} | {reach_txt} | "
+                             f"{statistics.fmean(r['up'] for r in done.values()):,.0f} | "
+                             f"{first['ops_paper'] or 0:.3f} | {first['ops_clean'] or 0:.3f} | "
+                             f"{first['kept'] or 0:.0f} | "
+                             f"{budget_cell([r['budget'] for r in done.values()], device=True)} |"
+                             if first else f"| {arm} | 0/{len(args.seeds)} |" + " – |" * 8)
                 if done:
                     curves[arm] = [statistics.fmean(r["acc"][i] for r in done.values())
                                    for i in range(min(len(r["acc"]) for r in done.values()))]
-            lines += ["", "Mean accuracy per round (%):", "", "| arm | " + " | ".join(
+            lines += ["", *_contrasts(runs, task, part, args), "Mean accuracy per round (%):", "", "| arm | " + " | ".join(
                 str(i + 1) for i in range(args.rounds)) + " |", "|---|" + "---|" * args.rounds]
             for arm, c in curves.items():
                 lines.append(f"| {arm} | " + " | ".join(f"{a * 100:.1f}" for a in c) + " |")
@@ -169,7 +233,19 @@ def render(args) -> Path:
     return write_results(args.results, lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def _per_client_majority(runs: Path, task: str, part: str, seeds: list[int]) -> list[str]:
+    """The per-client majority baseline of a partition (each client predicts its training shard's majority label on
+    its own test shard, pooled; no model), mean ± std over the seeds whose B1-random run finished."""
+    outs = [out for s in seeds if ((out := runs / job_name(task, part, REFERENCE, s)) / "summary.json").exists()]
+    if not outs:
+        return []
+    per_client = [majorities(histograms(out))[1] for out in outs]
+    return [f"Per-client majority (no model; each client predicts its training shard's majority label on its own "
+            f"test shard, pooled): {mean_std(per_client)} % ({len(outs)} seeds), a personalised reference: the "
+            "accuracies below are the global model's on the whole test set.", ""]
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = grid_parser("headprune", __doc__.split("\n\n")[0])
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--partitions", nargs="+", default=list(PARTITIONS), choices=list(PARTITIONS))
@@ -184,13 +260,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--step-time", action="store_true", help="measure masked vs physically pruned step time, then render")
     p.add_argument("--step-reps", type=int, default=5)
-    args = parse_grid_args(p, argv)
+    return parse_grid_args(p, argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     if args.step_time:
         Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.runs_dir) / "step_time.json").write_text(json.dumps(step_time(args), indent=1))
         args.render_only = True  # measured: now only render
-    jobs = [(t, part, arm, s) for s in args.seeds for t in args.tasks for part in args.partitions for arm in args.arms]
-    run_grid(args, run_job, jobs, render)
+    run_grid(args, run_job, plan(args), render)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ complete graph (every client holds a share of every other's secrets, half of the
 tolerates that many dropouts, added in session 25 after the 3-share rows halted). Reported: the final round's test
 accuracy (never the best round, and the only round evaluated; the plain-vs-secure difference is the quantization
 error), bytes per client-round (every protocol stage counted), wall seconds per round on this machine (training and
-protocol, the rounds without evaluation), and the rounds completed. >= 3 paired seeds. Local work: 3 steps of batch
-16 per client-round with 10 clients, 1 with 100 (100 clients x 3 steps would take this 2-core machine over an hour
-per run); the 10-client runs come first.
+protocol, the rounds without evaluation), the rounds completed and each row's budget per client-round. Round 0 is
+not evaluated; a run whose rounds all halted is scored on the starting model, which gives a seed's untrained row.
+>= 3 paired seeds. Local work: 3 steps of batch 16 per client-round with 10 clients, 1 with 100 (100 clients x 3
+steps would take this 2-core machine over an hour per run); the 10-client runs come first.
 
     python -m benchmarks.secagg --runs-dir runs/secagg --workers 1      # CPU, resumable
     python -m benchmarks.secagg --runs-dir runs/secagg --render-only    # rewrite the table
@@ -27,12 +28,14 @@ import json
 import statistics
 from pathlib import Path
 
+from benchmarks.budget import budget_cell, measured, mixed_pairs
 from benchmarks.grids import load_grid
 from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
-from benchmarks.stats import mean_std, paired_cell
+from benchmarks.stats import accuracy_se, mean_std, paired_cell, resolved
 
 GRID = load_grid("secagg")
 METHODS, SECURE, MODES = GRID["methods"], GRID["secure"], GRID["modes"]
+PLAIN = "plain"  # the mode every other is paired with
 
 
 def job_name(method: str, clients: int, mode: str, seed: int) -> str:
@@ -55,6 +58,14 @@ def plan(args) -> list[tuple[str, int, str, int]]:
     return [(m, k, mode, s) for k in args.clients for s in args.seeds for m in METHODS for mode in MODES]
 
 
+def contrasts(args) -> list[tuple[str, str, list[str], list[str]]]:
+    """(arm, reference, the arm's overrides, the reference's) of every paired contrast the results file reads (each
+    method's modes against its plain run, at every federation size), for the budget test over the grids."""
+    label = lambda m, k, mode: f"{m}, {k} clients, {mode}"  # noqa: E731
+    return [(label(m, k, mode), label(m, k, PLAIN), overrides(args, m, k, mode, 0), overrides(args, m, k, PLAIN, 0))
+            for k in args.clients for m in METHODS for mode in MODES if mode != PLAIN]
+
+
 def run_job(args, *job) -> str:
     return run_config(Path(args.runs_dir) / job_name(*job), overrides(args, *job))
 
@@ -71,7 +82,22 @@ def _load(out: Path) -> dict | None:
             "up": sum(r["bytes_up"] for r in recs) / max(1, sum(len(r["clients"]) for r in recs)),
             "down": sum(r["bytes_down"] for r in recs) / max(1, sum(len(r["clients"]) for r in recs)),
             "wall": statistics.fmean(r["wall_seconds"] for r in recs if r["accuracy"] is None),
-            "completed": len(done), "rounds": len(recs)}
+            "completed": len(done), "rounds": len(recs), "budget": measured(out)}
+
+
+def _paired(done: dict[int, dict], ref: dict[int, dict | None]) -> tuple[str, list[float]]:
+    """The paired cell of the rows' final accuracies minus the reference's in points over the seeds both finished
+    (the pairs that mix devices counted), and the differences."""
+    both = [s for s in done if ref.get(s)]
+    d = [(done[s]["final"] - ref[s]["final"]) * 100 for s in both]
+    return paired_cell(d, mixed_pairs({s: done[s]["budget"].device for s in both},
+                                      {s: ref[s]["budget"].device for s in both})), d
+
+
+def starting_model(runs: dict[str, dict[int, dict]]) -> dict[int, dict]:
+    """Seed -> a run of one method and size whose rounds all halted: its final accuracy is the starting model's
+    (the global state before any round; round 0 itself is not evaluated)."""
+    return {s: r for mode in MODES for s, r in runs[mode].items() if r["completed"] == 0}
 
 
 def render(args) -> Path:
@@ -84,7 +110,11 @@ def render(args) -> Path:
              "and Flower's quantization (clipping range 8, 2^22 levels, max weight 1000). Accuracy: the final round "
              "(the only one evaluated), mean ± std over the finished seeds; Δ: paired by seed against the plain run. "
              "Bytes: per selected client and round (halted rounds included), every protocol message counted. Wall: mean seconds per round without "
-             "evaluation (training and protocol) on this machine, shared with other benchmarks.", ""]
+             "evaluation (training and protocol) on this machine, shared with other benchmarks.", "",
+             "Δ: mean [95 % t-interval] over the seeds both rows finished (n; pairs whose runs ran on two devices "
+             "counted). Budget: the mean local steps and examples a client-round trained on, over the replies of "
+             "completed rounds (none where every round halted), the learning rate, the weight decay and the "
+             "device.", ""]
     if args.notes and Path(args.notes).exists():
         lines += [Path(args.notes).read_text().strip(), ""]
     for k in args.clients:
@@ -94,19 +124,21 @@ def render(args) -> Path:
         if any_run:  # the trivial baseline: the majority class of the (shared) test set
             test = [sum(col) for col in zip(*any_run["hist"]["test"])]
             n = sum(test)
-            lines += [f"Test n = {n} (standard error of one accuracy ≤ {50 / n ** 0.5:.1f} points); majority class "
+            lines += [f"Test n = {n} (standard error of one accuracy ≤ {accuracy_se(n):.1f} points); majority class "
                       f"{max(test) / n * 100:.1f} %.", ""]
         lines += ["| method | mode | seeds done | accuracy % | Δ vs plain, paired | "
-                  "KB up / client-round | KB down / client-round | s / round | rounds completed |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "KB up / client-round | KB down / client-round | s / round | rounds completed | "
+                  "budget / client-round |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        unresolved = []
         for method in METHODS:
-            plain = {s: _load(runs / job_name(method, k, "plain", s)) for s in args.seeds}
-            for mode in MODES:
-                done = {s: r for s in args.seeds if (r := _load(runs / job_name(method, k, mode, s)))}
+            runs_of = {mode: {s: r for s in args.seeds if (r := _load(runs / job_name(method, k, mode, s)))}
+                       for mode in MODES}
+            plain = runs_of[PLAIN]
+            for mode, done in runs_of.items():
                 if not done:
-                    lines.append(f"| {method} | {mode} | 0/{len(args.seeds)} | – | – | – | – | – | – |")
+                    lines.append(f"| {method} | {mode} | 0/{len(args.seeds)} |" + " – |" * 7)
                     continue
-                d = [(r["final"] - plain[s]["final"]) * 100 for s, r in done.items() if plain.get(s)]
                 completed = ", ".join(f"{r['completed']}/{r['rounds']}" for r in done.values())
                 same = [r["layers"] == plain[s]["layers"] for s, r in done.items() if r["layers"] and plain.get(s)]
                 if same and mode != "plain":  # did the securely averaged layer scores pick the plain run's layers?
@@ -114,9 +146,24 @@ def render(args) -> Path:
                 mean = lambda key: statistics.fmean(r[key] for r in done.values())  # noqa: E731
                 lines.append(
                     f"| {method} | {mode} | {len(done)}/{len(args.seeds)} | "
-                    f"{mean_std([r['final'] for r in done.values()])} | {paired_cell(d) if mode != 'plain' else '0'} | "
+                    f"{mean_std([r['final'] for r in done.values()])} | "
+                    f"{_paired(done, plain)[0] if mode != PLAIN else '0'} | "
                     f"{mean('up') / 1e3:.1f} | {mean('down') / 1e3:.1f} | {mean('wall'):.1f} | "
-                    f"{completed} |")
+                    f"{completed} | {budget_cell([r['budget'] for r in done.values()], device=True)} |")
+            start = starting_model(runs_of)
+            if start:
+                cell, d = _paired(start, plain)
+                lines.append(f"| {method} | no round completed (the starting model) | {len(start)}/{len(args.seeds)} "
+                             f"| {mean_std([r['final'] for r in start.values()])} | {cell} |" + " – |" * 5)
+                if resolved(d) == "not resolved":
+                    unresolved.append(f"{method} ({cell})")
+        lines += ["", "Round 0 is not evaluated (`evaluation.round_zero=false`), so the table has no round-0 row; "
+                  "the starting model's row is the final accuracy of a seed's runs whose rounds all halted (the "
+                  "same in every mode of a seed, since a halted round changes nothing)."]
+        if unresolved:
+            lines += ["", f"At {k} clients the starting model's paired difference from the plain runs is not "
+                      f"resolved for {', '.join(unresolved)}: the accuracy of these methods' dropout rows cannot tell "
+                      "halted rounds from completed ones; the rounds-completed column does."]
         lines.append("")
     return write_results(args.results, lines)
 

@@ -38,10 +38,19 @@ class Figure:
     goal: str
     met: bool
     note: str
+    level_at: float | None = None  # a speed-up goal's no-effect ratio (1.0): a range that holds it reads "level"
 
     @property
     def ratio(self) -> float:
         return statistics.median(self.ratios)
+
+    @property
+    def status(self) -> str:
+        """"met" / "NOT met" by the goal; a speed-up whose per-repetition range still holds the no-effect ratio
+        (``level_at``) is "level", not met: a median above 1.0 alone is no speed-up."""
+        if self.met and self.level_at is not None and min(self.ratios) <= self.level_at:
+            return "level"
+        return "met" if self.met else "NOT met"
 
 
 def clock(fn: Callable[[], object]) -> tuple[float, object]:
@@ -62,11 +71,12 @@ def alternate(a: Callable[[], object], b: Callable[[], object], reps: int) -> tu
 
 
 def figure(key: str, what: str, arms: tuple[str, str], ta: list[float], tb: list[float], goal: str,
-           met: Callable[[float], bool], note: str = "") -> Figure:
-    """The row of arms A and B: the median of the per-repetition ratios A/B, checked by ``met``."""
+           met: Callable[[float], bool], note: str = "", level_at: float | None = None) -> Figure:
+    """The row of arms A and B: the median of the per-repetition ratios A/B, checked by ``met``; ``level_at``: the
+    no-effect ratio of a speed-up goal (see ``Figure.status``)."""
     ratios = [x / y for x, y in zip(ta, tb)]
     fig = Figure(key, what, arms, (statistics.median(ta), statistics.median(tb)), ratios, goal,
-                 met(statistics.median(ratios)), note)
+                 met(statistics.median(ratios)), note, level_at)
     print(f"[{key}] {what}: {fig.ratio:.3f}x ({min(ratios):.3f}-{max(ratios):.3f}) "
           f"{arms[0]} {fig.seconds[0]:.2f} s / {arms[1]} {fig.seconds[1]:.2f} s {note}", flush=True)
     return fig

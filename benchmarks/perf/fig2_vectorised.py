@@ -67,6 +67,6 @@ def figure_2(args, key: str = "2") -> list[Figure]:
                                       "together (`runtime.client_batch`)",
                            ("sequential", "together"), ta, tb, "speedup, equal results", lambda x: x > 1.0,
                            f"max abs difference of the uploads {diff:.1e}; {shared['forward_requests']} model calls in "
-                           f"{shared['backbone_calls']} group calls of {k} length-sorted passes each"))
+                           f"{shared['backbone_calls']} group calls of {k} length-sorted passes each", level_at=1.0))
     torch.set_num_threads(threads)
     return rows

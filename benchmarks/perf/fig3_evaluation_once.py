@@ -31,4 +31,4 @@ def figure_3(args) -> list[Figure]:
     return [figure("3", f"evaluation of the global state: global test set ({n}) + {args.clients} client shards / "
                    "one pass sliced", ("two passes", "one pass"), ta, tb, "> 1×, metrics identical",
                    lambda r: r > 1 and same,
-                   f"global and local metrics and eval bytes identical: {'yes' if same else 'NO'}")]
+                   f"global and local metrics and eval bytes identical: {'yes' if same else 'NO'}", level_at=1.0)]

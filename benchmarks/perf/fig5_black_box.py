@@ -33,7 +33,7 @@ def figure_5(args) -> list[Figure]:
     rows = [figure("5a", f"FedBPT on MiniLM, SST-2: lambda = {s.popsize} candidates on {len(data)} examples, one "
                    f"forward per candidate ({min(s.max_rows, len(data))} rows) / candidates stacked (max_rows "
                    f"{s.max_rows}: {s.popsize * min(stacked, len(data))} rows)", ("per candidate", "stacked"), ta, tb,
-                   "> 1×", lambda r: r > 1, f"losses max abs diff {diff:.1e}")]
+                   "> 1×", lambda r: r > 1, f"losses max abs diff {diff:.1e}", level_at=1.0)]
 
     def one_pass():
         clf._population_passes = lambda prep, batch: 1  # this instance only: one padded pass
@@ -47,7 +47,7 @@ def figure_5(args) -> list[Figure]:
     rows.append(figure("5c", f"the stacked call of 5a: one pass padded to the longest row / rows sorted by length "
                        f"into {s.popsize} passes, each padded to its own longest row (the CPU default)",
                        ("one pass", "sorted passes"), ta, tb, "> 1×", lambda r: r > 1,
-                       f"losses max abs diff {diff:.1e}"))
+                       f"losses max abs diff {diff:.1e}", level_at=1.0))
     rows.append(verbalizer_figure(args))
     return rows
 
@@ -75,4 +75,4 @@ def verbalizer_figure(args) -> Figure:
     width = int(batch["attention_mask"].shape[1]) + cfg.method.adapter.num_tokens
     return figure("5b", f"SmolLM2 verbalizer, {args.lm_batch} x {width} tokens: full-vocabulary logits at every "
                   "position / read row × LM head", ("every position", "read row"), ta, tb, "> 1×", lambda r: r > 1,
-                  f"label logits max abs diff {diff:.1e}")
+                  f"label logits max abs diff {diff:.1e}", level_at=1.0)

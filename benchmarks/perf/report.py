@@ -18,7 +18,7 @@ def table(figures: list[Figure], kept: list[str]) -> list[str]:
     the figures not measured yet."""
     rows = {}
     for f in figures:
-        status = "met" if f.met else "NOT met"
+        status = f.status
         note = f" ({f.note})" if f.note else ""
         rows[f.key] = (f"| {f.key} | {f.what}{note} | **{f.ratio:.2f}×** ({min(f.ratios):.2f}–{max(f.ratios):.2f}) | "
                        f"{f.arms[0]} {f.seconds[0]:.2f} / {f.arms[1]} {f.seconds[1]:.2f} | {f.goal} | {status} |")
@@ -45,7 +45,9 @@ def write(figures: list[Figure], args, seconds: float) -> None:
             "thread, "
             f"{args.reps} alternating repetitions (A B, B A, ...); the table gives the median of the per-repetition "
             "ratios and their range. Absolute seconds move with the shared machine's other load; the ratios are "
-            "what to compare; rows of figures not run by this command are those of their last run.", "",
+            "what to compare; rows of figures not run by this command are those of their last run. A speed-up goal "
+            "(> 1×) is \"met\" only when every repetition's ratio is above 1; a median above 1 whose range still "
+            "holds 1 is \"level\".", "",
             *table(figures, kept), "",
             "What each figure runs: see the docstring of `benchmarks/perf/__init__.py`.", ""]
     args.out.write_text("\n".join(text))

@@ -1,7 +1,8 @@
 """One ``build(config)`` for every entry point: the embedded runtime, the Flower ServerApp and the ClientApp.
 
-It applies the process settings (torch threads), builds the experiment (task, partitions, the shared
-backbone on ``runtime.device``) and the method the config composes.
+It applies the process settings (a set ``runtime.threads``; a run resolves an unset one before it builds, in
+``runtime/threads.py``), builds the experiment (task, partitions, the shared backbone on ``runtime.device``) and
+the method the config composes.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ Long because it is the whole schema, one model tree that every entry point valid
 from __future__ import annotations
 
 import hashlib
+import re
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +32,9 @@ class TaskConfig(_Strict):
     name: str = Field("bbc", description="a registered task (`fedpeft tasks`), or jsonl/csv/tsv/parquet for your "
                                          "own data file at task.path")
     path: str | None = Field(None, description="data folder or file; defaults to ../shared/data/<dir>; file "
-                                               "tasks: the data file, or a folder with train.<ext> (+ test.<ext>)")
+                                               "tasks: the data file, or a folder with train.<ext> (+ test.<ext>); "
+                                               "a relative path is read from the working directory (not from the "
+                                               "config file's folder) and recorded absolute in the run")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share for tasks without a test split")
     max_train: int | None = Field(None, gt=0, description="cap on training examples (seeded stratified sample)")
     max_test: int | None = Field(None, gt=0, description="cap on test examples (seeded stratified sample)")
@@ -76,17 +79,36 @@ class TaskConfig(_Strict):
                                                                         "default: the model's chat template")
     max_response_length: int = Field(64, ge=1, description="generation: response tokens kept (longer responses "
                                                           "are cut at the end)")
+    truncation: Literal["keep_start", "keep_end"] = Field(
+        "keep_start", description="generation: how a prompt longer than task.max_length is cut, longest field "
+                                  "first: keep_start cuts a field at its end (a structured input keeps its first "
+                                  "slots, as a tokenizer's right truncation), keep_end at its start (a long context "
+                                  "keeps the question that ends it); cuts are counted in the run log and --dry-run, "
+                                  "with a warning above 5 % of the examples")
 
     @field_validator("prompt_template")
     @classmethod
     def _prompt_template(cls, value: str | None) -> str | None:
-        if value is not None and "{instruction}" not in value:
+        if value is None:
+            return value
+        unknown = sorted({m for m in re.findall(r"\{(\w+)\}", value)} - {"instruction", "input"})
+        if unknown:
+            raise ValueError(f"task.prompt_template {value!r} has the unknown field(s) "
+                             f"{', '.join('{' + u + '}' for u in unknown)}: a template fills {{instruction}} "
+                             "(the instruction column) and {input} (task.input_column) only; put the column you "
+                             "meant in task.instruction_column or task.input_column")
+        if "{instruction}" not in value:
             raise ValueError(f"task.prompt_template {value!r} lacks {{instruction}} (the instruction's place; "
                              "{input} is optional)")
         return value
 
     @model_validator(mode="after")
     def _check_kind(self) -> TaskConfig:
+        if self.input_column is not None and self.prompt_template is not None \
+                and "{input}" not in self.prompt_template:
+            raise ValueError(f"task.input_column '{self.input_column}' is set but task.prompt_template "
+                             f"{self.prompt_template!r} never uses {{input}}, so the column would be dropped from "
+                             "every prompt; add {input} to the template or unset task.input_column")
         if self.kind == "classification" and self.response_column is not None:
             raise ValueError("task.response_column is set, which makes a generation task, but task.kind is "
                              "'classification'; unset one of them")
@@ -346,10 +368,12 @@ class EvaluationConfig(_Strict):
     validation_fraction: float = Field(0.1, gt=0, lt=1, description="with keep_best: the share of the training "
                                                                     "examples held out as the validation split "
                                                                     "(seeded, stratified, before partitioning)")
-    generate_every: int = Field(0, ge=0, description="generation tasks: every k rounds (and after the last) decode "
-                                                     "the test prompts greedily and record BLEU, chrF, ROUGE-L and "
-                                                     "exact match; 0: never (loss and perplexity are recorded at "
-                                                     "every evaluation)")
+    generate_every: int | None = Field(None, ge=0, description="generation tasks: every k rounds (and after the "
+                                                                "last) decode the test prompts greedily and record "
+                                                                "BLEU, chrF, ROUGE-L and exact match; unset: after "
+                                                                "the last round only (the run's headline); 0: never "
+                                                                "(loss and perplexity are recorded at every "
+                                                                "evaluation)")
     max_new_tokens: int = Field(64, ge=1, description="generation tasks: most tokens decoded per prompt")
     generate_examples: int | None = Field(200, ge=1, description="generation tasks: test examples decoded for "
                                                                  "the generation metrics (a seeded sample, the same "
@@ -364,7 +388,16 @@ class EvaluationConfig(_Strict):
 class RuntimeConfig(_Strict):
     name: str = Field("embedded", description="embedded (one process), flower-sim (Flower's simulation) or "
                                               "flower (a Flower deployment)")
-    threads: int | None = Field(None, ge=1, description="torch threads; default: all cores")
+    threads: int | None = Field(None, ge=1, description="torch threads of the server and every client, in every "
+                                                         "runtime; the numbers depend on the count in their last "
+                                                         "bits, so the runtimes agree bit for bit at one count. "
+                                                         "Unset: resolved when the run starts (summary.json's "
+                                                         "threads; a resume keeps it) to torch's count in the "
+                                                         "starting process (the cores, or OMP_NUM_THREADS), at most "
+                                                         "the usable cores, divided among client_workers; "
+                                                         "flower-sim reserves that many cores per ClientApp (at "
+                                                         "the default: one ClientApp at a time; 1: one per core); "
+                                                         "a deployment's nodes use the server's count")
     device: str = Field("cpu", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     autocast: Literal["none", "bfloat16", "float16"] = Field(
         "none", description="mixed-precision forward passes on CUDA (the wire format is unchanged)")
@@ -383,7 +416,8 @@ class RuntimeConfig(_Strict):
                                                        "last)")
     client_workers: int = Field(1, ge=1, description="embedded runtime, CPU: processes that train a round's clients "
                                                      "side by side, forked after the backbone is loaded so they share "
-                                                     "its weights; each uses runtime.threads threads (default 1)")
+                                                     "its weights; each uses runtime.threads threads (default: "
+                                                     "the usable cores divided among the workers)")
     client_batch: int = Field(1, ge=1, description="embedded runtime: clients of a round whose model calls run "
                                                    "together (black-box forwards in one backbone call; gradient "
                                                    "steps in one forward and one backward); 1: one client after "

@@ -3,7 +3,7 @@ training anything.
 
 What you check first on your own data: the classes found with their train and test counts, each client's sizes and
 training labels, and the first training example as the model will see it (template applied, the adapter's rows
-marked where they go).
+marked where they go); on a generation task, how many prompts and responses the length limits cut, and where.
 
 The experiment and the method are built as a run builds them; the server state is initialised and round 1 is
 configured for the selected clients, so the instruction size is the real encoded length of the first selected
@@ -44,6 +44,8 @@ class DryRun:
     example: str = ""           # the first training example as the model sees it
     example_label: str = ""
     validation: int = 0         # examples held out of training (evaluation.keep_best)
+    cuts: dict[str, str] = field(default_factory=dict)  # generation: what the length limits cut, per split
+    generation: bool = False
 
 
 def dry_run(cfg: ExperimentConfig) -> DryRun:
@@ -81,4 +83,4 @@ def dry_run(cfg: ExperimentConfig) -> DryRun:
                   exp.describe_clients(), exp.classifier.readout,
                   exp.classifier.show(first, method.initial_params()) if first else "",
                   (task.class_names[first.label] if task.class_names else "(the response)") if first else "",
-                  len(exp.validation))
+                  len(exp.validation), exp.cuts(), task.is_generation)

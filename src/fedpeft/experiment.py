@@ -72,6 +72,16 @@ class Experiment:
             self._encoded["train"] = self.classifier.encode(self.task.train)
         return self._encoded["train"]
 
+    def cuts(self) -> dict[str, str]:
+        """Generation tasks: per split (train, test), what the length limits cut (``instruction_encoding.Cuts``),
+        one line each; classification: none."""
+        if self.classifier.kind != "generation":
+            return {}
+        clf = self.classifier
+        return {split: enc.cuts.describe(clf.max_length, clf.max_response_length, self.task.truncation)
+                for split, enc in (("train", self._train_encoded()), ("test", self.test_encoded))
+                if enc.cuts is not None}
+
     def client(self, client_id: int) -> ClientContext:
         """A fresh view of one client's data (state is attached by the runtime); a malicious client's training
         set is its clean data plus its poisoned copies (Eq. 7)."""

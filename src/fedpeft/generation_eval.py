@@ -5,7 +5,8 @@
 sample of the test prompts (``evaluation.generate_examples``, each group's share kept; the same sample every
 round), scored by BLEU, chrF, ROUGE-L and exact match overall, per group, and over the groups seen in training
 and those never seen (WebNLG's unseen categories), plus the first ``evaluation.show_examples`` prompts with their
-reference and generation.
+reference and generation. ``file_scores``: the same scores of a labelled file (``fedpeft evaluate``), with each
+example's generation, references and own scores.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from fedpeft.data.types import Example
 from fedpeft.rng import SERVER, numpy_rng
-from fedpeft.text_metrics import bootstrap, text_metrics
+from fedpeft.text_metrics import bootstrap, exact_match, rouge_l, text_metrics
 
 
 def by_group(objective: Any, stats: dict[str, np.ndarray], examples: list[Example],
@@ -60,9 +61,7 @@ def generation_metrics(objective: Any, params: dict, examples: list[Example], ro
     picked = [examples[i] for i in rows]
     if not picked:
         return {}
-    ids = objective.generate(params, objective.encode_prompts(picked), max_new_tokens, batch_size)
-    tok = objective.backbone.tokenizer
-    hyps = [tok.decode(t, skip_special_tokens=True).strip() for t in ids]
+    hyps = generations(objective, params, picked, max_new_tokens, batch_size)
     refs = [e.refs for e in picked]
     out: dict[str, Any] = dict(scored(hyps, refs))
     groups = [e.group for e in picked]
@@ -75,7 +74,46 @@ def generation_metrics(objective: Any, params: dict, examples: list[Example], ro
             for name, want in (("seen", False), ("unseen", True)):
                 out[name] = scored([h for h, u in zip(hyps, unseen) if u == want],
                                    [r for r, u in zip(refs, unseen) if u == want])
-    out["samples"] = [{"prompt": objective.format.prompt_text(e), "reference": e.refs[0] if e.refs else "",
-                       "generation": h} for e, h in zip(picked[:show], hyps[:show])]
+    out["samples"] = [{"prompt": objective.format.prompt_text(e), "references": list(e.refs), "generation": h}
+                      for e, h in zip(picked[:show], hyps[:show])]
     out["num_generated"] = len(hyps)
     return out
+
+
+def generations(objective: Any, params: dict, examples: list[Example], max_new_tokens: int,
+                batch_size: int, encoded: Any = None) -> list[str]:
+    """The greedy completions of ``examples``' prompts (``encoded``: their ``encode_prompts``, when the caller has
+    them), decoded without special tokens and stripped."""
+    encoded = objective.encode_prompts(examples) if encoded is None else encoded
+    ids = objective.generate(params, encoded, max_new_tokens, batch_size)
+    tok = objective.backbone.tokenizer
+    return [tok.decode(t, skip_special_tokens=True).strip() for t in ids]
+
+
+def file_scores(objective: Any, stats: dict[str, np.ndarray], examples: list[Example], hyps: list[str],
+                resamples: int = 0) -> dict[str, Any]:
+    """A labelled file's scores as a run scores its test set: the teacher-forced loss, perplexity and next-token
+    accuracy per response token (``stats``: ``token_stats`` of ``examples``; the accuracy as ``token_accuracy``),
+    BLEU, chrF, ROUGE-L and exact match of the greedy ``hyps`` (with bootstrap standard errors over ``resamples``),
+    and per example its generation, references, loss, perplexity, ROUGE-L and exact match (BLEU and chrF are
+    corpus scores)."""
+    refs = [list(e.refs) for e in examples]
+    teacher = objective.summarise(stats)
+    out: dict[str, Any] = {"num_examples": len(examples), "num_tokens": teacher.get("num_tokens", 0),
+                           "loss": teacher.get("loss"), "perplexity": teacher.get("perplexity"),
+                           "token_accuracy": teacher.get("accuracy")}
+    out |= text_metrics(hyps, refs) | (bootstrap(hyps, refs, resamples) if resamples and len(hyps) > 1 else {})
+    rouge, exact = rouge_l(hyps, refs), exact_match(hyps, refs)
+    out["examples"] = [{"instruction": e.text_a, "input": e.text_b, "references": r, "generation": h,
+                        **_example_loss(stats, i), "rouge_l": float(rouge[i]), "exact_match": float(exact[i])}
+                       for i, (e, r, h) in enumerate(zip(examples, refs, hyps))]
+    return out
+
+
+def _example_loss(stats: dict[str, np.ndarray], i: int) -> dict[str, float | None]:
+    """Example ``i``'s mean cross-entropy per response token and its perplexity (None without response tokens)."""
+    tokens = int(stats["tokens"][i])
+    if not tokens:
+        return {"loss": None, "perplexity": None}
+    loss = float(stats["nll"][i] / tokens)
+    return {"loss": loss, "perplexity": float(np.exp(min(loss, 700.0)))}

@@ -10,6 +10,8 @@ the resume check, to read an older config.yaml).
 from __future__ import annotations
 
 import copy
+import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,21 @@ from fedpeft.tracking.sinks import SINKS
 
 def _parse_scalar(text: str) -> Any:
     return read_yaml(text) if text != "" else ""
+
+
+def _is_text_field(parts: list[str]) -> bool:
+    """Whether the dotted key names a text setting of the schema (``task.prompt_template``): its ``--set`` value is
+    the text as typed, not YAML (components' own settings are not known here and stay YAML)."""
+    model: Any = ExperimentConfig
+    for i, part in enumerate(parts):
+        info = getattr(model, "model_fields", {}).get(part)
+        if info is None:
+            return False
+        kinds = set(typing.get_args(info.annotation)) - {type(None)} or {info.annotation}
+        if i == len(parts) - 1:
+            return kinds == {str}
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    return False
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -50,7 +67,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         try:
             new = _parse_scalar(value)
         except yaml.YAMLError as e:
-            raise ConfigError(f"--set {key}: the value is not valid YAML ({getattr(e, 'problem', e)})") from None
+            if not _is_text_field(parts):
+                raise ConfigError(f"--set {key}: the value is not valid YAML ({getattr(e, 'problem', e)})") from None
+            new = value
+        if not isinstance(new, str) and new is not None and _is_text_field(parts):
+            new = value  # a text setting takes the text as given ({instruction} is not a YAML mapping here)
         if len(parts) == 3 and parts[0] == "method" and parts[1] in AXES and parts[2] == "name" \
                 and node.get("name", new) != new:
             node.clear()
@@ -58,18 +79,61 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return out
 
 
-def _format_validation_error(err: ValidationError) -> str:
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names of the (nested) settings model at ``loc`` (a validation error's location, field excluded)."""
+    for part in loc:
+        info = model.model_fields.get(str(part))
+        if info is None:
+            return []
+        kinds = set(typing.get_args(info.annotation)) or {info.annotation}
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def _format_validation_error(err: ValidationError, model: type[BaseModel] = ExperimentConfig) -> str:
+    """One line per problem, ``dotted.key: message``; an unknown key gets the closest known ones of its section."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(root)"
-        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(e["loc"][-1]), _fields_at(model, e["loc"][:-1]), n=3, cutoff=0.6)
+            msg = "unknown field" + (f"; did you mean {' or '.join(close)}?" if close else "")
         lines.append(f"{loc}: {msg}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
+def _generation(task: dict[str, Any]) -> bool:
+    from fedpeft.data.tasks.generation import GENERATION_TASKS
+
+    return task.get("kind") == "generation" or bool(task.get("response_column")) or task.get("name") in GENERATION_TASKS
+
+
+# keys added after runs were saved, whose behaviour before they existed is not their default: (section, key, what
+# the code did before, the configs it applies to). A config.yaml that fedpeft wrote before the key existed holds
+# every other key of its section, and is read with the old behaviour, so that resuming or using such a run changes
+# nothing.
+ADDED_SINCE = (("task", "truncation", "keep_end", _generation),)
+
+
+def _saved_before_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with ``ADDED_SINCE``'s old behaviours where it is a saved config from before those keys."""
+    models = {"task": ExperimentConfig.model_fields["task"].annotation}
+    for section, key, old, applies in ADDED_SINCE:
+        node = raw.get(section)
+        added = {k for s, k, *_ in ADDED_SINCE if s == section}
+        if isinstance(node, dict) and key not in node and set(node) >= set(models[section].model_fields) - added \
+                and applies(node):
+            node[key] = old
+    return raw
+
+
 def resolve(raw: dict[str, Any]) -> ExperimentConfig:
-    """Merge the method preset under the user's keys, then validate; raises ConfigError naming the field."""
-    raw = copy.deepcopy(raw or {})
+    """Merge the method preset under the user's keys, then validate; raises ConfigError naming the field. A run's
+    config.yaml from before a key of ``ADDED_SINCE`` existed is read with the behaviour it ran with."""
+    raw = _saved_before_keys(copy.deepcopy(raw or {}))
     method = raw.get("method") or {}
     if not isinstance(method, dict):
         raise ConfigError("method: must be a mapping")
@@ -135,7 +199,7 @@ def _validate_section(model: type[BaseModel] | None, values: dict[str, Any], whe
     try:
         return model.model_validate(values)
     except ValidationError as e:
-        msg = _format_validation_error(e).replace("invalid config:\n  ", "")
+        msg = _format_validation_error(e, model).replace("invalid config:\n  ", "")
         lines = [f"{where}.{line.strip()}" for line in msg.splitlines()]
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
 

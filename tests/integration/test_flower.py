@@ -19,6 +19,7 @@ from fedpeft.comm.codec import Message, decode, encode
 from fedpeft.resolve import load_config
 from fedpeft.runtime.embedded import run_embedded
 from fedpeft.runtime.session import StopAfterRound
+from fedpeft.runtime.threads import usable_cores
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import TIMING_FIELDS
 
@@ -143,6 +144,32 @@ def test_flower_sim_resume_gives_uninterrupted_metrics(sim_runs):
     states = sorted((root / "cut" / "client_state").glob("*/client_*/round_*.safetensors"))
     assert {p.parent.name for p in states} == {"client_0", "client_1", "client_2"}
     assert any("::exp_avg" in k for k in decode(states[-1].read_bytes()).tensors)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(usable_cores() < 2, reason="with one usable core every runtime computes with one thread")
+def test_flower_sim_matches_embedded_at_the_default_threads(tmp_path):
+    """runtime.threads unset, as a user runs it: the count is resolved once (2 on 2 cores, not 1) and the Ray
+    actors' ClientApps compute with it too, so the numbers are the embedded runtime's. On MiniLM, whose matrix
+    products sum in another order at another thread count (the tiny model's do not)."""
+    from fedpeft.runtime.flower.simulation import run_flower_sim
+
+    cfg = load_config(None, tiny_overrides(model__name="minilm", method__trainer__reset_optimizer=False))
+    assert cfg.runtime.threads is None
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)  # a plain process's count on 2 cores (conftest gives pytest-xdist workers fewer)
+    try:
+        emb = run_embedded(cfg, tmp_path / "embedded")
+        sim = run_flower_sim(cfg, tmp_path / "sim")
+    finally:
+        torch.set_num_threads(old)
+    assert emb["threads"] == sim["threads"] == 2
+    assert {p["threads"] for p in sim["flower"]["processes"].values()} == {2}  # every client process used them
+    assert _comparable(RunDir(tmp_path / "sim").read_metrics()) == \
+        _comparable(RunDir(tmp_path / "embedded").read_metrics())  # train losses, accuracies, bytes: bit for bit
+    a = RunDir(tmp_path / "embedded").load_checkpoint()[1].tensors
+    b = RunDir(tmp_path / "sim").load_checkpoint()[1].tensors
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.slow

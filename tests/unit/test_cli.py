@@ -194,3 +194,21 @@ def test_config_prints_the_resolved_config_and_its_schema_checks_configs():
                 {"federation": {"num_clients": 0}}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
+
+
+def test_a_local_only_run_says_its_global_adapter_was_never_trained(tmp_path):
+    """Local-only keeps every trained tensor on the clients: the console, summary.json and compare label the global
+    adapter untrained and lead with the clients' own accuracy, never the initial model's as the method's."""
+    sets = _sets(method__name="local-only", method__adapter__num_tokens=None, method__adapter__name="lora",
+                 method__adapter__r=2, federation__rounds=1, task__num_examples=72)
+    res = runner.invoke(app, ["run", "--out", str(tmp_path / "r"), *sets])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["global_adapter"] == "untrained" and summary["untrained_global"]
+    out = " ".join(res.output.split())
+    assert "the global adapter was never trained" in out and "final accuracy" not in out
+    res = runner.invoke(app, ["compare", str(tmp_path / "r"), "--out", str(tmp_path / "c.html")])
+    assert res.exit_code == 0 and "global adapter never trained" in (tmp_path / "c.html").read_text()
+    fed = _sets(federation__rounds=1, task__num_examples=72)
+    runner.invoke(app, ["run", "--out", str(tmp_path / "f"), *fed])
+    assert json.loads((tmp_path / "f" / "summary.json").read_text())["global_adapter"] == "trained"

@@ -91,14 +91,58 @@ def test_chat_template_prompt_and_mask() -> None:
     assert not PromptFormat.of(backbone, "Q: {instruction}\nA:").chat
 
 
-def test_long_prompts_are_cut_from_the_left_and_responses_at_their_limit() -> None:
+def test_long_prompts_are_cut_to_fit_and_responses_at_their_limit() -> None:
     lm = _lm("lora")
     long = Example("word " * 200, 0, None, target="alpha beta gamma delta epsilon zeta eta theta iota kappa")
     enc = lm.encode([long])
     ids, start = enc.input_ids[0], int(enc.response_start[0])
     assert len(ids) == lm.max_length and len(ids) - start == lm.max_response_length
+    assert enc.prompt_cut.tolist() == [True] and (enc.cuts.prompts, enc.cuts.responses) == (1, 1)
     with pytest.raises(ValueError, match="task.max_length"):
         LanguageModel(lm.backbone, lm.adapter, _task(), max_length=12, max_response_length=8).encode([long])
+
+
+@pytest.mark.parametrize("truncation", ["keep_start", "keep_end"])
+def test_a_long_structured_input_keeps_its_first_slot_by_default(truncation, caplog) -> None:
+    """The default cut (keep_start) drops tokens at the end of the longest field, so a data-to-text input keeps
+    the slot every reference mentions; keep_end (the cut before the setting existed) keeps the end. The cut is
+    counted per field and warned about, naming the field and the setting."""
+    task = dataclasses.replace(_task("Describe: {instruction} | {input}"), truncation=truncation)
+    lm = _lm("lora", task=task)
+    tok = lm.backbone.tokenizer
+    slots = " | ".join(f"slot{i} value{i}" for i in range(40))
+    ex = Example("the entry", 0, slots, target="slot0")
+    with caplog.at_level("INFO", logger="fedpeft.backbones.instruction_encoding"):
+        enc = lm.encode([ex, EXAMPLES[0]])
+    prompt = tok.decode(enc.input_ids[0][:int(enc.response_start[0])])
+    whole = tok.decode(enc.input_ids[1][:int(enc.response_start[1])])
+    assert "the entry" in prompt and "say hello" in whole  # the short fields are kept whole
+    first, last = "slot0 value0", "slot39 value39"
+    assert (first in prompt, last in prompt) == ((True, False) if truncation == "keep_start" else (False, True))
+    assert enc.prompt_cut.tolist() == [True, False] and enc.cuts.fields == {"input": 1}
+    warning = [r for r in caplog.records if r.levelname == "WARNING"]  # 1 of 2 prompts: above 5 %
+    assert len(warning) == 1 and "1 of 2 prompts (50%) cut at their " in warning[0].getMessage()
+    assert "the input in 1" in warning[0].getMessage() and f"task.truncation {truncation}" in warning[0].getMessage()
+
+
+def test_a_run_saved_before_the_truncation_setting_keeps_its_cut(tmp_path) -> None:
+    """A generation run's config.yaml from before ``task.truncation`` existed is read with the cut it ran with
+    (``keep_end``); a new config gets the default, and a classification config is left alone."""
+    import yaml
+
+    from fedpeft.config import dump_config
+    from fedpeft.resolve import load_config
+
+    for name, old in (("dolly", "keep_end"), ("bbc", "keep_start")):
+        raw = yaml.safe_load(dump_config(load_config(None, [f"task.name={name}"])))
+        raw["task"].pop("truncation")
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+        assert load_config(tmp_path / "config.yaml").task.truncation == old
+    assert load_config(None, ["task.name=dolly"]).task.truncation == "keep_start"
+    assert TaskData.from_spec(_task().spec() | {"truncation": "keep_start"}).truncation == "keep_start"
+    spec = _task().spec()
+    spec.pop("truncation")
+    assert TaskData.from_spec(spec).truncation == "keep_end"
 
 
 def _loop_greedy(lm: LanguageModel, params, prompt_ids: list[int], steps: int) -> list[int]:
@@ -240,6 +284,33 @@ def test_generation_run_end_to_end_and_generate_uses_its_adapter(tmp_path: Path)
     assert refused.exit_code != 0 and "--prompt" in refused.output
 
 
+def test_a_generation_run_leads_with_its_own_metrics_by_default(tmp_path: Path) -> None:
+    """With the defaults a generation run decodes its final round: the console's table and final line, summary.json
+    and ``compare`` lead with BLEU, chrF and ROUGE-L (next-token accuracy is no generation run's headline)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from fedpeft.cli import app
+
+    _write_task(tmp_path)
+    raw = _config(tmp_path)
+    del raw["evaluation"]["generate_every"]  # the default: the last round decodes
+    (tmp_path / "gen.yaml").write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "gen.yaml"), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    final = summary["final_generation"]
+    assert final["round"] == 2 and final["num_generated"] == 4 and {"bleu", "chrf", "rouge_l"} <= set(final)
+    assert summary["final_perplexity"] > 1
+    out = " ".join(res.output.split())
+    assert "BLEU" in out and "perplexity" in out and "final accuracy" not in out
+    assert f"final BLEU {final['bleu']:.1f}, chrF {final['chrf']:.1f}, ROUGE-L {final['rouge_l']:.1f}" in out
+    res = CliRunner().invoke(app, ["compare", str(tmp_path / "run"), "--out", str(tmp_path / "c.html")])
+    assert res.exit_code == 0, res.output
+    html = (tmp_path / "c.html").read_text()
+    assert "final BLEU" in html and "final perplexity" in html and "final accuracy" not in html
+
+
 @pytest.mark.parametrize("adapter", ["lora", "soft_prompt", "deep_prompt"])
 def test_peft_export_generates_the_same_tokens(tmp_path: Path, adapter: str) -> None:
     from peft import PeftModel
@@ -265,6 +336,7 @@ def test_peft_export_generates_the_same_tokens(tmp_path: Path, adapter: str) -> 
     ours = lm.generate({k: v.float() for k, v in model.params.items()}, enc, max_new_tokens=5)
     export_peft(out, tmp_path / "peft")
     fresh = _tiny("causal", "llama")
+    fresh.model.save_pretrained(tmp_path / "base")  # before PEFT injects its layers into it
     peft_model = PeftModel.from_pretrained(fresh.model, tmp_path / "peft").eval()
     width = max(len(r) for r in enc.input_ids)
     ids = torch.tensor([[lm.pad_id] * (width - len(r)) + r for r in enc.input_ids])
@@ -274,6 +346,18 @@ def test_peft_export_generates_the_same_tokens(tmp_path: Path, adapter: str) -> 
                                   do_sample=False, pad_token_id=lm.pad_id)
     assert gen[:, width:].tolist() == ours
     assert len({t for row in ours for t in row}) > 1  # not one token repeated: the comparison means something
+    # the other loader people use: AutoPeftModelForCausalLM reads the task type and the base model's folder
+    from peft import AutoPeftModelForCausalLM
+
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert config["task_type"] == "CAUSAL_LM"
+    (tmp_path / "peft" / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path":
+                                                                                str(tmp_path / "base")}))
+    auto = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "peft").eval()
+    with torch.no_grad():
+        again = auto.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5,
+                              do_sample=False, pad_token_id=lm.pad_id)
+    assert again[:, width:].tolist() == ours
 
 
 @pytest.mark.cuda

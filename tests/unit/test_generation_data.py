@@ -140,6 +140,32 @@ def test_empty_response_or_instruction_names_key_file_and_line(tmp_path: Path, f
             load_task(gen_cfg(path), 0)
 
 
+def test_a_row_without_the_response_key_is_named_as_missing_not_empty(tmp_path: Path) -> None:
+    rows = gen_rows(5)
+    del rows[1]["answer"]
+    path = write(tmp_path / "data.jsonl", rows)
+    with pytest.raises(ConfigError, match=r"task.response_column: .*data\.jsonl line 2 has no response: no value for "
+                                          r"'answer' \(a missing key or an empty cell\)"):
+        load_task(gen_cfg(path), 0)
+
+
+def test_a_template_with_an_unknown_field_or_without_the_input_column_is_refused() -> None:
+    """``{mr}`` is no field of a template (it would stay literal in every prompt); a template that never uses the
+    input column would drop it; ``--set`` takes a template as typed (its braces are no YAML mapping)."""
+    from fedpeft.resolve import load_config
+
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \{mr\}: a template fills \{instruction\}"):
+        TaskConfig(prompt_template="{instruction} {mr}")
+    with pytest.raises(ValueError, match=r"task.input_column 'mr' is set but task.prompt_template 'Q: \{instruction\}' "
+                                         r"never uses \{input\}"):
+        TaskConfig(prompt_template="Q: {instruction}", input_column="mr")
+    assert TaskConfig(prompt_template='{instruction} {input} as {"json": 1}').prompt_template  # literal braces
+    cfg = load_config(None, ["task.name=dolly", "task.prompt_template={instruction} | {input}"])
+    assert cfg.task.prompt_template == "{instruction} | {input}"
+    with pytest.raises(ConfigError, match=r"task.max_lenght: unknown field; did you mean max_length"):
+        load_config(None, ["task.max_lenght=20"])
+
+
 def test_missing_generation_columns_name_the_key_and_list_the_columns(tmp_path: Path) -> None:
     path = write(tmp_path / "data.jsonl", gen_rows(5))
     for kw, key, col in (({"response_column": "output"}, "task.response_column", "output"),

@@ -13,7 +13,8 @@ from benchmarks.budget import differences, planned
 from benchmarks.grids import load_grid
 from fedpeft.resolve import load_config
 
-BENCHMARKS = ["lora_family", "generation"]
+BENCHMARKS = ["lora_family", "generation", "headprune", "secagg", "fedprompt_security", "discrete_prompt",
+              "fedpeptao", "fedbpt"]
 
 
 def _undeclared(name: str) -> tuple[list[str], dict[str, set[str]]]:

@@ -83,6 +83,7 @@ class Lora(AdapterBase):
         from fedpeft.comm.lora_pairs import rank_of
 
         peft_config = self.peft_config(backbone)
+        peft_config.task_type = task_type  # AutoPeftModelFor<task> reads it (None: only PeftModel loads it)
         lora = {k: v for k, v in params.items() if ".lora_" in k}
         rank = rank_of(lora)
         if rank is not None and rank != peft_config.r:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -24,13 +25,17 @@ _FIELD = re.compile(r"\{(text_a|text_b|mask)\}")
 @dataclass
 class Encoded:
     """Token ids of a dataset split for one backbone; ``mask_index`` is -1 when unused; ``response_start`` (generation
-    tasks) is each row's first response position (its length for prompts alone), None for classification."""
+    tasks) is each row's first response position (its length for prompts alone), None for classification;
+    ``prompt_cut`` (generation) whether each row's prompt lost tokens to ``task.max_length``, and ``cuts`` the
+    encoding's counts (``instruction_encoding.Cuts``)."""
 
     input_ids: list[list[int]]
     labels: np.ndarray
     mask_index: np.ndarray
     lead: int
     response_start: np.ndarray | None = None
+    prompt_cut: np.ndarray | None = None
+    cuts: Any = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -38,7 +43,9 @@ class Encoded:
     def subset(self, idx: np.ndarray | list[int]) -> Encoded:
         idx = list(map(int, idx))
         starts = None if self.response_start is None else self.response_start[idx]
-        return Encoded([self.input_ids[i] for i in idx], self.labels[idx], self.mask_index[idx], self.lead, starts)
+        cut = None if self.prompt_cut is None else self.prompt_cut[idx]
+        return Encoded([self.input_ids[i] for i in idx], self.labels[idx], self.mask_index[idx], self.lead, starts,
+                       cut)
 
 
 def special_tokens(tokenizer, family: str) -> tuple[list[int], list[int]]:

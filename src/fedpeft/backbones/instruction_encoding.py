@@ -4,16 +4,19 @@ The prompt is ``task.prompt_template`` with ``{instruction}`` and ``{input}`` wh
 tokenizer's chat template around one user turn (instruction, a blank line, the input) when the model has one
 (SmolLM2-Instruct does), else the Alpaca template (``ALPACA``; its no-input variant when the example has no input). The template's fixed text and
 the fields are tokenized separately, so a long field is cut and never the template. The response is the target
-text plus the end-of-sequence token, cut at ``max_response_length``; the prompt's fields are then cut from the
-left, longest field first, until prompt + response fit ``max_length``. Only response positions are scored
-(``Encoded.response_start``), as TRL's completion-only loss.
+text plus the end-of-sequence token, cut at ``max_response_length``; the prompt's fields are then cut, longest field
+first, until prompt + response fit ``max_length``: from their end by default (``task.truncation: keep_start``, as a
+tokenizer's right truncation: a structured input keeps its first slots, an instruction its first words), or from their
+start (``keep_end``: a long context keeps the question that ends it). Every cut is counted per field; above
+``CUT_WARN`` of the examples the encoding warns, naming the field and the setting to raise. Only response positions
+are scored (``Encoded.response_start``), as TRL's completion-only loss.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -82,33 +85,65 @@ class PromptFormat:
         return "".join(text for _, text in self.segments(ex))
 
 
+CUT_WARN = 0.05  # share of the examples whose prompt or response is cut above which the encoding warns
+TRUNCATIONS = ("keep_start", "keep_end")
+
+
 @dataclass
 class Cuts:
-    """How many examples lost tokens to the length limits (logged once per encoding)."""
+    """How many of ``examples`` lost tokens to the length limits: prompts, per field (instruction, input), and
+    responses."""
 
+    examples: int = 0
     prompts: int = 0
+    fields: dict[str, int] = field(default_factory=dict)
     responses: int = 0
 
+    def describe(self, max_length: int, max_response_length: int, truncation: str) -> str:
+        """One line a user can act on: the shares cut, which field lost tokens and at which end, what to raise."""
+        if not (self.prompts or self.responses):
+            return f"no example cut (task.max_length {max_length})"
+        end = "end" if truncation == "keep_start" else "start"
+        parts = []
+        if self.prompts:
+            where = ", ".join(f"the {k} in {n}" for k, n in sorted(self.fields.items(), key=lambda kv: -kv[1]))
+            parts.append(f"{self.prompts} of {self.examples} prompts ({self.prompts / self.examples:.0%}) cut at "
+                         f"their {end} to fit task.max_length {max_length} ({where}; task.truncation {truncation})")
+        if self.responses:
+            parts.append(f"{self.responses} of {self.examples} responses ({self.responses / self.examples:.0%}) cut "
+                         f"at task.max_response_length {max_response_length}")
+        return "; ".join(parts) + "; raise the limit to keep them whole"
 
-def _cut_left(fields: dict[int, list[int]], budget: int) -> bool:
-    """Drop tokens from the left of the longest field until all fit ``budget``; whether any was dropped."""
-    cut = False
+    @property
+    def share(self) -> float:
+        """The larger of the shares of prompts and of responses cut."""
+        return max(self.prompts, self.responses) / max(self.examples, 1)
+
+
+def cut_fields(fields: dict[int, list[int]], budget: int, truncation: str = "keep_start") -> set[int]:
+    """Drop tokens from the longest field until all fit ``budget``, from its end (``keep_start``) or its start
+    (``keep_end``); the keys of the fields that lost tokens."""
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"task.truncation: unknown '{truncation}'; allowed: {', '.join(TRUNCATIONS)}")
+    cut: set[int] = set()
     while sum(len(v) for v in fields.values()) > budget:
         key = max(fields, key=lambda k: len(fields[k]))
-        fields[key].pop(0)
-        cut = True
+        fields[key].pop(-1 if truncation == "keep_start" else 0)
+        cut.add(key)
     return cut
 
 
 def encode_instructions(backbone: Backbone, fmt: PromptFormat, examples: list[Example], max_length: int,
-                        max_response_length: int, with_response: bool = True) -> Encoded:
-    """Prompt (+ response and end token when ``with_response``) ids per example, and where each response starts.
+                        max_response_length: int, with_response: bool = True,
+                        truncation: str = "keep_start") -> Encoded:
+    """Prompt (+ response and end token when ``with_response``) ids per example, where each response starts, and
+    which prompts were cut (``Encoded.prompt_cut``; the counts in ``Encoded.cuts``).
 
     ValueError naming ``task.max_length`` when the template and response leave no token for the prompt's fields."""
     tok = backbone.tokenizer
     end = end_token_id(tok)
-    cuts = Cuts()
-    ids_all, starts = [], []
+    cuts = Cuts(examples=len(examples))
+    ids_all, starts, prompt_cut = [], [], []
     lit_cache: dict[str, list[int]] = {}
     for ex in examples:
         response: list[int] = []
@@ -133,14 +168,18 @@ def encode_instructions(backbone: Backbone, fmt: PromptFormat, examples: list[Ex
             raise ValueError(f"task.max_length {max_length} leaves no room for the prompt: the template takes {fixed} "
                              f"tokens and the response {len(response)} (task.max_response_length "
                              f"{max_response_length}); raise task.max_length or lower task.max_response_length")
-        cuts.prompts += _cut_left(fields, budget)
+        cut = cut_fields(fields, budget, truncation)
+        for i in cut:
+            cuts.fields[segs[i][0]] = cuts.fields.get(segs[i][0], 0) + 1
+        cuts.prompts += bool(cut)
+        prompt_cut.append(bool(cut))
         prompt = list(fmt.lead) + [t for i, p in enumerate(pieces) for t in (fields.get(i, p))]
         ids_all.append(prompt + response)
         starts.append(len(prompt))
     if cuts.prompts or cuts.responses:
-        log.info("encoding %d examples: %d prompts cut from the left to fit task.max_length %d, %d responses cut at "
-                 "task.max_response_length %d", len(examples), cuts.prompts, max_length, cuts.responses,
-                 max_response_length)
+        level = logging.WARNING if cuts.share > CUT_WARN else logging.INFO
+        log.log(level, "encoding %d examples: %s", len(examples),
+                cuts.describe(max_length, max_response_length, truncation))
     n = len(examples)
     return Encoded(ids_all, np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64), len(fmt.lead),
-                   np.array(starts, dtype=np.int64))
+                   np.array(starts, dtype=np.int64), np.array(prompt_cut, dtype=bool), cuts)

@@ -102,9 +102,14 @@ def _dry_run(cfg, out_dir: Path) -> None:
         console.print(f"validation: {d.validation:,} training examples held out (evaluation.keep_best)",
                       highlight=False)
     console.print("clients:\n  " + "\n  ".join(d.clients), highlight=False, markup=False)
-    if d.example:
+    if d.example and d.generation:
+        console.print(f"the first training example as the model sees it (its prompt, then the response it "
+                      f"learns):\n  {d.example}", highlight=False, markup=False)
+    elif d.example:
         console.print(f"the first training example as the model sees it (readout {d.readout}, label "
                       f"'{d.example_label}'):\n  {d.example}", highlight=False, markup=False)
+    for split, line in d.cuts.items():
+        console.print(f"{split}: {line}", highlight=False, markup=False)
     bound = "at most " if d.up_upper_bound else ""
     console.print(f"trainable params {d.trainable_params:,}", highlight=False)
     console.print(f"bytes per client-round (round 1, client {d.client} of {d.clients_per_round} selected):\n"

@@ -1,4 +1,5 @@
-"""Using a trained run: ``export`` (PEFT), ``predict``, ``generate`` and ``evaluate`` (a labelled file)."""
+"""Using a trained run: ``export`` (PEFT), ``predict``, ``generate`` and ``evaluate`` (a labelled file: class
+metrics for a classifier, the generation metrics for a generation run)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedpeft.cli.console import console, fail, setup_logging
+from fedpeft.cli.console import console, fail, setup_logging, warn
 
 
 _CLIENT = typer.Option(help="client K's personalised adapter (methods with private tensors, e.g. FedPepTAO, "
-                            "FedSA-LoRA): its id, or its name with natural clients (partition by_column)")
+                            "FedSA-LoRA): its id, or its name with natural clients (partition by_column). Without "
+                            "it, the global adapter; a run whose sharing keeps every trained tensor on the clients "
+                            "(local-only) has no trained global adapter and needs --client; where it keeps part "
+                            "(FedSA-LoRA's B, which stays 0 on the server) a warning says the global adapter is "
+                            "not what the clients trained")
+_MAX_NEW_TOKENS = typer.Option(min=1, help="most tokens per completion (default: the run's "
+                                           "evaluation.max_new_tokens)")
 _BEST = typer.Option("--best", help="the checkpoint of the best round on the validation split "
                                     "(evaluation.keep_best) instead of the last")
 
@@ -28,7 +35,7 @@ def export(
 ) -> None:
     """Export a run's global adapter (or client K's personalised one) as a PEFT adapter directory
     (PeftModel.from_pretrained(base, OUT) loads it), with the task's classes, readout and templates beside it
-    (fedpeft_task.json)."""
+    (fedpeft_task.json). A never-trained global adapter (local-only runs) is refused: give --client K."""
     from fedpeft.config import ConfigError
     from fedpeft.export import export_peft
     from fedpeft.outputs import check_output_dir, os_error_line
@@ -42,17 +49,31 @@ def export(
         fail(str(e))
     except OSError as e:
         fail(os_error_line(e))
-    Console(stderr=True).print(note, highlight=False, markup=False)
+    Console(stderr=True).print(note, highlight=False, markup=False, soft_wrap=True)
     console.print(f"wrote {path}", highlight=False)
 
 
-def _open_model(run_dir: Path, client: Optional[str], best: bool):
+def _open_model(run_dir: Path, client: Optional[str], best: bool, doing: str = "predicting"):
+    """The run's adapter; says on stderr which it is (``doing`` with ...), and warns where the global adapter is
+    only partly trained (``TrainedModel.warning``)."""
     from fedpeft.predict import open_model
 
     setup_logging(False)
     model = open_model(run_dir, client, best)
-    Console(stderr=True).print(f"predicting with {model.describe()}", highlight=False, markup=False)
+    Console(stderr=True).print(f"{doing} with {model.describe(with_warning=False)}", highlight=False, markup=False,
+                               soft_wrap=True)
+    if model.warning:
+        warn(model.warning)
     return model
+
+
+def _say(text: str, style: str = "") -> None:
+    """One text as it is, never wrapped at the console's width: soft-wrapped on a terminal, printed plainly
+    elsewhere (a file or a pipe gets the lines the model wrote, tabs included)."""
+    if console.is_terminal:
+        console.print(text, style=style or None, highlight=False, markup=False, soft_wrap=True)
+    else:
+        print(text, flush=True)
 
 
 def predict(
@@ -109,66 +130,148 @@ def predict(
 def generate(
     run_dir: Annotated[Path, typer.Argument(help="a generation run's directory (finished or checkpointed)")],
     prompt: Annotated[list[str], typer.Option("--prompt", help="an instruction to complete (repeatable)")] = [],
-    file: Annotated[Optional[Path], typer.Option("--file", help="instructions, one per line")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", help="instructions: a .csv/.tsv/.jsonl/.parquet file with "
+                                                 "the run's task.instruction_column (and task.input_column where "
+                                                 "the run has one; built-in tasks: 'instruction', 'input'), or one "
+                                                 "instruction per line")] = None,
     client: Annotated[Optional[str], _CLIENT] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(min=1, help="most tokens per completion (default: the "
-                                                                      "run's evaluation.max_new_tokens)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write OUT.csv or OUT.jsonl (the input's columns, then "
+                                                     "'prompt', as the template frames it, 'prompt_cut', whether "
+                                                     "task.max_length cut it, and 'generation') instead of "
+                                                     "printing")] = None,
+    max_new_tokens: Annotated[Optional[int], _MAX_NEW_TOKENS] = None,
     best: Annotated[bool, _BEST] = False,
 ) -> None:
     """Greedy completions from a generation run's global adapter (or client K's personalised one), with the
-    prompt format the run trained with (the model's chat template, or task.prompt_template)."""
-    from rich.markup import escape
+    prompt format the run trained with (the model's chat template, or task.prompt_template); says which round's
+    adapter it is."""
+    from fedpeft.outputs import check_output_file, os_error_line
+    from fedpeft.prediction_files import (OUTPUT_SUFFIXES, generation_rows, instructions_only, read_prompts,
+                                          write_rows)
 
-    from fedpeft.outputs import os_error_line
-
-    prompts = list(prompt)
+    if out is not None and out.suffix.lower() not in OUTPUT_SUFFIXES:
+        fail(f"--out: '{out.name}' must end in .csv or .jsonl")
+    if not prompt and file is None:
+        fail("no prompts: give --prompt or --file")
     try:
+        if out is not None:
+            check_output_file(out, "--out")
+        model = _open_model(run_dir, client, best, "generating")
+        model.language_model()  # a classifier's run: refused before its file is read by generation columns
+        inputs = [instructions_only(prompt)] if prompt else []
         if file is not None:
-            prompts += [line.rstrip("\n") for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not prompts:
-            fail("no prompts: give --prompt or --file")
-        model = _open_model(run_dir, client, best)
-        for text, completion in zip(prompts, model.generate(prompts, max_new_tokens)):
-            console.print(f"[bold]> {escape(text)}[/bold]")
-            console.print(completion, highlight=False, markup=False)
+            inputs.append(read_prompts(file, model.cfg.task))
+        rows = []
+        for part in inputs:
+            texts, cuts = model.generate_and_cuts(part.examples, max_new_tokens)
+            rows += generation_rows(part, model.prompt_texts(part.examples), cuts, texts)
+            if out is None:
+                _print_generations(part.examples, cuts, texts, model.cfg.task.max_length)
+        if out is not None:
+            write_rows(rows, out)
     except (FileNotFoundError, ValueError) as e:
         fail(str(e))
     except OSError as e:
         fail(os_error_line(e))
+    if out is not None:
+        console.print(f"wrote {out} ({len(rows)} generations)", highlight=False, soft_wrap=True)
+
+
+def _print_generations(examples: list, cuts: list[bool], texts: list[str], max_length: int) -> None:
+    """Each instruction (and input) after '> ', in bold on a terminal, a note where the model read it cut, then its
+    completion as written."""
+    for example, cut, text in zip(examples, cuts, texts):
+        _say(f"> {example.text_a}", "bold")
+        if example.text_b:
+            _say(f"> {example.text_b}", "bold")
+        if cut:
+            _say(f"(the model read this prompt cut to task.max_length {max_length}; see task.truncation)")
+        _say(text)
 
 
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="a finished (or checkpointed) run directory")],
-    file: Annotated[Path, typer.Option("--file", help="a labelled .csv/.tsv/.jsonl/.parquet file with the run's "
-                                       "text and label columns; labels are class names or class indices")],
+    file: Annotated[Path, typer.Option("--file", help="a labelled .csv/.tsv/.jsonl/.parquet file: a classifier's "
+                                       "text and label columns (labels are class names or class indices); a "
+                                       "generation run's instruction, input, response and references columns (as "
+                                       "the run reads its data)")],
     client: Annotated[Optional[str], _CLIENT] = None,
-    out: Annotated[Optional[Path], typer.Option(help="also write the metrics as JSON")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="also write the metrics as JSON (a generation run: with each "
+                                                     "example's generation, references and scores)")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(min=1, help="generation runs: most tokens per "
+                                                                      "completion (default: the run's "
+                                                                      "evaluation.max_new_tokens)")] = None,
     best: Annotated[bool, _BEST] = False,
 ) -> None:
-    """Score a labelled file: accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix."""
-    from fedpeft.metrics import confusion, table as metrics_table
+    """Score a labelled file: a classifier's accuracy, macro-F1, per-class precision/recall/F1 and confusion
+    matrix, or, as a generation run scores its test set, the loss and perplexity per response token
+    (teacher-forced) and BLEU, chrF, ROUGE-L and exact match of its greedy completions."""
     from fedpeft.outputs import check_output_file, os_error_line
-    from fedpeft.prediction_files import label_indices, read_inputs
 
     try:
         if out is not None:
             check_output_file(out, "--out")
-        model = _open_model(run_dir, client, best)
-        inputs = read_inputs(file, model.cfg.task, labelled=True)
-        labels = label_indices(inputs, model.class_names)
-        preds = model.probabilities(inputs.examples(model.classifier.task.is_pair)).argmax(-1).tolist()
-        result = metrics_table(confusion(labels, preds, len(model.class_names)), model.class_names)
-        result |= {"file": str(file), "adapter": model.describe()}
+        model = _open_model(run_dir, client, best, "evaluating")
+        generation = model.classifier.kind == "generation"
+        result = _generation_scores(model, file, max_new_tokens) if generation else _class_scores(model, file)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=2) + "\n")
+            out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     except (FileNotFoundError, ValueError) as e:
         fail(str(e))
     except OSError as e:
         fail(os_error_line(e))
-    print_class_table(result, model.class_names, f"{file}: {result['num_examples']:,} examples")
+    title = f"{file}: {result['num_examples']:,} examples"
+    if generation:
+        print_generation_table(result, title)
+    else:
+        print_class_table(result, model.class_names, title)
     if out is not None:
-        console.print(f"wrote {out}", highlight=False)
+        console.print(f"wrote {out}", highlight=False, soft_wrap=True)
+
+
+def _class_scores(model, file: Path) -> dict:
+    """A classifier's metrics of a labelled file, with the file and the adapter."""
+    from fedpeft.metrics import confusion, table as metrics_table
+    from fedpeft.prediction_files import label_indices, read_inputs
+
+    inputs = read_inputs(file, model.cfg.task, labelled=True)
+    labels = label_indices(inputs, model.class_names)
+    preds = model.probabilities(inputs.examples(model.classifier.task.is_pair)).argmax(-1).tolist()
+    result = metrics_table(confusion(labels, preds, len(model.class_names)), model.class_names)
+    return result | {"file": str(file), "adapter": model.describe()}
+
+
+def _generation_scores(model, file: Path, max_new_tokens: Optional[int]) -> dict:
+    """A generation run's scores of a labelled file (``TrainedModel.score_generation``), with the file, the adapter,
+    the completions' length limit, then each example (where it is in the file included)."""
+    from fedpeft.prediction_files import read_prompts
+
+    prompts = read_prompts(file, model.cfg.task, labelled=True)
+    result = model.score_generation(prompts.examples, max_new_tokens)
+    examples = [e | {"source": where} for e, where in zip(result.pop("examples"), prompts.where)]
+    return result | {"file": str(file), "adapter": model.describe(),
+                     "max_new_tokens": max_new_tokens or model.cfg.evaluation.max_new_tokens, "examples": examples}
+
+
+GENERATION_METRICS = (("loss", "loss per response token"), ("perplexity", "perplexity"),
+                      ("token_accuracy", "next-token accuracy"), ("bleu", "BLEU"), ("chrf", "chrF"),
+                      ("rouge_l", "ROUGE-L"), ("exact_match", "exact match"))
+
+
+def print_generation_table(result: dict, title: str) -> None:
+    """A generation run's scores of a file: teacher-forced loss, perplexity and next-token accuracy, then the
+    text metrics of the greedy completions (0-100, ± their bootstrap standard errors where measured)."""
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, name in GENERATION_METRICS:
+        value = result.get(key)
+        se = result.get(f"{key}_se")
+        table.add_row(name, "–" if value is None else f"{value:.4f}" + (f" ± {se:.4f}" if se is not None else ""))
+    console.print(table)
+    console.print(f"{result['num_tokens']:,} response tokens; completions of up to {result['max_new_tokens']} "
+                  "tokens", highlight=False, soft_wrap=True)
 
 
 def print_class_table(result: dict, class_names: list[str], title: str) -> None:

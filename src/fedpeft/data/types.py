@@ -59,6 +59,7 @@ class TaskData:
     files: list[str] = field(default_factory=list)  # the user's data files read (fingerprinted by a run)
     kind: str = "classification"  # or "generation"
     prompt_template: str | None = None  # generation: user prompt with {instruction} and {input}
+    truncation: str = "keep_start"  # generation: where a too-long prompt's fields are cut (task.truncation)
 
     @property
     def num_classes(self) -> int:
@@ -70,7 +71,7 @@ class TaskData:
         return self.kind == "generation"
 
     SPEC_FIELDS = ("name", "class_names", "label_words", "label_descriptions", "template", "causal_template",
-                   "is_pair", "kind", "prompt_template")
+                   "is_pair", "kind", "prompt_template", "truncation")
 
     def spec(self) -> dict[str, Any]:
         """Everything a readout needs to score classes, without the examples (a run keeps it in ``task.json``)."""
@@ -79,5 +80,7 @@ class TaskData:
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> TaskData:
         """The task of ``spec()`` with empty splits: enough to classify new texts as the run did. A key missing
-        from an older spec (``kind``, ``prompt_template``) takes its default."""
-        return cls(**{k: spec[k] for k in cls.SPEC_FIELDS if k in spec}, train=[], test=[])
+        from an older spec (``kind``, ``prompt_template``) takes its default; a generation spec without
+        ``truncation`` was written when prompts were cut at their start (``keep_end``)."""
+        old = {"truncation": "keep_end"} if "truncation" not in spec else {}
+        return cls(**{k: spec[k] for k in cls.SPEC_FIELDS if k in spec} | old, train=[], test=[])

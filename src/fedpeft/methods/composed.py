@@ -165,9 +165,8 @@ class ComposedMethod:
         return self.evaluate_on(state, self.exp.test_encoded) | self._asr(st.glob) | self._generation(st)
 
     def _generating(self, round: int) -> bool:
-        every = self.cfg.evaluation.generate_every
-        return self.clf.kind == "generation" and every > 0 and (
-            round % every == 0 or round == self.cfg.federation.rounds)
+        every, last = self.cfg.evaluation.generate_every, round == self.cfg.federation.rounds
+        return self.clf.kind == "generation" and every != 0 and (last or every is not None and round % every == 0)
 
     def _generation(self, st: ServerState) -> dict[str, Any]:
         """Greedy generations of the global tensors on the fixed test sample, scored (``generation_eval``)."""
@@ -249,6 +248,17 @@ class ComposedMethod:
     def _post_tunes(self, round: int) -> bool:
         """Clients adapt the global tensors before they are scored (after the last round, with post-tuning)."""
         return round == self.cfg.federation.rounds and self.post_tuning.active
+
+    def untrained_global(self, state: Message) -> list[str]:
+        """The global tensors that the sharing policy keeps on the clients (``private_state``, less what it shares
+        now) and whose server copy still equals the seeded initial value: never trained on the server (all of them
+        for local-only; FedSA-LoRA's B and task head; FedPepTAO's layers are trained in its shared warm-up)."""
+        st = ServerState.from_message(state)
+        init = self.initial_params()
+        glob = {k: v for k, v in st.glob.items() if k in init}
+        personal = set(self.sharing.private_state(glob)) - set(self.sharing.shared(st.glob, st.sharing, st.round + 1))
+        return sorted(k for k in personal if glob[k].is_floating_point()
+                      and torch.equal(glob[k], init[k].to(device=glob[k].device, dtype=glob[k].dtype)))
 
     def trainable_params(self, state: Message) -> int:
         """Floating tensors the adapter trains (token ids of demonstrations are not parameters)."""

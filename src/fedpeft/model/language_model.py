@@ -116,7 +116,8 @@ class LanguageModel(AdaptedModel):
                  max_response_length: int = 64, autocast: str = "none", padding_free: bool = False) -> None:
         if backbone.family != "causal":
             raise ValueError(f"model.name: task '{task.name}' is a generation task and needs a causal LM; "
-                             f"{backbone.name} is a {backbone.family} model")
+                             f"{backbone.name} is {'an' if backbone.family[0] in 'aeiou' else 'a'} "
+                             f"{backbone.family} model")
         super().__init__(backbone, adapter, task, max_length, autocast)
         if self.pad_id is None:
             self.pad_id = end_token_id(backbone.tokenizer)
@@ -140,12 +141,13 @@ class LanguageModel(AdaptedModel):
 
     def encode(self, examples: list[Example]) -> Encoded:
         """Prompt + response ids, scored on the response (training and teacher-forced evaluation)."""
-        return encode_instructions(self.backbone, self.format, examples, self.max_length, self.max_response_length)
+        return encode_instructions(self.backbone, self.format, examples, self.max_length, self.max_response_length,
+                                   truncation=self.task.truncation)
 
     def encode_prompts(self, examples: list[Example]) -> Encoded:
         """Prompt ids alone, room left for ``max_response_length`` new tokens (generation)."""
         return encode_instructions(self.backbone, self.format, examples, self.max_length, self.max_response_length,
-                                   with_response=False)
+                                   with_response=False, truncation=self.task.truncation)
 
     @no_grad
     def show(self, example: Example, params: Params) -> str:

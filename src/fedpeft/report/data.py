@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedpeft.tracking.summary import final_generation as generation_of
+
 import yaml
 
 from fedpeft.metrics import per_class as per_class_of
@@ -212,6 +214,16 @@ def training_rounds(run: Run) -> int:
     if isinstance(n, int) and not isinstance(n, bool):
         return n
     return sum(1 for r in run.records if (_num(r.get("round")) or 0) > 0)
+
+
+def is_generation(run: Run) -> bool:
+    """A generation run (its records carry perplexity per response token)."""
+    return any(_num(r.get("perplexity")) is not None for r in run.records)
+
+
+def final_generation(run: Run) -> dict[str, Any] | None:
+    """The scores of what the final round's global model wrote (``tracking.summary.final_generation``)."""
+    return generation_of(run.records)
 
 
 def final_accuracy(run: Run) -> float | None:

@@ -9,7 +9,8 @@ from html import escape
 from typing import Any
 
 from fedpeft.report.data import (ClassReport, Group, Run, _num, best_accuracy, bytes_to_target, class_report,
-                                 final_accuracy, final_macro_f1, flatten, training_rounds, wall_seconds)
+                                 final_accuracy, final_generation, final_macro_f1, flatten, is_generation,
+                                 training_rounds, wall_seconds)
 from fedpeft.report.plots import confusion
 from fedpeft.report.svg import fmt_bytes
 
@@ -107,11 +108,17 @@ READABLE = {
 }
 
 
+# a local-only run's global adapter is its initialisation: its accuracy is not the method's
+UNTRAINED = "– (global adapter never trained: see the clients' accuracy)"
+
+
 def comparison(groups: list[Group], target: float) -> str:
     def pct(v: float) -> str:
         return f"{v:.4f}"
 
     runs = [r for g in groups for r in g.runs]
+    if runs and all(is_generation(r) for r in runs):
+        return _generation_comparison(groups)
     with_components = any(components((r.summary or {}).get("method_resolved")) for r in runs)
     with_f1 = any(final_macro_f1(r) is not None for r in runs)
     with_best = any(_num((r.summary or {}).get("accuracy_at_best_round")) is not None for r in runs)
@@ -129,8 +136,9 @@ def comparison(groups: list[Group], target: float) -> str:
         if with_components:
             row.append(next((c for c in (components((r.summary or {}).get("method_resolved")) for r in g.runs) if c),
                             "–"))
+        untrained = all((r.summary or {}).get("global_adapter") == "untrained" for r in g.runs)
         row += [s["task"], s["model"], max(training_rounds(r) for r in g.runs),
-                _mean_std([final_accuracy(r) for r in g.runs], pct)]
+                UNTRAINED if untrained else _mean_std([final_accuracy(r) for r in g.runs], pct)]
         if with_f1:
             row.append(_mean_std([final_macro_f1(r) for r in g.runs], pct))
         row.append(_mean_std([best_accuracy(r) for r in g.runs], pct))
@@ -146,6 +154,28 @@ def comparison(groups: list[Group], target: float) -> str:
               + ["task", "model", "rounds", "final accuracy"] + (["final macro-F1"] if with_f1 else [])
               + ["best accuracy"] + (["accuracy at best validation round"] if with_best else [])
               + [f"bytes up to reach {target:.4f}", "wall time"])
+    return _table("comparison", header, rows)
+
+
+def _generation_comparison(groups: list[Group]) -> str:
+    """Generation runs side by side by their own metrics: the final round's BLEU, chrF, ROUGE-L and exact match of
+    what the global model wrote, its test loss and perplexity per response token, the upload and the time."""
+    rows = []
+    for g in groups:
+        cfg = g.runs[0].config
+        gens = [final_generation(r) or {} for r in g.runs]
+        row = [g.label, len(g.runs), method_label(cfg.get("method", {}).get("name", "–"), g.runs[0].summary),
+               cfg.get("task", {}).get("name", "–"), cfg.get("model", {}).get("name", "–"),
+               max(training_rounds(r) for r in g.runs)]
+        row += [_mean_std([_num(x.get(k)) for x in gens], lambda v: f"{v:.1f}")
+                for k in ("bleu", "chrf", "rouge_l", "exact_match")]
+        row += [_mean_std([_num(r.records[-1].get(k)) if r.records else None for r in g.runs], lambda v: f"{v:.4f}")
+                for k in ("loss", "perplexity")]
+        row += [_mean_std([_num((r.summary or {}).get("bytes_up_total")) for r in g.runs], fmt_bytes),
+                _mean_std([wall_seconds(r) for r in g.runs], lambda v: f"{v:.1f} s")]
+        rows.append(row)
+    header = ["run", "runs", "method", "task", "model", "rounds", "final BLEU", "final chrF", "final ROUGE-L",
+              "final exact match", "final test loss", "final perplexity", "bytes up (total)", "wall time"]
     return _table("comparison", header, rows)
 
 
@@ -216,15 +246,17 @@ def per_class_sections(groups: list[Group]) -> str:
 
 
 def generation_samples(runs: list[Run]) -> str:
-    """The fixed test prompts with their reference and what the global model wrote at each decoding round (the
-    first run of the report; ``evaluation.show_examples``), or nothing for classification runs."""
+    """The fixed test prompts with their references (all of them, ‖ between; a run from before they were all kept:
+    the first) and what the global model wrote at each decoding round (the first run of the report;
+    ``evaluation.show_examples``), or nothing for classification runs."""
     run = next((r for r in runs if any((rec.get("generation") or {}).get("samples") for rec in r.records)), None)
     if run is None:
         return ""
     decoded = [rec for rec in run.records if (rec.get("generation") or {}).get("samples")]
     first = decoded[0]["generation"]["samples"]
-    header = ["prompt", "reference"] + [f"round {rec['round']}" for rec in decoded]
-    rows = [[s["prompt"], s["reference"]] + [rec["generation"]["samples"][i]["generation"]
+    header = ["prompt", "references"] + [f"round {rec['round']}" for rec in decoded]
+    rows = [[s["prompt"], " ‖ ".join(s["references"]) if "references" in s else s["reference"]]
+            + [rec["generation"]["samples"][i]["generation"]
                                              if i < len(rec["generation"]["samples"]) else "" for rec in decoded]
             for i, s in enumerate(first)]
     return (f"<h2>Generations (<code>{escape(str(run.path))}</code>)</h2>\n"

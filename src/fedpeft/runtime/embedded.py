@@ -31,6 +31,7 @@ from fedpeft.runtime.heap import HeapTrimmer
 from fedpeft.runtime.secure.inprocess import grid_class, task_identity
 from fedpeft.runtime.secure.protocol import SecureOutcome, node_handler, node_id, secure_round
 from fedpeft.runtime.session import StopAfterRound, log_to, open_run, progress, run_rounds
+from fedpeft.runtime.threads import for_run
 from fedpeft.runtime.workers import ClientWorkers, encode_state
 
 __all__ = ["ReplyHook", "StopAfterRound", "run_embedded"]
@@ -215,13 +216,16 @@ class InProcessTransport:
 def run_embedded(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
                  stop_after_round: int | None = None, reply_hook: ReplyHook | None = None,
                  experiment: Experiment | None = None) -> dict[str, Any]:
-    """Run (or resume) the experiment in this process; returns the summary written to summary.json."""
-    with open_run(cfg, out_dir, resume) as run, log_to(run.root / "run.log"), progress(cfg.runtime.progress) as bar:
+    """Run (or resume) the experiment in this process; returns the summary written to summary.json. The server,
+    the clients and the client workers compute with the run's torch threads (``runtime.threads``)."""
+    with open_run(cfg, out_dir, resume) as run, log_to(run.root / "run.log"), progress(cfg.runtime.progress) as bar, \
+            for_run(cfg, run, resume) as threads:
         b = build(cfg, experiment)
         with contextlib.ExitStack() as stack:
             workers = None
             if cfg.runtime.client_workers > 1:
                 b.exp.client(0)  # encode the data once, before the fork, so the workers share it too
-                workers = stack.enter_context(ClientWorkers(cfg.runtime.client_workers, cfg, b.method, b.exp))
+                workers = stack.enter_context(ClientWorkers(cfg.runtime.client_workers, cfg, b.method, b.exp,
+                                                            threads))
             transport = InProcessTransport(cfg, b.method, b.exp, bar, reply_hook, workers)
-            return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar)
+            return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar, threads)

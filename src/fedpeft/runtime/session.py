@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -26,6 +27,7 @@ from fedpeft.config import ExperimentConfig, dump_config, read_yaml
 from fedpeft.data.fingerprint import data_changes
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
+from fedpeft.methods.state import ServerState
 from fedpeft.resolve import preset_differences, resolve
 from fedpeft.runtime.server import RoundDriver, RoundFailed
 from fedpeft.tracking.rundir import RunDir
@@ -173,19 +175,23 @@ def progress(enabled: bool) -> Progress:
 
 
 def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Method, transport: Transport,
-               resume: bool, stop_after_round: int | None = None, bar: Progress | None = None) -> dict[str, Any]:
+               resume: bool, stop_after_round: int | None = None, bar: Progress | None = None,
+               threads: int | None = None) -> dict[str, Any]:
     """Resume if asked, run the remaining rounds through ``transport``, write metrics/checkpoints/summary, and send
-    every record to the tracking sinks (``tracking``)."""
+    every record to the tracking sinks (``tracking``). ``threads``: the run's torch thread count
+    (``runtime.threads``), recorded in every checkpoint and in summary.json; default: this process's."""
     tracker = Tracker(cfg.tracking, run.root, cfg.name or run.root.name,
                       cfg.with_absolute_paths().model_dump(mode="json"))
     try:
-        return _run_rounds(cfg, run, exp, method, transport, resume, stop_after_round, bar, tracker)
+        return _run_rounds(cfg, run, exp, method, transport, resume, stop_after_round, bar, tracker,
+                           threads or torch.get_num_threads())
     finally:
         tracker.close()
 
 
 def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Method, transport: Transport,
-                resume: bool, stop_after_round: int | None, bar: Progress | None, tracker: Tracker) -> dict[str, Any]:
+                resume: bool, stop_after_round: int | None, bar: Progress | None, tracker: Tracker,
+                threads: int) -> dict[str, Any]:
     driver = RoundDriver(cfg, method, exp.client_label)
     checksum = exp.backbone.checksum()
     keep_record(run, exp, resume)
@@ -261,7 +267,7 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
         score = validation_score(rec, generation)
         if score is not None and score > best:
             best = score
-            run.save_checkpoint(rnd, state, transport.client_states(), best=True)
+            run.save_checkpoint(rnd, state, transport.client_states(), {"threads": threads}, best=True)
             what = "loss" if generation else "accuracy"
             log.info("round %d: best validation %s so far (%.4f), kept in %s", rnd, what, abs(best), run.best_ckpt)
 
@@ -285,7 +291,7 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
             clients, failed = e.records, str(e)
         rec = score(rnd, clients, t0, rnd % cfg.evaluation.every == 0 or rnd == cfg.federation.rounds, failed)
         if rnd % cfg.runtime.checkpoint_every == 0 or rnd == cfg.federation.rounds:
-            run.save_checkpoint(rnd, state, transport.client_states())
+            run.save_checkpoint(rnd, state, transport.client_states(), {"threads": threads})
             transport.checkpointed(rnd)
         log.info("round %d: accuracy %s loss %s up %d B down %d B (%.1fs)", rnd, _fmt(rec["accuracy"]),
                  _fmt(rec["loss"]), rec["bytes_up"], rec["bytes_down"], rec["wall_seconds"])
@@ -298,6 +304,7 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
         log.error("backbone weights changed during the run")
     summary = build_summary(cfg, records, trainable, exp.backbone.num_parameters, {
         "backbone_unchanged": unchanged,
+        "threads": threads,  # torch threads of the server and every client (runtime.threads, else resolved)
         "failed_rounds": [r["round"] for r in records if "round_failed" in r],
         "label_histograms": exp.label_histograms(),  # per client, train and test, classes as in class_names
         "class_names": exp.task.class_names,
@@ -305,6 +312,7 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
         **({"client_tiers": {c: p.name for c, p in enumerate(exp.profiles) if p is not None}}
            if any(p is not None for p in exp.profiles) else {}),
         "method_resolved": cfg.method.components(),
+        **global_training(method, state),
         "preset_overrides": sorted(preset_differences(cfg)),
         **payload_split(method, state, driver),
         **transport.summary_extra(),
@@ -315,6 +323,16 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
     tracker.finish(records[-1]["round"] if records else 0, summary,
                    [run.root / "summary.json", run.root / "report.html"])
     return summary
+
+
+def global_training(method: Method, state: Message) -> dict[str, Any]:
+    """``untrained_global``: the global tensors the sharing keeps on the clients and the server never trained;
+    ``global_adapter``: "untrained" where that is every trained tensor (local-only), "partly untrained" (FedSA-LoRA's
+    B and task head), else "trained"."""
+    untrained = method.untrained_global(state) if hasattr(method, "untrained_global") else []
+    trained = [k for k, v in ServerState.from_message(state).glob.items() if v.is_floating_point()]
+    kind = "trained" if not untrained else "untrained" if set(trained) <= set(untrained) else "partly untrained"
+    return {"untrained_global": untrained, "global_adapter": kind}
 
 
 def keep_record(run: RunDir, exp: Experiment, resume: bool) -> None:

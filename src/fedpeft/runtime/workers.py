@@ -5,7 +5,8 @@ weights with the server process (copy-on-write; nothing is copied or loaded agai
 Flower's simulation uses one Ray actor per core, without a second copy of the model. A worker gets a client's
 encoded instruction and encoded persistent state, runs the same ``handle_train`` as every runtime, and returns
 the encoded reply and new state. Every random draw derives from (seed, round, client), so the replies are those
-of the sequential run with the same torch threads (1 per worker by default).
+of the sequential run with the same torch threads: each worker uses the run's count (``runtime.threads``; unset,
+the usable cores divided among the workers, see ``runtime/threads.py``).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ class _Worker:
     exp: Experiment
 
 
-def _init(cfg: ExperimentConfig, method: Method, exp: Experiment) -> None:
-    torch.set_num_threads(cfg.runtime.threads or 1)
+def _init(cfg: ExperimentConfig, method: Method, exp: Experiment, threads: int) -> None:
+    torch.set_num_threads(threads)
     _Worker.cfg, _Worker.method, _Worker.exp = cfg, method, exp
 
 
@@ -71,11 +72,13 @@ def _train(round: int, client: int, payload: bytes, state: bytes) -> Done:
 
 
 class ClientWorkers:
-    """A pool of ``n`` forked workers; ``train`` runs one round's clients on it, results in client order."""
+    """A pool of ``n`` forked workers, each computing with ``threads`` torch threads (the run's); ``train`` runs one
+    round's clients on it, results in client order."""
 
-    def __init__(self, n: int, cfg: ExperimentConfig, method: Method, exp: Experiment) -> None:
+    def __init__(self, n: int, cfg: ExperimentConfig, method: Method, exp: Experiment, threads: int) -> None:
         # fork: the workers inherit the built objects (no pickling, no second load); initargs are not pickled
-        self.pool = multiprocessing.get_context("fork").Pool(n, initializer=_init, initargs=(cfg, method, exp))
+        self.pool = multiprocessing.get_context("fork").Pool(n, initializer=_init,
+                                                             initargs=(cfg, method, exp, threads))
 
     def train(self, round: int, jobs: list[tuple[int, bytes, bytes]]) -> list[Done]:
         return self.pool.starmap(_train, [(round, cid, payload, state) for cid, payload, state in jobs], chunksize=1)

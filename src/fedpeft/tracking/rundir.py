@@ -158,6 +158,14 @@ class RunDir:
         clients = {int(p.stem): decode(p.read_bytes()) for p in (final / "clients").glob("*.safetensors")}
         return int(meta.pop("round")), server, clients, meta
 
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """The last checkpoint's ``meta.json`` (its round and what the run recorded with it, such as ``threads``)
+        without reading its tensors; {} when there is none."""
+        for folder in (self.ckpt, self.ckpt.with_name(self.ckpt.name + ".old")):  # .old: a crash between renames
+            if (folder / "meta.json").exists():
+                return json.loads((folder / "meta.json").read_text())
+        return {}
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         """summary.json marks a finished run, so it is written to a temporary file and renamed: whole or absent."""
         tmp = self.root / "summary.json.tmp"

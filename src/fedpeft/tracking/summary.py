@@ -77,6 +77,21 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
     }
 
 
+HEADLINE = ("bleu", "chrf", "rouge_l", "exact_match")  # a generation run's own metrics, its summary leads with
+
+
+def final_generation(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The scores of what the final round's global model wrote (``HEADLINE`` with their bootstrap standard errors,
+    the number of test prompts decoded and the round), or None where the last round decoded nothing
+    (``evaluation.generate_every: 0``)."""
+    last = records[-1] if records else None
+    g = (last or {}).get("generation")
+    if not g:
+        return None
+    return {"round": last["round"], "num_generated": g.get("num_generated"),
+            **{k: g[k] for m in HEADLINE for k in (m, f"{m}_se") if k in g}}
+
+
 def validation_score(rec: dict[str, Any], generation: bool) -> float | None:
     """``evaluation.keep_best``'s score of a round (higher is better): its validation accuracy; on a generation task
     minus its validation loss per response token (next-token accuracy rewards short, generic responses)."""
@@ -120,6 +135,8 @@ def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, bac
         "final_macro_f1": records[-1].get("macro_f1") if records else None,
         **({"final_asr": records[-1]["asr"]} if records and "asr" in records[-1] else {}),
         "final_local_accuracy_mean": records[-1]["local_accuracy_mean"] if records else None,
+        **({"final_perplexity": records[-1].get("perplexity"), "final_generation": final_generation(records)}
+           if generation else {}),
         **{f"final_{k}": records[-1].get(k) for k in ROLE_FIELDS if records and k in records[-1]},
         "bytes_up_total": up,
         "bytes_down_total": down,

@@ -172,6 +172,7 @@ def load_task(cfg: TaskConfig, seed: int, group_column: str | None = None) -> Ta
             data.test = _per_domain(data.test, lambda y: plain_subsample(y.size, cfg.max_test, test_rng), per)
         if cfg.prompt_template is not None:
             data.prompt_template = cfg.prompt_template
+        data.truncation = cfg.truncation
         return data
     if cfg.few_shot is not None:
         data.train = _per_domain(data.train, lambda y: few_shot_indices(y, cfg.few_shot, few_rng), per)

@@ -120,10 +120,17 @@ def _read_parquet(path: Path) -> Table:
     return Table(path, [str(c) for c in df.columns], rows)
 
 
+def not_found(key: str, path: Path) -> ConfigError:
+    """The error for a data file that is not there, with the path it was looked for at (a relative path is read from
+    the working directory, not from the config file's folder)."""
+    where = "" if path.is_absolute() else f" (relative paths are read from the working directory: {path.absolute()})"
+    return ConfigError(f"{key}: file not found: {path}{where}")
+
+
 def read_table(path: Path, fmt: str, encoding: str = "utf-8") -> Table:
     """Read one data file of format ``fmt``; ConfigError if it is missing or holds no rows."""
     if not path.is_file():
-        raise ConfigError(f"task.path: file not found: {path}")
+        raise not_found("task.path", path)
     if fmt == "parquet":
         table = _read_parquet(path)
     elif fmt == "jsonl":
@@ -314,6 +321,9 @@ def _generation_examples(table: Table, cfg: TaskConfig, group_column: str | None
         for key, col, what in (("instruction_column", cfg.instruction_column, "instruction"),
                                ("response_column", cfg.response_column, "response")):
             v = _cell(row.get(col))
+            if v is None:
+                raise ConfigError(f"task.{key}: {where} has no {what}: no value for '{col}' (a missing key or an "
+                                  "empty cell); fill it in or remove the row")
             if not v:
                 raise ConfigError(f"task.{key}: {where}: empty {what} in column '{col}'; fill it in or remove the row")
             texts[what] = v
@@ -373,7 +383,7 @@ def file_paths(cfg: TaskConfig) -> tuple[Path, Path | None]:
             test = path / f"test.{ext}"
         return train, test
     if not path.exists():
-        raise ConfigError(f"task.path: file not found: {path}")
+        raise not_found("task.path", path)
     return path, test
 
 

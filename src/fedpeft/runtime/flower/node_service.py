@@ -4,8 +4,10 @@ Called in the ClientApp's own process (Flower simulation: a Ray actor serves eve
 or in the node's long-lived worker (``node_worker``; Flower deployment, where the ClientApp process
 lives for one message only). The frozen backbone comes from ``backbones.loading.PROCESS_CACHE`` and
 the task/partitions/encodings from a per-process cache keyed by the config, so a process builds them
-at most once per run. Every reply reports the process id and its load counters, which the server
-writes to metrics.jsonl (``model_loads``).
+at most once per run. Each message carries the run's torch thread count (``runtime.threads``, resolved by the
+server: ``runtime/threads.py``), which this process sets before it computes, so its clients' numbers are those of
+every other runtime. Every reply reports the process id, its load counters and its threads, which the server
+writes to metrics.jsonl (``model_loads``) and summary.json (``flower.processes``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from fedpeft.backbones.loading import PROCESS_CACHE
@@ -26,6 +29,7 @@ from fedpeft.runtime.client import handle_evaluate, handle_train
 from fedpeft.runtime.faults import inject
 from fedpeft.runtime.flower.client_state import ClientStateStore
 from fedpeft.runtime.flower.records import Reply
+from fedpeft.runtime.threads import usable_cores
 
 log = logging.getLogger("fedpeft.flower.client")
 
@@ -40,6 +44,7 @@ class _ProcessState:
         self.built: dict[str, Built] = {}
         self.experiment_builds = 0
         self.messages = 0
+        self.warned_threads: set[int] = set()  # counts above this machine's cores, warned about once
 
 
 _PROCESS = _ProcessState()
@@ -61,7 +66,21 @@ def _built(config_yaml: str, node_config: dict[str, Any]) -> Built:
 def process_info() -> dict[str, int]:
     """pid and load counters of this process (sent back with every reply)."""
     return {"pid": os.getpid(), "backbone_loads": sum(PROCESS_CACHE.loads.values()),
-            "experiment_builds": _PROCESS.experiment_builds, "messages": _PROCESS.messages}
+            "experiment_builds": _PROCESS.experiment_builds, "messages": _PROCESS.messages,
+            "threads": torch.get_num_threads()}
+
+
+def _use_threads(settings: dict[str, Any]) -> None:
+    """This process computes with the run's thread count (a server from before it was sent: left as it is)."""
+    if "threads" not in settings:
+        return
+    threads = int(settings["threads"])
+    torch.set_num_threads(threads)
+    if threads > usable_cores() and threads not in _PROCESS.warned_threads:
+        _PROCESS.warned_threads.add(threads)
+        log.warning("the run computes with %d torch threads (the server's runtime.threads) on %d usable cores here: "
+                    "the same numbers as every runtime, but slower; set runtime.threads to suit the nodes",
+                    threads, usable_cores())
 
 
 def _store(settings: dict[str, Any], node_config: dict[str, Any]) -> ClientStateStore:
@@ -72,6 +91,7 @@ def _store(settings: dict[str, Any], node_config: dict[str, Any]) -> ClientState
 def serve(settings: dict[str, Any], payloads: dict[int, bytes], node_config: dict[str, Any], train: bool) -> Reply:
     """``client_update`` (``train``) or ``client_evaluate`` for every client in ``payloads``, each from its stored
     state; a client that raises is reported in ``Reply.errors`` and does not take the node's other clients down."""
+    _use_threads(settings)  # (a build applies a pinned runtime.threads, which is this same count)
     b = _built(str(settings["config_yaml"]), node_config)
     rnd = int(settings["round"])
     store = _store(settings, node_config)

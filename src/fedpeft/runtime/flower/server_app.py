@@ -22,6 +22,7 @@ from fedpeft.config import ExperimentConfig, dump_config
 from fedpeft.resolve import load_config
 from fedpeft.runtime.flower.transport import FlowerTransport
 from fedpeft.runtime.session import log_to, open_run, progress, run_rounds
+from fedpeft.runtime.threads import for_run
 
 log = logging.getLogger("fedpeft.flower")
 
@@ -35,19 +36,21 @@ def serve(grid: Grid, cfg: ExperimentConfig, out_dir: str | Path, resume: bool =
           stop_after_round: int | None = None, round_timeout: float | None = None, join_timeout: float = 300.0,
           rejoin_wait: float = 0.0) -> dict[str, Any]:
     """Run (or resume) the experiment with clients reached through ``grid``; returns the summary.
-    ``round_timeout`` (seconds) overrides ``federation.round_timeout``."""
+    ``round_timeout`` (seconds) overrides ``federation.round_timeout``. The run's torch thread count
+    (``runtime.threads``, else resolved here) goes to every ClientApp with each message."""
     config_yaml = dump_config(cfg)
     with open_run(cfg, out_dir, resume) as run, log_to(run.root / "run.log"), \
-            progress(cfg.runtime.progress) as bar:
+            progress(cfg.runtime.progress) as bar, for_run(cfg, run, resume) as threads:
         settings = {"config_yaml": config_yaml, "run_key": run_key(config_yaml, run.root),
-                    "state_dir": str((run.root / "client_state").resolve()), "checkpointed_round": 0}
+                    "state_dir": str((run.root / "client_state").resolve()), "checkpointed_round": 0,
+                    "threads": threads}
         b = build(cfg)
         transport = FlowerTransport(grid, settings, cfg.federation.num_clients,
                                     round_timeout=round_timeout or cfg.federation.round_timeout,
                                     join_timeout=join_timeout, rejoin_wait=rejoin_wait,
                                     secure=cfg.federation.secure_aggregation, seed=cfg.seed,
                                     uniform=b.method.aggregator.uniform_weights)
-        return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar)
+        return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar, threads)
 
 
 server_app = ServerApp()

@@ -4,13 +4,18 @@ The ServerApp runs in a thread of this process (``serve`` with this config and r
 ClientApps run in Ray actor processes, each caching one backbone for the whole run. Node ``i`` owns
 fedpeft client ``i`` (Flower's ``partition-id``). Uses ``flwr.simulation.run_simulation``, which is
 deprecated in favour of ``flwr run`` but is the in-process API that lets ``fedpeft run`` drive it.
+
+Each ClientApp computes with the run's torch thread count (``runtime/threads.py``: ``runtime.threads``, unset the
+cores the embedded runtime would use), so the numbers are the embedded runtime's. Ray reserves that many CPUs per
+client, so as many actors run at once as the usable cores hold at that count, at most one per client: one at a
+time by default (each client gets every core, as in the embedded runtime), one per core with
+``runtime.threads: 1``; never more threads than cores.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +23,8 @@ from typing import Any
 
 from fedpeft.config import ExperimentConfig
 from fedpeft.runtime.session import StopAfterRound
+from fedpeft.runtime.threads import run_threads, usable_cores
+from fedpeft.tracking.rundir import RunDir
 
 log = logging.getLogger("fedpeft.flower")
 
@@ -40,7 +47,8 @@ def flower_logging(quiet: bool) -> Iterator[None]:
 
 def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
                    stop_after_round: int | None = None, num_actors: int | None = None) -> dict[str, Any]:
-    """Run (or resume) ``cfg`` in Flower's simulation runtime; returns the summary (as summary.json)."""
+    """Run (or resume) ``cfg`` in Flower's simulation runtime; returns the summary (as summary.json). ``num_actors``:
+    the Ray actors that run at once (default: as many as the usable cores hold at the run's thread count)."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
@@ -62,11 +70,12 @@ def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
         out["summary"] = serve(grid, cfg, out_dir, resume=resume, stop_after_round=stop_after_round,
                                join_timeout=120.0)
 
-    cpus = num_actors or min(cfg.federation.num_clients, os.cpu_count() or 1)
+    threads, _ = run_threads(cfg, RunDir(out_dir), resume)  # what ``serve`` resolves too, in this process
+    actors = num_actors or max(1, min(cfg.federation.num_clients, usable_cores() // threads))
     quiet = not cfg.runtime.progress
-    backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-               "init_args": {"num_cpus": cpus, "include_dashboard": False} | ({"log_to_driver": False} if quiet
-                                                                              else {})}
+    backend = {"client_resources": {"num_cpus": threads, "num_gpus": 0.0},
+               "init_args": {"num_cpus": actors * threads, "include_dashboard": False} | (
+                   {"log_to_driver": False} if quiet else {})}
     with warnings.catch_warnings(), flower_logging(quiet):
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", category=FutureWarning, module="ray")  # Ray's advice on GPU env vars
