@@ -29,7 +29,7 @@ from pathlib import Path
 from benchmarks.budget import budget_cell, measured
 from benchmarks.grids import load_grid
 from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
-from benchmarks.stats import paired_cell
+from benchmarks.stats import mean_std, paired_cell
 
 GRID = load_grid("generation")
 ARMS = GRID["arms"]
@@ -153,11 +153,8 @@ def _device(out: Path) -> str:
 
 
 def _cell(xs: list[float | None], digits: int = 1) -> str:
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "–"
-    m = statistics.fmean(xs)
-    return f"{m:.{digits}f} ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else f"{m:.{digits}f}"
+    """'m ± s' of the scores (already in their unit: BLEU points, nats, bytes)."""
+    return mean_std(xs, scale=1.0, digits=digits)
 
 
 def _gen(rec: dict, part: str | None, key: str):

@@ -60,13 +60,23 @@ def tiny_cfg():
     return make
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny forwards are far slower with 2 threads on a shared 2-core machine (oversubscription)."""
+def _single_thread():
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny forwards are far slower with 2 threads on a shared 2-core machine (oversubscription)."""
+    yield from _single_thread()
+
+
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """``one_thread`` for a module's shared runs (module-scoped fixtures build them once)."""
+    yield from _single_thread()
 
 
 def plain_copy(backbone):

@@ -29,19 +29,26 @@ def _parse_scalar(text: str) -> Any:
     return read_yaml(text) if text != "" else ""
 
 
-def _is_text_field(parts: list[str]) -> bool:
-    """Whether the dotted key names a text setting of the schema (``task.prompt_template``): its ``--set`` value is
-    the text as typed, not YAML (components' own settings are not known here and stay YAML)."""
-    model: Any = ExperimentConfig
-    for i, part in enumerate(parts):
-        info = getattr(model, "model_fields", {}).get(part)
+def _model_at(model: type[BaseModel] | None, path: list[str] | tuple) -> type[BaseModel] | None:
+    """The settings model of the nested section ``path`` of ``model`` (None where the path leaves the schema)."""
+    for part in path:
+        info = model.model_fields.get(str(part)) if model is not None else None
         if info is None:
-            return False
-        kinds = set(typing.get_args(info.annotation)) - {type(None)} or {info.annotation}
-        if i == len(parts) - 1:
-            return kinds == {str}
+            return None
+        kinds = set(typing.get_args(info.annotation)) or {info.annotation}
         model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
-    return False
+    return model
+
+
+def _is_text_field(parts: list[str]) -> bool:
+    """Whether the dotted key names a template of the schema (``task.prompt_template``, ``task.template``, ...): its
+    ``--set`` value is the text as typed, braces and all, not YAML (other settings, components' own among them,
+    stay YAML)."""
+    if not parts[-1].endswith("template"):
+        return False
+    parent = _model_at(ExperimentConfig, parts[:-1])
+    info = parent.model_fields.get(parts[-1]) if parent is not None else None
+    return info is not None and (set(typing.get_args(info.annotation)) - {type(None)} or {info.annotation}) == {str}
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -79,19 +86,6 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return out
 
 
-def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
-    """The field names of the (nested) settings model at ``loc`` (a validation error's location, field excluded)."""
-    for part in loc:
-        info = model.model_fields.get(str(part))
-        if info is None:
-            return []
-        kinds = set(typing.get_args(info.annotation)) or {info.annotation}
-        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
-        if model is None:
-            return []
-    return list(model.model_fields)
-
-
 def _format_validation_error(err: ValidationError, model: type[BaseModel] = ExperimentConfig) -> str:
     """One line per problem, ``dotted.key: message``; an unknown key gets the closest known ones of its section."""
     lines = []
@@ -99,7 +93,9 @@ def _format_validation_error(err: ValidationError, model: type[BaseModel] = Expe
         loc = ".".join(str(p) for p in e["loc"]) or "(root)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(e["loc"][-1]), _fields_at(model, e["loc"][:-1]), n=3, cutoff=0.6)
+            section = _model_at(model, e["loc"][:-1])
+            known = list(section.model_fields) if section is not None else []
+            close = difflib.get_close_matches(str(e["loc"][-1]), known, n=3, cutoff=0.6)
             msg = "unknown field" + (f"; did you mean {' or '.join(close)}?" if close else "")
         lines.append(f"{loc}: {msg}")
     return "invalid config:\n  " + "\n  ".join(lines)

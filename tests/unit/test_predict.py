@@ -43,14 +43,6 @@ def _sets(extra: dict) -> list[str]:
     return [a for item in _overrides(extra) for a in ("--set", item)]
 
 
-@pytest.fixture(scope="module")
-def one_thread_module():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _run(tmp_path_factory, extra: dict):
     cfg = load_config(None, _overrides(extra))
     exp = build_experiment(cfg)

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import tiny_overrides
 from typer.testing import CliRunner
 
@@ -27,14 +26,6 @@ runner = CliRunner()
 WORDS = ["apple", "river", "stone", "cloud", "green", "music"]
 TASK = {"name": "jsonl", "instruction_column": "ask", "input_column": "context", "response_column": "answer",
         "references_column": "refs", "max_length": 64, "max_response_length": 8}
-
-
-@pytest.fixture(scope="module")
-def one_thread_module():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def _rows() -> list[dict]:
