@@ -661,3 +661,25 @@ def test_keep_best_selects_the_lowest_validation_loss_on_generation(tmp_path: Pa
     records = RunDir(tmp_path / "run").read_metrics()
     losses = {r["round"]: r["val_loss"] for r in records}
     assert summary["best_round"] == min(losses, key=lambda k: (losses[k], k))
+
+
+def test_dry_run_counts_the_prompts_the_length_limit_cuts(tmp_path: Path) -> None:
+    """``fedpeft run --dry-run`` says how many training and test prompts ``task.max_length`` cuts, which field lost
+    tokens and at which end, before anything trains."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from fedpeft.cli import app
+
+    _write_task(tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    for r in rows[:6]:  # a quarter of the training prompts far beyond task.max_length
+        r["instruction"] = "Join " + " ".join(f"word{i}" for i in range(80))
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "gen.yaml").write_text(yaml.safe_dump(_config(tmp_path)))
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "gen.yaml"), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "train: 6 of 24 prompts (25%) cut at their end to fit task.max_length 64 (the instruction in 6; " \
+           "task.truncation keep_start)" in out
+    assert "test: no example cut" in out and "its prompt, then the response it learns" in out

@@ -273,7 +273,7 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
 
     if start == 1 and cfg.evaluation.round_zero and not any(r["round"] == 0 for r in records):
         rec = score(0, [], time.perf_counter())  # the initial global state, before any training
-        log.info("round 0 (initial state): accuracy %s loss %s", _fmt(rec["accuracy"]), _fmt(rec["loss"]))
+        log.info("round 0 (initial state): %s", _scores(rec, generation))
 
     for rnd in range(start, cfg.federation.rounds + 1):
         t0 = time.perf_counter()
@@ -293,8 +293,8 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
         if rnd % cfg.runtime.checkpoint_every == 0 or rnd == cfg.federation.rounds:
             run.save_checkpoint(rnd, state, transport.client_states(), {"threads": threads})
             transport.checkpointed(rnd)
-        log.info("round %d: accuracy %s loss %s up %d B down %d B (%.1fs)", rnd, _fmt(rec["accuracy"]),
-                 _fmt(rec["loss"]), rec["bytes_up"], rec["bytes_down"], rec["wall_seconds"])
+        log.info("round %d: %s up %d B down %d B (%.1fs)", rnd, _scores(rec, generation), rec["bytes_up"],
+                 rec["bytes_down"], rec["wall_seconds"])
         bar.advance(rounds_task)
         if stop_after_round is not None and rnd >= stop_after_round and rnd < cfg.federation.rounds:
             raise StopAfterRound(f"stopped after round {rnd}")
@@ -323,6 +323,16 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
     tracker.finish(records[-1]["round"] if records else 0, summary,
                    [run.root / "summary.json", run.root / "report.html"])
     return summary
+
+
+def _scores(rec: dict[str, Any], generation: bool) -> str:
+    """A round's log line of scores: accuracy and loss; a generation run's loss, perplexity and, where it decoded,
+    BLEU (its accuracy is next-token accuracy, no headline)."""
+    if not generation:
+        return f"accuracy {_fmt(rec['accuracy'])} loss {_fmt(rec['loss'])}"
+    bleu = (rec.get("generation") or {}).get("bleu")
+    return (f"loss {_fmt(rec['loss'])} perplexity {_fmt(rec.get('perplexity'))}"
+            + (f" BLEU {bleu:.1f}" if bleu is not None else ""))
 
 
 def global_training(method: Method, state: Message) -> dict[str, Any]:
