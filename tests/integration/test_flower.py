@@ -369,3 +369,41 @@ def test_deployment_over_tls_admits_only_registered_supernodes(tmp_path):
     assert records[0]["num_ok"] == 2 and summary["flower"]["client_processes"] == 2
     assert "Failed to activate SuperNode" in intruder_log and not intruder_alive  # Flower exit code 305
     assert "served train" not in intruder_log
+
+
+def _own_address() -> str | None:
+    """This machine's address on its default route (not loopback), if it has one."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("198.51.100.1", 9))  # UDP: sends nothing, picks the route
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") else ip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_own_address() is None, reason="no non-loopback address to connect from")
+def test_superlink_refuses_a_submission_from_a_non_loopback_address(tmp_path):
+    """`fedpeft flower superlink --host 0.0.0.0`'s SuperLink: a `flwr run` from this machine's network address (not
+    loopback) is refused with 403 and starts no run; `flwr ls` over loopback is answered and lists none."""
+    import subprocess
+
+    from fedpeft.runtime.flower.deployment import run_flower
+    from fedpeft.runtime.flower.local import BIN, LocalFederation, flower_env, flwr_home
+
+    ip = _own_address()
+    with LocalFederation(tmp_path / "fed", host="0.0.0.0") as fed:
+        fed.start_superlink()
+        with pytest.raises(RuntimeError, match="exited with 1"):
+            run_flower(_cfg(), tmp_path / "run", superlink=f"{ip}:{fed.port}", timeout=120, insecure=True)
+        home = flwr_home(tmp_path / "home", f"127.0.0.1:{fed.port}")
+        listed = subprocess.run([str(BIN / "flwr"), "ls"], env=flower_env() | {"FLWR_HOME": str(home)},
+                                capture_output=True, text=True, timeout=120)
+        link_log = (tmp_path / "fed" / "superlink.log").read_text()
+    assert "does not answer" in (tmp_path / "run" / "flwr_run.log").read_text()
+    assert f"refused POST /v1/control/start-run from {ip}" in link_log
+    assert listed.returncode == 0 and "Listing all runs" in listed.stdout
+    assert "StartRun" not in link_log and "Starting Flower ServerApp" not in link_log

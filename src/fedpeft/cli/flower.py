@@ -36,6 +36,13 @@ def _need_tls_or_insecure(tls: bool, insecure: bool, what: str) -> None:
 def flower_superlink(
     host: Annotated[str, typer.Option(help="address to bind (0.0.0.0 to accept other machines)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="one port for Flower's Fleet, Control and Runtime APIs")] = 9093,
+    control_from: Annotated[list[str], typer.Option(
+        help="an address or CIDR network (repeatable) whose `flwr run`, `flwr ls` and node registrations the "
+             "SuperLink answers, besides its own machine's (loopback, the bound host); every other address reaches "
+             "the Fleet API only")] = [],
+    anyone_can_submit: Annotated[bool, typer.Option(
+        "--i-understand-anyone-can-submit", help="let every address that reaches the port use the Control API: "
+                                                 "anyone who can connect can then run code on this machine")] = False,
     ssl_certfile: Annotated[Optional[Path], typer.Option(help="the SuperLink's TLS certificate (server.pem)")] = None,
     ssl_keyfile: Annotated[Optional[Path], typer.Option(help="its private key (server.key)")] = None,
     ssl_ca_certfile: Annotated[Optional[Path], typer.Option(help="the CA certificate that signed it (ca.crt)")] = None,
@@ -43,9 +50,12 @@ def flower_superlink(
         "--enable-supernode-auth", help="admit only SuperNodes registered with `fedpeft flower register`")] = False,
     insecure: Annotated[bool, _INSECURE] = False,
 ) -> None:
-    """Start a Flower SuperLink in the foreground: TLS with the three files, or --insecure."""
+    """Start a Flower SuperLink in the foreground: TLS with the three files, or --insecure. SuperNodes connect from
+    anywhere that reaches --host:--port; runs are submitted (the Control API) only from this machine, an SSH tunnel
+    to it, or the networks --control-from names."""
     from fedpeft.runtime.flower.local import superlink_cmd
     from fedpeft.runtime.flower.security import Certificates
+    from fedpeft.runtime.flower.superlink import networks
 
     files = (ssl_ca_certfile, ssl_certfile, ssl_keyfile)
     if any(files) and not all(files):
@@ -54,7 +64,17 @@ def flower_superlink(
     missing = [str(f) for f in files if f is not None and not f.is_file()]
     if missing:
         fail(f"superlink: no such file {', '.join(missing)}")
-    _exec(superlink_cmd(host, port, Certificates(*files) if all(files) else None, enable_supernode_auth))
+    if anyone_can_submit and control_from:
+        fail("superlink: --control-from and --i-understand-anyone-can-submit exclude each other")
+    try:
+        networks(control_from)
+    except ValueError as e:
+        fail(str(e))
+    if anyone_can_submit:
+        warn("the Control API answers every address that reaches the port: anyone who can connect can submit an "
+             "app, and its ServerApp runs on this machine")
+    _exec(superlink_cmd(host, port, Certificates(*files) if all(files) else None, enable_supernode_auth,
+                        None if anyone_can_submit else control_from))
 
 
 @app.command("supernode")

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,13 +85,18 @@ def start(name: str, cmd: list[str], log: Path, cwd: Path | None = None) -> Proc
     return Proc(name, popen, log)
 
 
-def superlink_cmd(host: str, port: int, certs: Certificates | None = None, node_auth: bool = False) -> list[str]:
-    """``flower-superlink`` on ``host:port``: TLS with ``certs`` (else ``--insecure``), and admitting only
-    registered SuperNodes with ``node_auth``."""
+def superlink_cmd(host: str, port: int, certs: Certificates | None = None, node_auth: bool = False,
+                  control_from: Sequence[str] | None = ()) -> list[str]:
+    """Flower's SuperLink on ``host:port`` behind fedpeft's Control API guard (``runtime.flower.superlink``): TLS
+    with ``certs`` (else ``--insecure``), admitting only registered SuperNodes with ``node_auth``; the Control and
+    Runtime APIs answer loopback, the bound host and ``control_from`` only (``None``: every address)."""
+    from fedpeft.runtime.flower.superlink import ANY, CONTROL_FROM, trusted_networks
+
     tls = (["--ssl-ca-certfile", str(certs.ca_cert), "--ssl-certfile", str(certs.server_cert),
             "--ssl-keyfile", str(certs.server_key)] if certs is not None else ["--insecure"])
-    return [str(BIN / "flower-superlink"), *tls, *(["--enable-supernode-auth"] if node_auth else []),
-            "--host", host, "--port", str(port)]
+    trusted = ANY if control_from is None else ",".join(trusted_networks(host, control_from))
+    return [sys.executable, "-m", "fedpeft.runtime.flower.superlink", CONTROL_FROM, trusted, *tls,
+            *(["--enable-supernode-auth"] if node_auth else []), "--host", host, "--port", str(port)]
 
 
 def node_config(partition_ids: list[int], state_dir: str | Path | None = None,
