@@ -226,6 +226,15 @@ class SecureAggregationConfig(_Strict):
             raise ValueError("secure_aggregation.reconstruction_threshold must be below num_shares")
         return self
 
+    def minority_threshold(self) -> bool:
+        """Whether the threshold is at most half the shares: then a server that deviates from the protocol (telling
+        some of a client's neighbours that it survived and the others that it dropped) can rebuild both of the
+        client's secrets (``runtime.secure.checks``)."""
+        t, k = self.reconstruction_threshold, self.num_shares
+        if isinstance(t, float):  # a share of num_shares
+            return t <= 0.5
+        return isinstance(k, int) and 2 * t <= k  # a count of a float share: known only once a round samples
+
 
 class FederationConfig(_Strict):
     num_clients: int = Field(10, ge=1, description="clients in the federation")

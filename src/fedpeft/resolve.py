@@ -273,4 +273,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     cfg = resolve(apply_overrides(raw, overrides or []))
     if (note := _switch_warning(raw, overrides or [], cfg)) is not None:
         cfg.notes.append(note)
+    secure = cfg.federation.secure_aggregation
+    if secure is not None and secure.minority_threshold():
+        cfg.notes.append(f"federation.secure_aggregation: reconstruction_threshold {secure.reconstruction_threshold} "
+                         f"of num_shares {secure.num_shares} is at most half the shares: a server that deviates from "
+                         "the protocol can rebuild one client's secrets and read its update; a threshold above half "
+                         "prevents it (nodes started with --require-secure-aggregation refuse it)")
     return cfg

@@ -90,18 +90,30 @@ def flower_supernode(
     insecure: Annotated[bool, _INSECURE] = False,
     worker: Annotated[bool, typer.Option(help="keep the model in one long-lived worker process per node (one "
                                               "backbone load per run) rather than loading it for every message")] = True,
+    require_secure_aggregation: Annotated[bool, typer.Option(
+        "--require-secure-aggregation", help="refuse every training message outside SecAgg+, and SecAgg+ below "
+                                             "the node's floor (the policy file's min_* settings)")] = False,
+    policy: Annotated[Optional[Path], typer.Option(
+        help="YAML file of the node's policy (fedpeft.runtime.node_policy.NodePolicy: require_secure_aggregation, "
+             "min_num_shares, min_reconstruction_threshold, threshold_majority, trust_remote_code, models)")] = None,
 ) -> None:
     """Start a Flower SuperNode owning some fedpeft clients, in the foreground: TLS with --root-certificates, or
-    --insecure."""
+    --insecure. The node holds the server to its own policy: no model code unless allowed, state only under
+    --state-dir, and with --require-secure-aggregation no update leaves it unmasked."""
     from fedpeft.runtime.flower.local import supernode_cmd
+    from fedpeft.runtime.node_policy import load_policy
 
     _need_tls_or_insecure(root_certificates is not None, insecure, "supernode")
     missing = [str(f) for f in (root_certificates, auth_key) if f is not None and not f.is_file()]
     if missing:
         fail(f"supernode: no such file {', '.join(missing)}")
+    try:
+        node_policy = load_policy(policy, require_secure_aggregation)
+    except (OSError, ValueError) as e:
+        fail(f"supernode: {e}")
     ids = [int(x) for x in partitions.split(",") if x.strip()]
     _exec(supernode_cmd(superlink, ids, port, "127.0.0.1", state_dir, data_dir, root_certificates, auth_key,
-                        worker))
+                        worker, node_policy))
 
 
 @app.command("certs")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedpeft.runtime.flower.security import Certificates
+from fedpeft.runtime.node_policy import NodePolicy
 
 BIN = Path(sys.executable).parent
 
@@ -100,28 +101,31 @@ def superlink_cmd(host: str, port: int, certs: Certificates | None = None, node_
 
 
 def node_config(partition_ids: list[int], state_dir: str | Path | None = None,
-                data_dir: str | Path | None = None, worker: bool = True) -> str:
+                data_dir: str | Path | None = None, worker: bool = True, policy: NodePolicy | None = None) -> str:
     """The ``--node-config`` string of a SuperNode owning ``partition_ids``, serving its messages from one
-    long-lived worker process (``worker``, see ``node_worker``) or a model load per message."""
+    long-lived worker process (``worker``, see ``node_worker``) or a model load per message, holding the server to
+    its ``policy`` (``runtime.node_policy``)."""
     parts = [f"partition-ids='{','.join(str(i) for i in partition_ids)}'", f"node-worker='{str(worker).lower()}'"]
     if state_dir is not None:
         parts.append(f"state-dir='{Path(state_dir).resolve()}'")
     if data_dir is not None:
         parts.append(f"data-dir='{Path(data_dir).resolve()}'")
+    if policy is not None and policy.node_config():
+        parts.append(policy.node_config())
     return " ".join(parts)
 
 
 def supernode_cmd(superlink: str, partition_ids: list[int], runtime_port: int, host: str = "127.0.0.1",
                   state_dir: str | Path | None = None, data_dir: str | Path | None = None,
                   root_cert: str | Path | None = None, auth_key: str | Path | None = None,
-                  worker: bool = True) -> list[str]:
+                  worker: bool = True, policy: NodePolicy | None = None) -> list[str]:
     """``flower-supernode`` owning ``partition_ids``: verifying the SuperLink's certificate against ``root_cert``
     (else ``--insecure``), authenticating with the private key ``auth_key`` when the SuperLink asks for it; its
-    messages served by one long-lived worker (``worker``)."""
+    messages served by one long-lived worker (``worker``); refusing what its ``policy`` refuses."""
     tls = ["--root-certificates", str(root_cert)] if root_cert is not None else ["--insecure"]
     auth = ["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []
     return [str(BIN / "flower-supernode"), *tls, *auth, "--superlink", superlink,
-            "--node-config", node_config(partition_ids, state_dir, data_dir, worker),
+            "--node-config", node_config(partition_ids, state_dir, data_dir, worker, policy),
             "--host", host, "--port", str(runtime_port)]
 
 
@@ -172,10 +176,11 @@ class LocalFederation:
         return self.certs.ca_cert if self.certs is not None else None
 
     def start_node(self, name: str, partition_ids: list[int], state_dir: Path | None = None,
-                   data_dir: Path | None = None, auth_key: Path | None = None, worker: bool = True) -> Proc:
+                   data_dir: Path | None = None, auth_key: Path | None = None, worker: bool = True,
+                   policy: NodePolicy | None = None) -> Proc:
         state_dir = state_dir or self.root / "state" / name
         cmd = supernode_cmd(self.address, partition_ids, free_port(self.host), self.host, state_dir, data_dir,
-                            self.root_cert, auth_key, worker)
+                            self.root_cert, auth_key, worker, policy)
         self.nodes[name] = start(name, cmd, self.root / f"{name}.log")
         return self.nodes[name]
 

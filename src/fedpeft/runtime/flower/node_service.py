@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +28,7 @@ from fedpeft.runtime.client import handle_evaluate, handle_train
 from fedpeft.runtime.faults import inject
 from fedpeft.runtime.flower.client_state import ClientStateStore
 from fedpeft.runtime.flower.records import Reply
+from fedpeft.runtime.node_policy import NodePolicy, state_root
 from fedpeft.runtime.threads import usable_cores
 
 log = logging.getLogger("fedpeft.flower.client")
@@ -51,13 +51,17 @@ _PROCESS = _ProcessState()
 
 
 def _built(config_yaml: str, node_config: dict[str, Any]) -> Built:
+    """The experiment of this config, built at most once per process (one process serves one node, so its policy
+    is checked once, before anything loads)."""
     with _PROCESS.lock:
         if config_yaml not in _PROCESS.built:
+            cfg = resolve(yaml.safe_load(config_yaml))
+            NodePolicy.from_node_config(node_config).check_config(cfg)
             if "data-dir" in node_config:
                 os.environ[DATA_ENV_VAR] = str(node_config["data-dir"])  # this process's data location
             while len(_PROCESS.built) >= KEEP_BUILT:
                 del _PROCESS.built[next(iter(_PROCESS.built))]  # the oldest run's experiment
-            _PROCESS.built[config_yaml] = build(resolve(yaml.safe_load(config_yaml)))
+            _PROCESS.built[config_yaml] = build(cfg)
             _PROCESS.experiment_builds += 1
         _PROCESS.messages += 1
         return _PROCESS.built[config_yaml]
@@ -83,18 +87,13 @@ def _use_threads(settings: dict[str, Any]) -> None:
                     threads, usable_cores())
 
 
-def _store(settings: dict[str, Any], node_config: dict[str, Any]) -> ClientStateStore:
-    root = Path(str(node_config.get("state-dir") or settings["state_dir"]))
-    return ClientStateStore(root / str(settings["run_key"]))
-
-
 def serve(settings: dict[str, Any], payloads: dict[int, bytes], node_config: dict[str, Any], train: bool) -> Reply:
     """``client_update`` (``train``) or ``client_evaluate`` for every client in ``payloads``, each from its stored
     state; a client that raises is reported in ``Reply.errors`` and does not take the node's other clients down."""
     _use_threads(settings)  # (a build applies a pinned runtime.threads, which is this same count)
+    store = ClientStateStore(state_root(node_config, settings))
     b = _built(str(settings["config_yaml"]), node_config)
     rnd = int(settings["round"])
-    store = _store(settings, node_config)
     reply = Reply()
     for cid in sorted(payloads):
         ctx = b.exp.client(cid)

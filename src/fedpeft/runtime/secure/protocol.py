@@ -213,13 +213,23 @@ def is_secure(msg: Any) -> bool:
 
 
 def secure_mod(msg: Any, context: Any, call_next: Callable[[Any, Any], Any]) -> Any:
-    """A ClientApp mod: Flower's ``secaggplus_mod`` for the protocol's messages, with the quantization's rounding (in
-    the masked-vector stage, which carries the node's instructions) seeded by (run seed, round, first client); other
-    messages (plain training, evaluation, discovery) pass through."""
+    """A ClientApp mod: Flower's ``secaggplus_mod`` for the protocol's messages, behind the node's own checks, with
+    the quantization's rounding (in the masked-vector stage, which carries the node's instructions) seeded by (run
+    seed, round, first client); other messages (evaluation, discovery) pass through. The node's policy (its
+    ``--node-config``: ``runtime.node_policy``) may refuse a plain TRAIN message and a setup below its floor; every
+    node refuses an unmask request that is not consistent (``runtime.secure.checks``)."""
+    from flwr.app import MessageType
     from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
 
-    if not is_secure(msg):
+    from fedpeft.runtime.node_policy import NodePolicy
+
+    if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
+    policy = NodePolicy.from_node_config(dict(context.node_config))
+    if not is_secure(msg):
+        policy.check_plain_train()
+        return call_next(msg, context)
+    _check_stage(msg, context, policy)
     config = msg.content.config_records.get("fitins.config")
     clients = sorted(int(k[len(CLIENT):]) for k in (config or {}) if k.startswith(CLIENT))
     if not clients:
@@ -228,12 +238,35 @@ def secure_mod(msg: Any, context: Any, call_next: Callable[[Any, Any], Any]) -> 
         return secaggplus_mod(msg, context, call_next)
 
 
-def node_handler(run_node: RunNode, node: int) -> Callable[[Any], Any]:
+def _check_stage(msg: Any, context: Any, policy: Any) -> None:
+    """The node's checks of a protocol message before Flower's mod answers it: the setup's parameters against the
+    node's floor, the unmask request's consistency against the node's protocol state."""
+    from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
+
+    from fedpeft.runtime.secure.checks import DeviatingServer, check_unmask
+
+    configs = msg.content.config_records[RECORD_KEY_CONFIGS]
+    stage = configs.get(Key.STAGE)
+    if stage == Stage.SETUP:
+        policy.check_secure_setup(int(configs.get(Key.SHARE_NUMBER, 0)), int(configs.get(Key.THRESHOLD, 0)))
+    elif stage == Stage.UNMASK and RECORD_KEY_STATE in context.state.config_records:
+        state = SecAggPlusState(**context.state.config_records[RECORD_KEY_STATE])
+        try:
+            check_unmask(state.nid, state.public_keys_dict, state.rd_seed_share_dict,
+                         state.sk1_share_dict, state.threshold, list(configs.get(Key.ACTIVE_NODE_ID_LIST, [])),
+                         list(configs.get(Key.DEAD_NODE_ID_LIST, [])))
+        except DeviatingServer as e:
+            log.error("node %d refuses to unmask: %s", state.nid, e)
+            raise
+
+
+def node_handler(run_node: RunNode, node: int, node_config: dict[str, Any] | None = None) -> Callable[[Any], Any]:
     """One in-process node's side of a round: ``secure_mod`` (its protocol state kept across the four stages in the
-    node's Flower context) around ``masked_train``."""
+    node's Flower context, its policy from ``node_config``) around ``masked_train``."""
     from flwr.app import Context, RecordDict
 
-    context = Context(run_id=0, node_id=node, node_config={}, state=RecordDict(), run_config={})
+    context = Context(run_id=0, node_id=node, node_config=dict(node_config or {}), state=RecordDict(), run_config={})
     call_next = masked_train(run_node)
     return lambda msg: secure_mod(msg, context, call_next)
 
@@ -244,12 +277,13 @@ def node_id(client: int) -> int:
 
 
 def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, groups: dict[int, dict[int, bytes]], grid: Any,
-                 settings: dict[str, Any] | None = None, uniform: bool = False) -> SecureOutcome:
+                 settings: dict[str, Any] | None = None, uniform: bool = False, flow: Any = None) -> SecureOutcome:
     """Run Flower's SecAgg+ workflow for one round over ``grid``: ``groups`` maps each node to its clients' encoded
     instructions (``settings``: what a Flower node needs besides them; ``uniform``: every client weighs 1, for an
     aggregator that weighs clients alike, and ``max_weight`` becomes the most clients a node holds, so that the
     quantization keeps its resolution); the outcome has no mean when the protocol halted (too few survivors for the
-    threshold)."""
+    threshold). ``flow``: the server's workflow (default: Flower's, with ``cfg``'s settings; a test's deviating
+    server, ``runtime.secure.adversary``)."""
     import flwr.compat.common.recorddict_compat as compat
     from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.common import Parameters
@@ -267,7 +301,7 @@ def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, groups: di
     context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(Parameters([], ""), True)
     try:
         with seeded(seed, round, SERVER, "secagg-neighbours"):
-            workflow(cfg)(grid, context)
+            (flow or workflow(cfg))(grid, context)
     except Exception as e:  # noqa: BLE001 - e.g. a masked vector of the wrong shape: the sum is lost, nothing applied
         log.warning("round %d: secure aggregation failed: %s: %s", round, type(e).__name__, e)
         strategy.outcome.mean, strategy.outcome.halted = None, f"{type(e).__name__}: {e}"
