@@ -87,9 +87,9 @@ def workflow_class():
     from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_extract, get_parameters_shape
     from flwr.common.secure_aggregation.quantization import dequantize
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
-    from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
     from flwr.app import ConfigRecord, Message, MessageType, RecordDict
     from flwr.common import bytes_to_ndarray
+    import flwr.server.workflow.secure_aggregation.secaggplus_workflow as flower_workflow
     from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
@@ -154,7 +154,8 @@ def workflow_class():
         def _unmask_target(self, state, seed: bytes, sk1: bytes) -> list[np.ndarray] | None:
             vec = [a.astype(np.int64) for a in self.masked[self.target]]
             shapes = get_parameters_shape(vec)
-            vec = [v - m for v, m in zip(vec, pseudo_rand_gen(seed, state.mod_range, shapes), strict=True)]
+            masks = flower_workflow.pseudo_rand_gen  # the generator the workflow (and so the nodes) use
+            vec = [v - m for v, m in zip(vec, masks(seed, state.mod_range, shapes), strict=True)]
             try:
                 private = bytes_to_private_key(sk1)
             except ValueError:  # the shares did not rebuild a key
@@ -162,8 +163,7 @@ def workflow_class():
             for nb in sorted(state.nid_to_neighbours[self.target] - {self.target}):
                 shared = generate_shared_key(private, bytes_to_public_key(state.nid_to_publickeys[nb][0]))
                 sign = 1 if self.target > nb else -1
-                vec = [v - sign * m for v, m in zip(vec, pseudo_rand_gen(shared, state.mod_range, shapes),
-                                                     strict=True)]
+                vec = [v - sign * m for v, m in zip(vec, masks(shared, state.mod_range, shapes), strict=True)]
             factor, params = factor_extract([np.mod(v, state.mod_range) for v in vec])
             ratio = float(factor) / state.quantization_range
             return [a / ratio for a in dequantize(params, state.clipping_range, state.quantization_range)]

@@ -222,6 +222,7 @@ def secure_mod(msg: Any, context: Any, call_next: Callable[[Any, Any], Any]) -> 
     from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
 
     from fedpeft.runtime.node_policy import NodePolicy
+    from fedpeft.runtime.secure.masks import use_strong_masks
 
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
@@ -229,6 +230,7 @@ def secure_mod(msg: Any, context: Any, call_next: Callable[[Any, Any], Any]) -> 
     if not is_secure(msg):
         policy.check_plain_train()
         return call_next(msg, context)
+    use_strong_masks()
     _check_stage(msg, context, policy)
     config = msg.content.config_records.get("fitins.config")
     clients = sorted(int(k[len(CLIENT):]) for k in (config or {}) if k.startswith(CLIENT))
@@ -240,16 +242,24 @@ def secure_mod(msg: Any, context: Any, call_next: Callable[[Any, Any], Any]) -> 
 
 def _check_stage(msg: Any, context: Any, policy: Any) -> None:
     """The node's checks of a protocol message before Flower's mod answers it: the setup's parameters against the
-    node's floor, the unmask request's consistency against the node's protocol state."""
+    node's floor, the masks' generator against this node's, the unmask request's consistency against the node's
+    protocol state."""
     from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 
     from fedpeft.runtime.secure.checks import DeviatingServer, check_unmask
+    from fedpeft.runtime.secure.masks import MASKS
 
     configs = msg.content.config_records[RECORD_KEY_CONFIGS]
     stage = configs.get(Key.STAGE)
     if stage == Stage.SETUP:
         policy.check_secure_setup(int(configs.get(Key.SHARE_NUMBER, 0)), int(configs.get(Key.THRESHOLD, 0)))
+    elif stage == Stage.COLLECT_MASKED_VECTORS:
+        masks = (msg.content.config_records.get("fitins.config") or {}).get(SETTING + "masks")
+        if masks != MASKS:
+            log.error("node refuses to mask: the server's masks are %r, this node's %r", masks, MASKS)
+            raise ValueError(f"the server masks with {masks!r}, this node with {MASKS!r}: the sum would not "
+                             "unmask (run the same fedpeft version on the server and every node)")
     elif stage == Stage.UNMASK and RECORD_KEY_STATE in context.state.config_records:
         state = SecAggPlusState(**context.state.config_records[RECORD_KEY_STATE])
         try:
@@ -291,10 +301,13 @@ def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, groups: di
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
     from flwr.server.workflow.constant import Key as WorkflowKey
 
+    from fedpeft.runtime.secure.masks import MASKS, use_strong_masks
+
+    use_strong_masks()
     if uniform:
         cfg = cfg.model_copy(update={"max_weight": float(max((len(g) for g in groups.values()), default=1))})
     strategy = strategy_class()(groups, (settings or {}) | {"seed": seed, "round": round, "uniform": uniform,
-                                                            "clipping_range": cfg.clipping_range})
+                                                            "clipping_range": cfg.clipping_range, "masks": MASKS})
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
                             strategy=strategy)
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: round})
