@@ -69,14 +69,34 @@ def test_the_unmasked_mean_is_the_weighted_mean_within_the_quantization_bound():
 
 
 def test_the_server_learns_the_share_of_the_weight_whose_upload_was_clipped():
-    """A value beyond the clipping range is clipped before the sum; the masked vector says for which share of the
-    weight (nothing about which client), so the run can warn that the mean is off by more than the rounding."""
+    """Flower's mod scales a node's average by n_k / max_weight before it clips to [-c, c], so a value v is clipped
+    when |v| > c · max_weight / n_k. The masked vector says for which share of the weight (nothing about which
+    client), so the run can warn that the mean is off by more than the rounding."""
     assert _run()[0].clipped == 0.0
-    cfg = SecureAggregationConfig(num_shares=5, reconstruction_threshold=3, clipping_range=2.0)
+    cfg = SecureAggregationConfig(num_shares=5, reconstruction_threshold=3, clipping_range=2.0, max_weight=50.0)
     outcome, _ = _run(cfg)
-    over = [c for c in CLIENTS if float(_update(c)["b"].abs().max()) > 2.0]
-    assert over and outcome.clipped == pytest.approx(sum(WEIGHTS[c] for c in over) / sum(WEIGHTS.values()), abs=1e-4)
+    peak = {c: max(float(t.abs().max()) for t in _update(c).values()) for c in CLIENTS}
+    over = [c for c in CLIENTS if peak[c] * WEIGHTS[c] / cfg.max_weight > cfg.clipping_range]
+    unscaled_only = [c for c in CLIENTS if peak[c] > cfg.clipping_range and c not in over]
+    assert over and unscaled_only  # a value beyond c that the scaling brings inside is not clipped, nor counted
+    assert outcome.clipped == pytest.approx(sum(WEIGHTS[c] for c in over) / sum(WEIGHTS.values()), abs=1e-4)
     assert "fedpeft.clipped" not in outcome.mean
+
+
+def test_a_node_heavier_than_max_weight_refuses_to_upload_and_the_round_says_why():
+    outcome, grid = _run(SecureAggregationConfig(num_shares=5, reconstruction_threshold=3, max_weight=35.0))
+    assert set(outcome.scalars) == {0, 1, 2} and outcome.mean is not None  # 10, 20, 30 examples: within it
+    assert all("exceeds secure_aggregation.max_weight 35" in grid.errors[node_id(c)] for c in (3, 4))
+
+
+def test_a_field_too_small_for_the_sum_is_refused_before_anything_is_sent():
+    from fedpeft.resolve import load_config
+
+    small = {"num_shares": 3, "reconstruction_threshold": 2, "modulus_range": 8388608}
+    with pytest.raises(ValueError, match="modulus_range: 8388608 cannot hold the sum of 5 clients"):
+        load_config(None, ["federation.num_clients=5", f"federation.secure_aggregation={small}".replace("'", "")])
+    outcome, grid = _run(SecureAggregationConfig(num_shares=5, reconstruction_threshold=3, modulus_range=8388608))
+    assert outcome.mean is None and "would wrap modulus_range" in outcome.halted and not grid.bytes_down
 
 
 def test_the_same_seed_gives_the_same_mean_bit_for_bit():
@@ -406,3 +426,26 @@ def test_every_aggregator_that_reads_individual_updates_is_refused(name):
     with pytest.raises((ConfigError, ValueError), match=f"method.aggregator.name: '{name}' (needs each client's "
                                                         "update|reads)"):
         _cfg(**{"method.aggregator.name": name})
+
+
+def test_a_clipped_share_outside_zero_to_one_fails_the_round_as_a_wrap_around():
+    """The clipped flag is a mean of 0s and 1s: a sum that wrapped around the field reads far outside [0, 1] (the
+    review's run read LoRA weights near 166), and the round is refused with nothing applied."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_reliability import make_round_one
+
+    from fedpeft.runtime.secure.protocol import SecureOutcome
+    from fedpeft.runtime.server import RoundFailed
+
+    driver, state, plan, valid, _, schema = make_round_one(
+        federation__secure_aggregation={"num_shares": 3, "reconstruction_threshold": 2})
+    mean = {k: np.zeros(v, dtype=np.float32) for k, v in schema.tensors.items()}
+    scalars = {c: {"num_examples": 10} for c in plan.instructions}
+    ok = SecureOutcome(mean=dict(mean), weight=10.0 * len(scalars), scalars=scalars, clipped=0.0)
+    driver.finish_secure_round(state, plan, ok)
+    wrapped = SecureOutcome(mean=dict(mean), weight=10.0 * len(scalars), scalars=scalars, clipped=166.2)
+    with pytest.raises(RoundFailed, match="wrapped around the field"):
+        driver.finish_secure_round(state, plan, wrapped)

@@ -162,8 +162,15 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
     """Under secure aggregation the server learns only the sample-weighted mean of the replies' tensors: every
     component must need no more (``aggregators.base``'s ``secure_sum``, a sharing policy's ``summable``, a selector's
     ``reads_clients``). Refused here, with the reason; where the literature has a secure variant, the docs say."""
-    if cfg.federation.secure_aggregation is None:
+    secure = cfg.federation.secure_aggregation
+    if secure is None:
         return
+    n = cfg.federation.clients_per_round or cfg.federation.num_clients
+    if n * secure.quantization_range >= secure.modulus_range:
+        raise ValueError(f"federation.secure_aggregation.modulus_range: {secure.modulus_range} cannot hold the sum of "
+                         f"{n} clients' values of up to quantization_range {secure.quantization_range} (it wraps "
+                         f"around); use a modulus above {n * secure.quantization_range} or a smaller "
+                         "quantization_range")
     m = cfg.method
     agg = AGGREGATORS.get(m.aggregator.name)
     if not agg.secure_sum_with(m.aggregator.typed_settings):

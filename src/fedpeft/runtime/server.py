@@ -20,6 +20,10 @@ from fedpeft.runtime.validation import validate_metrics, validate_reply
 
 log = logging.getLogger(__name__)
 
+# the securely aggregated clipped share (a mean of 0s and 1s) lies in [0, 1] up to the quantization's error (at
+# most 2c/Q · max_weight / n_k, about 4e-4 at the defaults and 10 examples); beyond it the masked sum wrapped around
+WRAP_TOLERANCE = 0.01
+
 
 class RoundFailed(RuntimeError):
     """Fewer than ``federation.min_clients`` valid replies: the round is not applied (``records``: its clients)."""
@@ -100,7 +104,7 @@ class RoundDriver:
 
         schema = self.method.reply_schema(state)
         self.secure_notes = {"secure_clipped_share": outcome.clipped} if outcome.mean is not None else {}
-        if outcome.clipped > 0:
+        if 1e-6 < outcome.clipped <= 1 + WRAP_TOLERANCE:
             log.warning("round %d: uploads of %.0f %% of the weight exceeded secure_aggregation.clipping_range (%g) "
                         "and were clipped before the sum", plan.round, 100 * outcome.clipped,
                         self.cfg.federation.secure_aggregation.clipping_range)
@@ -119,6 +123,10 @@ class RoundDriver:
             records.append(rec)
         if outcome.mean is None:
             raise RoundFailed(f"round {plan.round}: secure aggregation halted ({outcome.halted})", records)
+        if not -WRAP_TOLERANCE <= outcome.clipped <= 1 + WRAP_TOLERANCE:
+            raise RoundFailed(f"round {plan.round}: the securely aggregated clipped share is {outcome.clipped:.4g}, "
+                              "outside [0, 1]: the masked sum wrapped around the field (check secure_aggregation's "
+                              "max_weight, quantization_range and modulus_range); nothing applied", records)
         need = self.cfg.federation.min_clients
         if len(outcome.scalars) < need:
             raise RoundFailed(f"round {plan.round}: {len(outcome.scalars)} clients survived secure aggregation, "

@@ -155,12 +155,16 @@ def split_metrics(metrics: dict[str, Any]) -> dict[int | None, dict[str, Any]]:
 
 
 def node_reply(replies: dict[int, bytes], errors: dict[int, str], uniform: bool = False,
-               clip: float | None = None) -> tuple[list[np.ndarray], int, dict[str, Any]]:
+               clip: float | None = None, max_weight: float | None = None,
+               quantization_range: int | None = None) -> tuple[list[np.ndarray], int, dict[str, Any]]:
     """A node's (parameters, num_examples, metrics) for its FitRes: its clients' update tensors averaged by example
     count (the mod weights the average by their total; ``uniform``: weight 1 per client, for an aggregator that
-    weighs clients alike), each client's numeric scalars and errors as metrics. With the protocol's clipping range
-    ``clip``, one more tensor says which clients exceed it (``CLIPPED``, averaged like the rest: the server learns
-    only the clipped share of the weight, and that the quantization changed the mean)."""
+    weighs clients alike), each client's numeric scalars and errors as metrics. A node whose weight exceeds the
+    protocol's ``max_weight`` refuses to upload (its weight factor would wrap the field). With the protocol's
+    clipping range ``clip``, one more tensor says whether this node's upload is clipped (``CLIPPED``, 1 or 0,
+    averaged like the rest: the server learns only the clipped share of the weight). Flower's mod multiplies the
+    average by the node's weight factor before it clips, so a value v is clipped when |v| > clip · max_weight /
+    weight: the test is on what the mod will clip."""
     from fedpeft.comm.codec import decode
 
     decoded = {c: decode(b) for c, b in sorted(replies.items())}
@@ -174,15 +178,28 @@ def node_reply(replies: dict[int, bytes], errors: dict[int, str], uniform: bool 
         metrics |= {f"{c}.{k}": v for k, v in r.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     weights = {c: 1 if uniform else int(r.scalars["num_examples"]) for c, r in decoded.items()}
     total = sum(weights.values())
+    if max_weight is not None and total > max_weight:
+        raise ValueError(f"this node's weight {total} (examples of clients {sorted(decoded)}) exceeds "
+                         f"secure_aggregation.max_weight {max_weight:g}: its weight factor would wrap the field; "
+                         "raise max_weight to at least the largest client's examples")
     arrays = [sum(weights[c] / total * r.tensors[k].double().numpy() for c, r in decoded.items()).astype(np.float32)
               for k in names]
     if clip is not None:
-        over = [c for c, r in decoded.items() if any(bool((t.double().abs() > clip).any()) for t in r.tensors.values())]
-        arrays.append(np.array([sum(weights[c] for c in over) / total], dtype=np.float32))
+        scale = _weight_factor(total, max_weight, quantization_range)
+        over = any(bool((np.abs(a.astype(np.float64) * scale) > clip).any()) for a in arrays)
+        arrays.append(np.array([1.0 if over else 0.0], dtype=np.float32))
         names = [*names, CLIPPED]
     metrics[NAMES_KEY] = ",".join(names)
     metrics |= {f"{c}.{ERROR}": e for c, e in errors.items()}
     return arrays, total, metrics
+
+
+def _weight_factor(total: float, max_weight: float | None, quantization_range: int | None) -> float:
+    """The factor Flower's mod multiplies a node's average by before it clips: round(total / max_weight · Q) / Q
+    (1 without the protocol's settings)."""
+    if max_weight is None or quantization_range is None:
+        return 1.0
+    return round(total / max_weight * quantization_range) / quantization_range
 
 
 def masked_train(run_node: RunNode) -> Callable[[Any, Any], Any]:
@@ -198,7 +215,8 @@ def masked_train(run_node: RunNode) -> Callable[[Any, Any], Any]:
         settings = {k[len(SETTING):]: v for k, v in config.items() if k.startswith(SETTING)}
         payloads = {int(k[len(CLIENT):]): bytes(v) for k, v in config.items() if k.startswith(CLIENT)}
         arrays, total, metrics = node_reply(*run_node(settings, payloads), uniform=bool(settings.get("uniform")),
-                                            clip=settings.get("clipping_range"))
+                                            clip=settings.get("clipping_range"), max_weight=settings.get("max_weight"),
+                                            quantization_range=settings.get("quantization_range"))
         res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), total, metrics)
         return Message(compat.fitres_to_recorddict(res, keep_input=True), reply_to=msg)
 
@@ -306,8 +324,12 @@ def secure_round(cfg: SecureAggregationConfig, seed: int, round: int, groups: di
     use_strong_masks()
     if uniform:
         cfg = cfg.model_copy(update={"max_weight": float(max((len(g) for g in groups.values()), default=1))})
-    strategy = strategy_class()(groups, (settings or {}) | {"seed": seed, "round": round, "uniform": uniform,
-                                                            "clipping_range": cfg.clipping_range, "masks": MASKS})
+    if len(groups) * cfg.quantization_range >= cfg.modulus_range:
+        return SecureOutcome(halted=f"{len(groups)} nodes' values of up to quantization_range {cfg.quantization_range} "
+                                    f"would wrap modulus_range {cfg.modulus_range}")
+    strategy = strategy_class()(groups, (settings or {}) | {
+        "seed": seed, "round": round, "uniform": uniform, "clipping_range": cfg.clipping_range, "masks": MASKS,
+        "max_weight": cfg.max_weight, "quantization_range": cfg.quantization_range})
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
                             strategy=strategy)
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: round})
