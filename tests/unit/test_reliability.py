@@ -390,7 +390,7 @@ def test_a_kill_between_the_checkpoint_renames_resumes_from_the_previous_checkpo
     run_embedded(cfg, tmp_path / "full")
     real = Path.rename
 
-    def dying_rename(self, target):  # the kill lands after checkpoint -> checkpoint.old, before tmp -> checkpoint
+    def dying_rename(self, target):  # the kill lands after checkpoint -> checkpoint-prev, before tmp -> checkpoint
         out = real(self, target)
         if self.name == "checkpoint":  # round 2: round 1's checkpoint moved aside
             raise KeyboardInterrupt("killed")
@@ -400,10 +400,95 @@ def test_a_kill_between_the_checkpoint_renames_resumes_from_the_previous_checkpo
     with pytest.raises(KeyboardInterrupt):
         run_embedded(cfg, tmp_path / "cut")
     monkeypatch.setattr(Path, "rename", real)
-    assert not (tmp_path / "cut" / "checkpoint").exists() and (tmp_path / "cut" / "checkpoint.old").exists()
+    assert not (tmp_path / "cut" / "checkpoint").exists() and (tmp_path / "cut" / "checkpoint-prev").exists()
     assert RunDir(tmp_path / "cut").load_checkpoint()[0] == 1  # round 2's checkpoint never completed
     run_embedded(cfg, tmp_path / "cut", resume=True)
     assert _records(tmp_path / "cut") == _records(tmp_path / "full")
+
+
+@pytest.fixture
+def stopped_run(tiny_cfg, tmp_path):
+    """A 3-round run and the same run stopped after round 2 (checkpoints of rounds 1 and 2 on disk)."""
+    from fedpeft.runtime.embedded import StopAfterRound
+
+    cfg = tiny_cfg(federation__rounds=3, runtime__checkpoint_every=1)
+    run_embedded(cfg, tmp_path / "full")
+    with pytest.raises(StopAfterRound):
+        run_embedded(cfg, tmp_path / "cut", stop_after_round=2)
+    return cfg, tmp_path / "full", tmp_path / "cut"
+
+
+def _flip_byte(path: Path, at: int = -5) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "no meta.json", "the server file gone"])
+def test_a_damaged_checkpoint_is_named_and_the_resume_falls_back_to_the_previous_one(stopped_run, damage, caplog):
+    cfg, full, cut = stopped_run
+    ckpt = cut / "checkpoint"
+    assert RunDir(cut).load_checkpoint()[0] == 2 and (cut / "checkpoint-prev" / "meta.json").exists()
+    server = ckpt / "server.safetensors"
+    if damage == "flipped byte":
+        _flip_byte(server)
+    elif damage == "truncated":
+        server.write_bytes(server.read_bytes()[:100])
+    elif damage == "no meta.json":
+        (ckpt / "meta.json").unlink()
+    else:
+        server.unlink()
+    with caplog.at_level(logging.WARNING):
+        assert RunDir(cut).load_checkpoint()[0] == 1
+    named = {"no meta.json": "meta.json is missing", "the server file gone": "server.safetensors is missing"}.get(
+        damage, "server.safetensors does not match the SHA-256")
+    assert named in caplog.text and "checkpoint-prev (round 1) instead" in caplog.text
+    run_embedded(cfg, cut, resume=True)
+    assert _records(cut) == _records(full)  # the round the damaged checkpoint held is redone, exactly
+
+
+def test_no_usable_checkpoint_is_one_error_naming_each_file(stopped_run):
+    from fedpeft.tracking.rundir import CheckpointError
+
+    cfg, _, cut = stopped_run
+    _flip_byte(cut / "checkpoint" / "server.safetensors")
+    (cut / "checkpoint-prev" / "server.safetensors").write_bytes(b"\x10\x00")
+    with pytest.raises(CheckpointError, match=r"checkpoint/server.safetensors does not match .*"
+                                              r"checkpoint-prev/server.safetensors does not match"):
+        run_embedded(cfg, cut, resume=True)
+
+
+def test_lost_round_records_and_a_checkpoint_of_another_run_are_one_line_errors(stopped_run, tiny_cfg, tmp_path):
+    import shutil
+
+    from fedpeft.tracking.rundir import CheckpointError
+
+    cfg, full, cut = stopped_run
+    (cut / "metrics.jsonl").unlink()
+    with pytest.raises(CheckpointError, match=r"has no record of rounds 1-2 that the checkpoint \(round 2\)"):
+        run_embedded(cfg, cut, resume=True)
+    other = tiny_cfg(federation__rounds=3, runtime__checkpoint_every=1, seed=5)
+    with pytest.raises(Exception):
+        run_embedded(other, tmp_path / "other", stop_after_round=2)
+    shutil.rmtree(full / "checkpoint")
+    shutil.copytree(tmp_path / "other" / "checkpoint", full / "checkpoint")
+    with pytest.raises(CheckpointError, match="belongs to run .* it was copied from another run"):
+        run_embedded(cfg, full, resume=True)
+
+
+def test_a_run_refused_for_its_data_leaves_nothing_behind(tiny_cfg, tmp_path):
+    """Bad data found while the run is built (before it writes its config): no lock, no log, no directory."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("text,stars\na fine film,5\na dull one,1\n")  # no label column
+    cfg = tiny_cfg(task__name="csv", task__path=str(bad))
+    with pytest.raises(Exception):
+        run_embedded(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "existing" / "notes.txt").write_text("mine")
+    with pytest.raises(Exception):
+        run_embedded(cfg, tmp_path / "existing")
+    assert sorted(p.name for p in (tmp_path / "existing").iterdir()) == ["notes.txt"]
 
 
 @pytest.mark.slow

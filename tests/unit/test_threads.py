@@ -36,7 +36,8 @@ def test_the_resolved_count_is_recorded_in_the_run(tiny_cfg, tmp_path, torch_thr
     summary = run_embedded(cfg, tmp_path / "run")
     assert summary["threads"] == expected
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["threads"] == expected
-    assert RunDir(tmp_path / "run").checkpoint_meta() == {"round": 2, "threads": expected}
+    meta = RunDir(tmp_path / "run").checkpoint_meta()
+    assert (meta["round"], meta["threads"]) == (2, expected) and len(meta["run_id"]) == 16
     [line] = _log_lines(tmp_path / "run")
     assert f"torch threads: {expected} (runtime.threads unset: resolved at the start of the run)" in line
     assert torch.get_num_threads() == 3  # the process's own count is back after the run

@@ -11,6 +11,7 @@ Long on purpose: resume, scoring, checkpoints and the summary are one loop for e
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import time
@@ -30,7 +31,7 @@ from fedpeft.methods.base import Method
 from fedpeft.methods.state import ServerState
 from fedpeft.resolve import preset_differences, resolve
 from fedpeft.runtime.server import RoundDriver, RoundFailed
-from fedpeft.tracking.rundir import RunDir
+from fedpeft.tracking.rundir import CheckpointError, RunDir
 from fedpeft.tracking.summary import build_summary, round_record, validation_score
 from fedpeft.tracking.tracker import Tracker, check_sinks
 
@@ -91,7 +92,9 @@ def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterat
         raise NoRunError(f"--resume: {out_dir} holds no run (no config.yaml); check the path, or drop --resume to "
                          "start a new run there")
     check_sinks(cfg.tracking)
+    before = set(run.root.iterdir()) if run.root.is_dir() else None
     run.lock()
+    started = False
     try:
         saved = run.saved_config()
         if not resume:
@@ -99,8 +102,27 @@ def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterat
         elif saved != dump_config(cfg.with_absolute_paths()):
             check_resumable(out_dir, config_changes(saved, cfg.with_absolute_paths()))
         yield run
+        started = True
     finally:
         run.unlock()
+        if not started and run.saved_config() is None:
+            _leave_as_found(run.root, before)
+
+
+def _leave_as_found(root: Path, before: set[Path] | None) -> None:
+    """A run refused before it wrote its config (bad data, a bad setting found while building) leaves the
+    directory as it found it: the lock, the log and anything else it made are removed, and the directory itself
+    when it made it."""
+    import shutil
+
+    for path in set(root.iterdir()) - (before or set()):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    if before is None:
+        with contextlib.suppress(OSError):
+            root.rmdir()
 
 
 def commit_config(run: RunDir, cfg: ExperimentConfig) -> None:
@@ -194,14 +216,24 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
                 threads: int) -> dict[str, Any]:
     driver = RoundDriver(cfg, method, exp.client_label)
     checksum = exp.backbone.checksum()
-    keep_record(run, exp, resume)
+    run_id = keep_record(run, exp, resume, cfg)
     commit_config(run, cfg)
     start, state = 1, method.server_init()
     ckpt = run.load_checkpoint() if resume else None
+    kept_round = 0  # the round of the checkpoint a damaged newer one would fall back to (``checkpoint-prev/``)
     if ckpt is not None:
-        last, state, client_state, _ = ckpt
+        last, state, client_state, meta = ckpt
+        if meta.get("run_id", run_id) != run_id:
+            raise CheckpointError(f"{run.ckpt} belongs to run {meta['run_id']}, not to this directory's run "
+                                  f"{run_id} (model.json): it was copied from another run")
         records = run.truncate_metrics(last)
-        start = last + 1
+        done = {r["round"] for r in records}
+        lost = [r for r in range(1, last + 1) if r not in done]
+        if lost:
+            raise CheckpointError(f"{run.metrics_path} has no record of rounds {_rounds(lost)} that the checkpoint "
+                                  f"(round {last}) follows: the records cannot be rebuilt; restore the file, or start "
+                                  "the run anew in another --out")
+        start, kept_round = last + 1, last
         transport.restore(client_state, last)
         log.info("resuming after round %d", last)
     else:
@@ -267,7 +299,8 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
         score = validation_score(rec, generation)
         if score is not None and score > best:
             best = score
-            run.save_checkpoint(rnd, state, transport.client_states(), {"threads": threads}, best=True)
+            run.save_checkpoint(rnd, state, transport.client_states(), {"threads": threads, "run_id": run_id},
+                                best=True)
             what = "loss" if generation else "accuracy"
             log.info("round %d: best validation %s so far (%.4f), kept in %s", rnd, what, abs(best), run.best_ckpt)
 
@@ -291,8 +324,9 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
             clients, failed = e.records, str(e)
         rec = score(rnd, clients, t0, rnd % cfg.evaluation.every == 0 or rnd == cfg.federation.rounds, failed)
         if rnd % cfg.runtime.checkpoint_every == 0 or rnd == cfg.federation.rounds:
-            run.save_checkpoint(rnd, state, transport.client_states(), {"threads": threads})
-            transport.checkpointed(rnd)
+            run.save_checkpoint(rnd, state, transport.client_states(), {"threads": threads, "run_id": run_id})
+            transport.checkpointed(kept_round)  # nodes keep their states back to the previous checkpoint's round
+            kept_round = rnd
         log.info("round %d: %s up %d B down %d B (%.1fs)", rnd, _scores(rec, generation), rec["bytes_up"],
                  rec["bytes_down"], rec["wall_seconds"])
         bar.advance(rounds_task)
@@ -345,9 +379,11 @@ def global_training(method: Method, state: Message) -> dict[str, Any]:
     return {"untrained_global": untrained, "global_adapter": kind}
 
 
-def keep_record(run: RunDir, exp: Experiment, resume: bool) -> None:
-    """Write ``model.json`` (what using the run's model needs, and the data's fingerprint); on resume first refuse
-    data that changed since the run started, naming the file, and a backbone with other weights."""
+def keep_record(run: RunDir, exp: Experiment, resume: bool, cfg: ExperimentConfig) -> str:
+    """Write ``model.json`` (what using the run's model needs, the data's fingerprint and the run's id, which every
+    checkpoint records); on resume first refuse data that changed since the run started, naming the file, and a
+    backbone with other weights. Returns the run id: made when the run starts, from its directory and config, and
+    kept with the run when the directory moves."""
     record = exp.record(exp.backbone.fingerprint())
     saved = run.read_record() if resume else None
     if saved is not None:
@@ -356,7 +392,17 @@ def keep_record(run: RunDir, exp: Experiment, resume: bool) -> None:
             raise DataChangedError(f"--resume: the data differ from those the run trained on: {'; '.join(changes)}. "
                                    "Restore them, or start a new run with another --out")
         exp.backbone.check_recorded(saved["backbone"])
+    made = hashlib.sha256(f"{run.root.resolve()}\n{dump_config(cfg.with_absolute_paths())}".encode()).hexdigest()
+    record["run_id"] = (saved or {}).get("run_id") or made[:16]
     run.write_record(record)
+    return record["run_id"]
+
+
+def _rounds(rounds: list[int]) -> str:
+    """``1-3`` for a run of rounds, else ``1, 3``."""
+    if len(rounds) > 1 and rounds[-1] - rounds[0] == len(rounds) - 1:
+        return f"{rounds[0]}-{rounds[-1]}"
+    return ", ".join(map(str, rounds))
 
 
 class DataChangedError(ValueError):

@@ -3,7 +3,10 @@
 
 Checkpoints hold the server state, every client's persistent state and the last finished round,
 as safetensors (tensors) + JSON (scalars); they are written to a temporary folder and renamed, so
-a crash never leaves a half-written checkpoint. Resuming truncates ``metrics.jsonl`` to the
+a crash never leaves a half-written checkpoint. ``meta.json`` records the SHA-256 of every file of its checkpoint,
+checked when the checkpoint is read, and the previous checkpoint is kept (``checkpoint-prev/``): a checkpoint that
+is damaged (a flipped byte, a truncated or missing file) is reported by file, and a resume falls back to the
+previous one, saying so. Resuming truncates ``metrics.jsonl`` to the
 checkpointed round (a line cut short by a crash included), so the finished file equals that of an uninterrupted
 run. ``summary.json`` is written whole or not at all. While a run writes its directory it holds an exclusive lock
 on ``.lock`` (``fcntl.flock``, released by the OS when the process dies), so a second process cannot write it.
@@ -12,6 +15,7 @@ on ``.lock`` (``fcntl.flock``, released by the OS when the process dies), so a s
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -29,8 +33,66 @@ class RunDirLocked(RuntimeError):
     """Another process is writing this run directory."""
 
 
-def _save_message(path: Path, msg: Message) -> None:
-    path.write_bytes(encode(msg, own_dtypes(msg)))
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used, and why (the file named)."""
+
+
+Checkpoint = tuple[int, Message, dict[int, Message], dict[str, Any]]
+
+
+def _save_message(path: Path, msg: Message) -> str:
+    """Write the message; its file's SHA-256."""
+    data = encode(msg, own_dtypes(msg))
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_checkpoint(folder: Path) -> Checkpoint:
+    """(round, server, clients, meta) of one checkpoint folder, every file checked against the SHA-256 its
+    ``meta.json`` records (a checkpoint written before checksums: read as it is); ``CheckpointError`` naming the
+    file that is missing, damaged or unreadable."""
+    meta_path = folder / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+        int(meta["round"])
+    except FileNotFoundError:
+        raise CheckpointError(f"{meta_path} is missing") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{meta_path} is damaged ({type(e).__name__}: {e})") from None
+    sums = meta.pop("files", None)
+    paths = [folder / "server.safetensors", *sorted((folder / "clients").glob("*.safetensors"))]
+    if sums is not None:
+        listed = {folder / name for name in sums}
+        extra = sorted(str(p) for p in set(paths) - listed)
+        if extra:
+            raise CheckpointError(f"{extra[0]} is not one of the checkpoint's files (meta.json lists {len(sums)})")
+        paths = sorted(listed)
+    data = {}
+    for path in paths:
+        try:
+            data[path] = path.read_bytes()
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} is missing") from None
+        rel = str(path.relative_to(folder))
+        if sums is not None and hashlib.sha256(data[path]).hexdigest() != sums[rel]:
+            raise CheckpointError(f"{path} does not match the SHA-256 that meta.json records: the file changed "
+                                  f"after it was written ({len(data[path])} bytes)")
+    try:
+        msgs = {p: decode(b) for p, b in data.items()}
+    except Exception as e:  # noqa: BLE001 - a file the codec cannot read, named
+        bad = next(p for p, b in data.items() if not _decodes(b))
+        raise CheckpointError(f"{bad} cannot be read ({type(e).__name__}: {e})") from None
+    server = msgs[folder / "server.safetensors"]
+    clients = {int(p.stem): m for p, m in msgs.items() if p.parent.name == "clients"}
+    return int(meta.pop("round")), server, clients, meta
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        decode(data)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
 
 
 class RunDir:
@@ -126,44 +188,58 @@ class RunDir:
     def save_checkpoint(self, round: int, server: Message, clients: dict[int, Message],
                         extra: dict[str, Any] | None = None, best: bool = False) -> None:
         """Write the checkpoint of ``round`` (``best``: into ``checkpoint-best/``, the round that scored best on the
-        validation split, ``evaluation.keep_best``)."""
+        validation split, ``evaluation.keep_best``); the one it replaces becomes ``<name>-prev/``."""
         final = self.best_ckpt if best else self.ckpt
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "clients").mkdir(parents=True)
-        _save_message(tmp / "server.safetensors", server)
+        sums = {"server.safetensors": _save_message(tmp / "server.safetensors", server)}
         for cid, msg in clients.items():
             if msg.tensors or msg.scalars:
-                _save_message(tmp / "clients" / f"{cid}.safetensors", msg)
-        (tmp / "meta.json").write_text(json.dumps({"round": round, **(extra or {})}, sort_keys=True))
-        old = final.with_name(final.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
+                sums[f"clients/{cid}.safetensors"] = _save_message(tmp / "clients" / f"{cid}.safetensors", msg)
+        (tmp / "meta.json").write_text(json.dumps({"round": round, **(extra or {}), "files": sums}, sort_keys=True))
+        prev = self.previous(final)
+        shutil.rmtree(prev, ignore_errors=True)
         if final.exists():
-            final.rename(old)
+            final.rename(prev)  # a crash here leaves only the previous one: the resume redoes this round
         tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(final.with_name(final.name + ".old"), ignore_errors=True)  # the name before -prev
 
-    def load_checkpoint(self, best: bool = False) -> tuple[int, Message, dict[int, Message], dict[str, Any]] | None:
+    @staticmethod
+    def previous(folder: Path) -> Path:
+        return folder.with_name(folder.name + "-prev")
+
+    def load_checkpoint(self, best: bool = False) -> Checkpoint | None:
         """(round, server state, client states, meta) of the last checkpoint (``best``: of ``checkpoint-best/``),
-        or None."""
+        or None when the run has none. A damaged last checkpoint gives way to the previous one, with a warning
+        naming what is wrong; ``CheckpointError`` when neither can be used."""
         final = self.best_ckpt if best else self.ckpt
-        old = final.with_name(final.name + ".old")
-        if not (final / "meta.json").exists():
-            if (old / "meta.json").exists():  # crash between the two renames
-                old.rename(final)
-            else:
-                return None
-        meta = json.loads((final / "meta.json").read_text())
-        server = decode((final / "server.safetensors").read_bytes())
-        clients = {int(p.stem): decode(p.read_bytes()) for p in (final / "clients").glob("*.safetensors")}
-        return int(meta.pop("round")), server, clients, meta
+        candidates = [f for f in (final, self.previous(final), final.with_name(final.name + ".old")) if f.exists()]
+        if not candidates:
+            return None
+        problems = []
+        for folder in candidates:
+            try:
+                ckpt = _read_checkpoint(folder)
+            except CheckpointError as e:
+                problems.append(str(e))
+                continue
+            if problems:
+                log.warning("%s; using %s (round %d) instead", "; ".join(problems), folder, ckpt[0])
+            return ckpt
+        raise CheckpointError("; ".join(problems) + ": no checkpoint of this run can be used (start the run anew "
+                              "without --resume, in another --out)")
 
     def checkpoint_meta(self) -> dict[str, Any]:
-        """The last checkpoint's ``meta.json`` (its round and what the run recorded with it, such as ``threads``)
-        without reading its tensors; {} when there is none."""
-        for folder in (self.ckpt, self.ckpt.with_name(self.ckpt.name + ".old")):  # .old: a crash between renames
-            if (folder / "meta.json").exists():
-                return json.loads((folder / "meta.json").read_text())
+        """The last checkpoint's ``meta.json`` (its round and what the run recorded with it, such as ``threads`` and
+        ``run_id``; not its files' checksums) without reading its tensors; {} when there is none."""
+        for folder in (self.ckpt, self.previous(self.ckpt), self.ckpt.with_name(self.ckpt.name + ".old")):
+            try:
+                meta = json.loads((folder / "meta.json").read_text())
+            except (OSError, ValueError):
+                continue
+            meta.pop("files", None)
+            return meta
         return {}
 
     def write_summary(self, summary: dict[str, Any]) -> None:
