@@ -469,6 +469,10 @@ class FaultConfig(_Strict):
     hang_clients: list[int] = Field([], description="clients that sleep hang_s before they reply")
     hang_s: float = Field(0.0, ge=0, description="seconds a hanging client sleeps before it replies")
     rounds: list[int] | None = Field(None, description="the faulty rounds (default: every round)")
+    secure_stage: Literal["setup", "share_keys", "collect_masked_vectors", "unmask"] | None = Field(
+        None, description="under secure aggregation in the embedded runtime: the SecAgg+ stage at which a failing "
+                          "client drops out, sending nothing from then on (None: its training raises, in the "
+                          "masked-vector stage)")
 
     @property
     def active(self) -> bool:

@@ -82,6 +82,11 @@ class Experiment:
                 for split, enc in (("train", self._train_encoded()), ("test", self.test_encoded))
                 if enc.cuts is not None}
 
+    def client_weights(self) -> dict[int, int]:
+        """Each client's weight (``ClientContext.num_examples``: its examples, a malicious client's as its attack
+        declares), as the server knows it from the partition."""
+        return {c: self.client(c).num_examples for c in range(self.num_clients)}
+
     def client(self, client_id: int) -> ClientContext:
         """A fresh view of one client's data (state is attached by the runtime); a malicious client's training
         set is its clean data plus its poisoned copies (Eq. 7)."""

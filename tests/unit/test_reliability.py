@@ -110,7 +110,7 @@ def make_round_one(**extra):
 
     cfg = load_config(None, tiny_overrides(federation__max_message_bytes=1 << 16, **extra))
     b = build(cfg)
-    driver = RoundDriver(cfg, b.method)
+    driver = RoundDriver(cfg, b.method, weights=b.exp.client_weights())
     state = b.method.server_init()
     plan = driver.plan_round(state, 1)
     valid = {}
@@ -226,6 +226,21 @@ def test_a_huge_declared_shape_is_refused_before_allocation():
         decode(len(header).to_bytes(8, "little") + header + bytes(4))
     with pytest.raises(ValueError, match="max_message_bytes"):
         decode(bytes(2048), max_bytes=1024)
+
+
+@pytest.mark.parametrize("claim", [10**12, 65, 63])
+def test_a_reply_claiming_more_or_fewer_examples_than_its_shard_is_rejected(round_one, claim, caplog):
+    """The server knows each client's shard from the partition: a reply claiming 10^12 examples (which would make
+    the global model that client's upload) or one off by one is refused, logged, and the round goes on without it."""
+    driver, state, plan, valid, without0, _ = round_one
+    assert driver.weights[0] == 64
+    bad = decode(valid[0])
+    bad.scalars["num_examples"] = claim
+    replies = {c: v for c, v in valid.items() if c != 0} | {0: encode(bad, own_dtypes(bad))}
+    with caplog.at_level(logging.WARNING):
+        got, records = driver.finish_round(state, plan, replies)
+    assert records[0]["status"] == "rejected" and f"num_examples {claim}, but client 0 holds 64" in caplog.text
+    assert all(torch.equal(got.tensors[k], without0.tensors[k]) for k in without0.tensors)
 
 
 def test_malformed_evaluation_replies_are_left_out(round_one):

@@ -115,6 +115,23 @@ def test_a_client_that_drops_after_sharing_its_keys_is_unmasked_and_left_out():
         assert np.abs(outcome.mean[k] - want[k].numpy()).max() < 1e-3
 
 
+@pytest.mark.parametrize("stage", ["setup", "share_keys", "collect_masked_vectors"])
+def test_a_client_that_drops_at_any_stage_before_its_upload_is_left_out_and_the_round_completes(stage):
+    """Bell et al. exclude a client gone before it shared its keys: Flower 1.41 asks its neighbours for shares they
+    never received (KeyError), and the round halted."""
+    outcome, grid = _run(drop=lambda node, s: node == node_id(2) and s == stage)
+    assert outcome.halted is None and set(outcome.scalars) == {0, 1, 3, 4} and grid.dropped_at == {node_id(2): stage}
+    want = _plain([0, 1, 3, 4])
+    assert all(np.abs(outcome.mean[k] - want[k].numpy()).max() < 1e-3 for k in want)
+
+
+def test_a_client_that_drops_after_its_upload_is_still_in_the_mean():
+    outcome, _ = _run(drop=lambda node, s: node == node_id(2) and s == "unmask")
+    want = _plain(CLIENTS)
+    assert set(outcome.scalars) == set(CLIENTS) and all(np.abs(outcome.mean[k] - want[k].numpy()).max() < 1e-3
+                                                        for k in want)
+
+
 def test_a_node_with_several_clients_masks_their_weighted_mean_together():
     """A deployed SuperNode owning clients 0 and 1 is one party: the server's mean is still every client's."""
     groups = {1: {0: encode(Message(scalars={"round": 1})), 1: encode(Message(scalars={"round": 1}))}}
@@ -186,6 +203,19 @@ def _cfg(**extra):
     over = {"method.name": "fedprompt", "federation.num_clients": 5, "federation.rounds": 2,
             "federation.secure_aggregation": {"num_shares": 5, "reconstruction_threshold": 3}} | extra
     return load_config(None, tiny_overrides(**{k.replace(".", "__"): v for k, v in over.items()}))
+
+
+@pytest.mark.parametrize("stage", ["setup", "share_keys", "collect_masked_vectors", "unmask"])
+def test_faults_drop_clients_at_each_protocol_stage_of_a_whole_run(stage, tmp_path, one_thread):
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    run_embedded(_cfg(**{"faults.fail_clients": [1], "faults.rounds": [1], "faults.secure_stage": stage}),
+                 tmp_path / "run")
+    first, second = RunDir(tmp_path / "run").read_metrics()[-2:]
+    status = {c["client"]: c["status"] for c in first["clients"]}
+    assert status[1] == ("ok" if stage == "unmask" else "failed") and first["num_ok"] == (5 if stage == "unmask" else 4)
+    assert second["num_ok"] == 5  # the next round has every client again
 
 
 def test_a_secure_run_learns_what_the_plain_run_learns_and_counts_the_protocols_bytes(tmp_path, one_thread):
@@ -443,9 +473,13 @@ def test_a_clipped_share_outside_zero_to_one_fails_the_round_as_a_wrap_around():
     driver, state, plan, valid, _, schema = make_round_one(
         federation__secure_aggregation={"num_shares": 3, "reconstruction_threshold": 2})
     mean = {k: np.zeros(v, dtype=np.float32) for k, v in schema.tensors.items()}
-    scalars = {c: {"num_examples": 10} for c in plan.instructions}
-    ok = SecureOutcome(mean=dict(mean), weight=10.0 * len(scalars), scalars=scalars, clipped=0.0)
+    scalars = {c: {"num_examples": driver.weights[c]} for c in plan.instructions}
+    weight = float(sum(driver.weights[c] for c in scalars))
+    ok = SecureOutcome(mean=dict(mean), weight=weight, scalars=dict(scalars), clipped=0.0)
     driver.finish_secure_round(state, plan, ok)
-    wrapped = SecureOutcome(mean=dict(mean), weight=10.0 * len(scalars), scalars=scalars, clipped=166.2)
+    wrapped = SecureOutcome(mean=dict(mean), weight=weight, scalars=dict(scalars), clipped=166.2)
     with pytest.raises(RoundFailed, match="wrapped around the field"):
         driver.finish_secure_round(state, plan, wrapped)
+    lying = SecureOutcome(mean=dict(mean), weight=weight, scalars=dict(scalars) | {0: {"num_examples": 10**12}})
+    with pytest.raises(RoundFailed, match="halted .client 0 claimed num_examples 1000000000000"):
+        driver.finish_secure_round(state, plan, lying)

@@ -163,6 +163,9 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
     component must need no more (``aggregators.base``'s ``secure_sum``, a sharing policy's ``summable``, a selector's
     ``reads_clients``). Refused here, with the reason; where the literature has a secure variant, the docs say."""
     secure = cfg.federation.secure_aggregation
+    if cfg.faults.secure_stage is not None and (secure is None or cfg.runtime.name != "embedded"):
+        raise ValueError("faults.secure_stage: drops clients at a SecAgg+ stage of the embedded runtime; set "
+                         "federation.secure_aggregation and runtime.name: embedded, or leave it unset")
     if secure is None:
         return
     n = cfg.federation.clients_per_round or cfg.federation.num_clients

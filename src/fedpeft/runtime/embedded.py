@@ -26,7 +26,7 @@ from fedpeft.config import ExperimentConfig
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.runtime.client import handle_evaluate, handle_train
-from fedpeft.runtime.faults import inject
+from fedpeft.runtime.faults import fails, inject
 from fedpeft.runtime.heap import HeapTrimmer
 from fedpeft.runtime.secure.inprocess import grid_class, task_identity
 from fedpeft.runtime.secure.protocol import SecureOutcome, node_handler, node_id, secure_round
@@ -171,12 +171,16 @@ class InProcessTransport:
             return replies, errors
 
         handlers = {node_id(c): node_handler(run_node, node_id(c)) for c in instructions}
-        grid = grid_class()(handlers)
+        faults, client_of = self.cfg.faults, {node_id(c): c for c in instructions}
+
+        def drop(node: int, stage: str) -> bool:  # ``faults.secure_stage``: a failing client drops at that stage
+            return stage == faults.secure_stage and fails(faults, self.cfg.seed, round, client_of[node])
+
+        grid = grid_class()(handlers, drop if faults.secure_stage is not None else None)
         with task_identity():
             outcome = secure_round(self.cfg.federation.secure_aggregation, self.cfg.seed, round,
                                    {node_id(c): {c: p} for c, p in instructions.items()}, grid,
                                    uniform=self.method.aggregator.uniform_weights)
-        client_of = {node_id(c): c for c in instructions}
         outcome.bytes_down = {client_of[n]: b for n, b in grid.bytes_down.items()}
         outcome.bytes_up = {client_of[n]: b for n, b in grid.bytes_up.items()}
         outcome.errors |= {client_of[n]: e for n, e in grid.errors.items()} | {

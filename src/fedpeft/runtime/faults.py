@@ -27,12 +27,13 @@ def fails(faults: FaultConfig, seed: int, round: int, client: int) -> bool:
 
 
 def inject(faults: FaultConfig, seed: int, round: int, client: int) -> None:
-    """Sleep and/or raise as ``faults`` asks for this (round, client); nothing when fault injection is off."""
+    """Sleep and/or raise as ``faults`` asks for this (round, client); nothing when fault injection is off. A
+    client that ``faults.secure_stage`` drops at a protocol stage does not raise here: the grid drops it there."""
     if not faults.active or not _faulty_round(faults, round):
         return
     if client in faults.hang_clients and faults.hang_s:
         time.sleep(faults.hang_s)
-    if fails(faults, seed, round, client):
+    if faults.secure_stage is None and fails(faults, seed, round, client):
         raise InjectedFault(f"injected failure of client {client} in round {round}")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from fedpeft.comm.codec import Message, decode, encode
 from fedpeft.config import ExperimentConfig
 from fedpeft.methods.base import Method
-from fedpeft.runtime.validation import validate_metrics, validate_reply
+from fedpeft.runtime.validation import InvalidReply, validate_metrics, validate_reply
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,13 @@ class RoundPlan:
 
 
 class RoundDriver:
-    def __init__(self, cfg: ExperimentConfig, method: Method, name: Callable[[int], str] | None = None) -> None:
+    def __init__(self, cfg: ExperimentConfig, method: Method, name: Callable[[int], str] | None = None,
+                 weights: dict[int, int] | None = None) -> None:
         self.cfg, self.method = cfg, method
         self.name = name or (lambda cid: f"client {cid}")  # how logs name a client (natural clients by their value)
+        # each client's weight (its examples), which the server knows from the partition: a reply claiming another
+        # is refused (its weight would decide how much of the aggregate it takes)
+        self.weights = weights
         self.last_tensor_bytes: float | None = None  # mean tensor bytes of the last round's accepted replies
         self.secure_notes: dict[str, float] = {}  # the last secure round's protocol facts for its record
 
@@ -76,6 +80,7 @@ class RoundDriver:
                 try:
                     reply = decode(res, self.cfg.federation.max_message_bytes)
                     validate_reply(reply, schema, cid)
+                    self._check_weight(cid, reply.scalars.get("num_examples"))
                 except Exception as e:  # noqa: BLE001 - untrusted bytes: whatever fails, the reply is not used
                     rec["status"] = "rejected"
                     rec["error"] = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
@@ -95,6 +100,10 @@ class RoundDriver:
                               f"federation.min_clients is {need}", records)
         return self.method.aggregate(state, plan.round, accepted), records
 
+    def _check_weight(self, cid: int, claimed: Any) -> None:
+        if self.weights is not None and claimed != self.weights[cid]:
+            raise InvalidReply(f"num_examples {claimed!r}, but {self.name(cid)} holds {self.weights[cid]} examples")
+
     def finish_secure_round(self, state: Message, plan: RoundPlan,
                             outcome: Any) -> tuple[Message, list[dict[str, Any]]]:
         """Apply a round run under secure aggregation (``runtime.secure``): the server has the survivors' weighted
@@ -109,6 +118,13 @@ class RoundDriver:
                         "and were clipped before the sum", plan.round, 100 * outcome.clipped,
                         self.cfg.federation.secure_aggregation.clipping_range)
         records = []
+        for cid, scalars in list(outcome.scalars.items()):
+            try:
+                self._check_weight(cid, scalars.get("num_examples"))
+            except InvalidReply as e:
+                outcome.errors[cid], bad = str(e), outcome.scalars.pop(cid)
+                outcome.mean = None  # its weight is inside the masked sum: the sum cannot be used
+                outcome.halted = outcome.halted or f"{self.name(cid)} claimed num_examples {bad.get('num_examples')}"
         for cid in sorted(plan.instructions):
             rec: dict[str, Any] = {"client": cid, "bytes_down": outcome.bytes_down.get(cid, 0),
                                    "bytes_up": outcome.bytes_up.get(cid, 0)}

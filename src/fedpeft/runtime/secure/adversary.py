@@ -1,6 +1,6 @@
 """A malicious SecAgg+ server, to test that honest nodes give it no single client's update.
 
-``DeviatingWorkflow`` runs Flower's ``SecAggPlusWorkflow`` honestly through setup, key sharing and the masked
+``DeviatingWorkflow`` runs fedpeft's SecAgg+ workflow (Flower's, ``runtime.secure.protocol``) honestly through setup, key sharing and the masked
 vectors (keeping each node's masked vector, as any server can), then deviates in the unmask stage as Bell et al.
 (CCS 2020, §4) list a malicious server may: it sends each node the survivor and dropped lists an ``Attack`` chooses
 for it, collects what the nodes answer, and tries to rebuild the target node's two secrets (its private-mask seed
@@ -90,8 +90,9 @@ def workflow_class():
     from flwr.app import ConfigRecord, Message, MessageType, RecordDict
     from flwr.common import bytes_to_ndarray
     import flwr.server.workflow.secure_aggregation.secaggplus_workflow as flower_workflow
-    from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
+
+    from fedpeft.runtime.secure.protocol import workflow_class as honest_workflow
 
     class Recorder:
         """The grid as the workflow sees it, keeping every node's reply (a server sees each masked vector)."""
@@ -107,7 +108,7 @@ def workflow_class():
             self.seen |= {m.metadata.src_node_id: m.content for m in replies if not m.has_error()}
             return replies
 
-    class DeviatingWorkflow(SecAggPlusWorkflow):
+    class DeviatingWorkflow(honest_workflow()):
         def __init__(self, attack: Attack, target: int, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.attack, self.target, self.outcome = attack, target, AttackOutcome()
@@ -122,7 +123,7 @@ def workflow_class():
 
         def unmask_stage(self, grid, context, state) -> bool:
             active = set(state.active_node_ids)
-            dead = state.sampled_node_ids - active
+            dead = (state.sampled_node_ids & self.shared) - active
             sent: dict[int, Lists] = {}
 
             def make(nid: int) -> Message:

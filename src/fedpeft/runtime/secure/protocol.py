@@ -55,13 +55,35 @@ def seeded(seed: int, round: int, client: int, purpose: str) -> Iterator[None]:
         random.setstate(py_state)
 
 
-def workflow(cfg: SecureAggregationConfig):
-    """Flower's SecAgg+ server workflow with this config's settings."""
+def workflow_class():
+    """Flower's SecAgg+ server workflow, its dropped set as Bell et al. define it (built lazily)."""
     from flwr.server.workflow import SecAggPlusWorkflow
 
-    return SecAggPlusWorkflow(cfg.num_shares, cfg.reconstruction_threshold, max_weight=cfg.max_weight,
-                              clipping_range=cfg.clipping_range, quantization_range=cfg.quantization_range,
-                              modulus_range=cfg.modulus_range, timeout=cfg.timeout)
+    class DropAwareSecAggPlus(SecAggPlusWorkflow):
+        """Flower 1.41 unmasks as dropped every sampled node that sent no masked vector, those that dropped before
+        they shared their keys included: their neighbours hold no share of their secrets and fail (``KeyError``),
+        and the round halts. Bell et al.'s dropped set is the nodes that shared their keys but sent no masked
+        vector (U2 \\ U3): a node gone before then put no mask into the sum, and no neighbour masked with it, so
+        the unmask stage leaves it out, as a neighbour of anyone too."""
+
+        def share_keys_stage(self, grid, context, state) -> bool:
+            ok = super().share_keys_stage(grid, context, state)
+            self.shared = set(state.active_node_ids)  # U2: the nodes whose shares went out
+            return ok
+
+        def unmask_stage(self, grid, context, state) -> bool:
+            state.sampled_node_ids &= self.shared
+            state.nid_to_neighbours = {n: nb & self.shared for n, nb in state.nid_to_neighbours.items()}
+            return super().unmask_stage(grid, context, state)
+
+    return DropAwareSecAggPlus
+
+
+def workflow(cfg: SecureAggregationConfig):
+    """The SecAgg+ server workflow (``workflow_class``) with this config's settings."""
+    return workflow_class()(cfg.num_shares, cfg.reconstruction_threshold, max_weight=cfg.max_weight,
+                            clipping_range=cfg.clipping_range, quantization_range=cfg.quantization_range,
+                            modulus_range=cfg.modulus_range, timeout=cfg.timeout)
 
 
 @dataclass
