@@ -407,3 +407,31 @@ def test_superlink_refuses_a_submission_from_a_non_loopback_address(tmp_path):
     assert f"refused POST /v1/control/start-run from {ip}" in link_log
     assert listed.returncode == 0 and "Listing all runs" in listed.stdout
     assert "StartRun" not in link_log and "Starting Flower ServerApp" not in link_log
+
+
+def test_discovery_refuses_a_second_claim_and_oversized_or_malformed_replies(caplog):
+    """A node claiming a client that a live node serves is refused (the first claim holds while its node lives);
+    a reply naming more ids than MAX_CLAIMS, or ids that are not integers, is ignored whole."""
+    from types import SimpleNamespace
+
+    from fedpeft.runtime.flower.records import CLIENTS
+    from fedpeft.runtime.flower.transport import MAX_CLAIMS, FlowerTransport
+
+    def reply(node, ids):
+        content = SimpleNamespace(config_records={CLIENTS: {"client_ids": ids}})
+        return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=node), content=content)
+
+    answers = {1: reply(1, [0, 1]), 2: reply(2, [1, 2, 7]), 3: reply(3, list(range(MAX_CLAIMS + 1))),
+               4: reply(4, ["0"]), 5: reply(5, [3, 3])}
+    grid = SimpleNamespace(get_node_ids=lambda: [1, 2, 3, 4, 5])
+    t = FlowerTransport(grid, {"run_key": "k"}, num_clients=4)
+    t._exchange = lambda msgs, timeout: {m.metadata.dst_node_id: answers[m.metadata.dst_node_id] for m in msgs}
+    from fedpeft.runtime.secure.inprocess import task_identity
+
+    with caplog.at_level("WARNING"), task_identity():
+        t._discover(wait=0)
+    assert t.owner == {0: 1, 1: 1, 2: 2, 3: 5}
+    assert "node 2 claims client 1, which node 1 serves; refused" in caplog.text
+    assert "clients [7] outside the run's 4 clients" in caplog.text
+    assert f"node 3: malformed discovery reply (ValueError: client_ids must be a list of at most {MAX_CLAIMS}" \
+        in caplog.text and "node 4: malformed discovery reply" in caplog.text

@@ -118,3 +118,21 @@ def test_node_worker_setting():
     a = node_worker.WorkerAddress.for_node({"state-dir": "/x" * 200, "partition-ids": "0"})
     assert len(str(a.socket)) < 100  # Unix socket paths are short; a long state dir is hashed
     assert a != node_worker.WorkerAddress.for_node({"state-dir": "/x" * 200, "partition-ids": "1"})
+
+
+def test_the_worker_folder_must_be_private_to_this_user(tmp_path):
+    """The worker's folder has a name anyone can predict in the shared temp dir: one that others may enter, or a
+    link planted there, is refused rather than used."""
+    import os
+
+    from fedpeft.runtime.flower.node_worker import private_folder
+
+    private_folder(tmp_path / "mine")
+    assert (os.stat(tmp_path / "mine").st_mode & 0o777) == 0o700
+    (tmp_path / "open").mkdir(mode=0o777)
+    os.chmod(tmp_path / "open", 0o777)
+    with pytest.raises(PermissionError, match="mode 777"):
+        private_folder(tmp_path / "open")
+    (tmp_path / "link").symlink_to(tmp_path / "mine")
+    with pytest.raises(PermissionError, match="not a link"):
+        private_folder(tmp_path / "link")

@@ -483,3 +483,27 @@ def test_a_clipped_share_outside_zero_to_one_fails_the_round_as_a_wrap_around():
     lying = SecureOutcome(mean=dict(mean), weight=weight, scalars=dict(scalars) | {0: {"num_examples": 10**12}})
     with pytest.raises(RoundFailed, match="halted .client 0 claimed num_examples 1000000000000"):
         driver.finish_secure_round(state, plan, lying)
+
+
+def test_a_masked_vector_of_other_shapes_is_left_out_as_a_drop(caplog):
+    """A node whose masked vector has other shapes (numpy would broadcast it into the sum) is left out and unmasked
+    through its neighbours' shares, as a dropped node: the mean is the other clients'."""
+    from flwr.common import ndarray_to_bytes
+
+    def shrink(handler):
+        def deliver(msg):
+            reply = handler(msg)
+            cfgs = reply.content.config_records["secaggplus_configs"]
+            if "masked_params" in cfgs:
+                cfgs["masked_params"] = [ndarray_to_bytes(np.zeros(1, dtype=np.int64))] * len(cfgs["masked_params"])
+            return reply
+        return deliver
+
+    handlers = _handlers()
+    handlers[node_id(2)] = shrink(handlers[node_id(2)])
+    with task_identity(), caplog.at_level("WARNING"):
+        outcome = secure_round(SecureAggregationConfig(num_shares=5, reconstruction_threshold=3), 0, 1, _groups(),
+                               grid_class()(handlers))
+    want = _plain([0, 1, 3, 4])
+    assert set(outcome.scalars) == {0, 1, 3, 4} and "node 3's masked vector" in caplog.text
+    assert all(np.abs(outcome.mean[k] - want[k].numpy()).max() < 1e-3 for k in want)

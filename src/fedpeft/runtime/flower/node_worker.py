@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,19 @@ def _try_connect(addr: WorkerAddress) -> Connection | None:
         return None
 
 
+def private_folder(folder: Path) -> None:
+    """Make ``folder`` (mode 0700) or check the one there: a real directory (not a link), owned by this user, that
+    no one else may enter (``PermissionError`` otherwise). The worker's socket and key live in it, under a name
+    anyone can predict in the shared temp dir, so a folder made by someone else would let them stand in for it."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        found = "a link" if stat.S_ISLNK(st.st_mode) else f"uid {st.st_uid}, mode {st.st_mode & 0o777:o}"
+        raise PermissionError(f"{folder} must be a directory of user {os.getuid()} with mode 0700, not {found}: "
+                              "refusing to put the node worker's socket and key there (remove it, or set "
+                              "worker-socket)")
+
+
 @contextlib.contextmanager
 def _start_lock(addr: WorkerAddress) -> Iterator[None]:
     with open(addr.socket.with_suffix(".lock"), "a") as f:
@@ -154,7 +168,7 @@ def _connect(addr: WorkerAddress, node_config: dict[str, Any]) -> Connection:
     conn = _try_connect(addr)
     if conn is not None:
         return conn
-    addr.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_folder(addr.socket.parent)
     with _start_lock(addr):
         conn = _try_connect(addr)  # another ClientApp may have started it meanwhile
         if conn is not None:

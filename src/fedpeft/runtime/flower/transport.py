@@ -29,6 +29,9 @@ class NodeFailure(RuntimeError):
     """A SuperNode did not deliver a client's reply (killed, unreachable, timed out)."""
 
 
+MAX_CLAIMS = 1 << 16  # client ids one discovery reply may name
+
+
 class FlowerTransport:
     def __init__(self, grid: Grid, settings: dict[str, Any], num_clients: int, round_timeout: float | None = None,
                  join_timeout: float = 300.0, rejoin_wait: float = 0.0, poll_interval: float = 0.2,
@@ -72,20 +75,34 @@ class FlowerTransport:
                 continue
             nid = reply.metadata.src_node_id
             try:
-                ids = [int(i) for i in reply.content.config_records[CLIENTS]["client_ids"]]
+                ids = self._claimed(reply.content.config_records[CLIENTS]["client_ids"])
             except Exception as e:  # noqa: BLE001 - a malformed discovery reply: the node stays unknown
                 log.warning("node %d: malformed discovery reply (%s: %s); ignored", nid, type(e).__name__, e)
                 continue
             self.known.add(nid)
-            for cid in ids:
-                if cid >= self.num_clients:
-                    log.warning("node %d owns client %d but the run has %d clients; ignored", nid, cid,
-                                self.num_clients)
+            for cid in list(ids):
+                if cid in self.owner and self.owner[cid] != nid:  # its owner is alive: dead owners left above
+                    log.warning("node %d claims client %d, which node %d serves; refused (a client has one node "
+                                "while that node lives)", nid, cid, self.owner[cid])
+                    ids.remove(cid)
                     continue
-                if cid in self.owner and self.owner[cid] != nid:
-                    log.warning("client %d moves from node %d to node %d", cid, self.owner[cid], nid)
                 self.owner[cid] = nid
             log.info("node %d owns clients %s", nid, ids)
+
+    def _claimed(self, raw: Any) -> list[int]:
+        """A discovery reply's client ids of this run: a list of at most ``MAX_CLAIMS`` integers (``ValueError``
+        otherwise: the whole reply is ignored), repeats dropped, ids outside the run's clients ignored with a
+        warning (a node set up for a larger federation serves the clients this run has)."""
+        if not isinstance(raw, list) or len(raw) > MAX_CLAIMS:
+            raise ValueError(f"client_ids must be a list of at most {MAX_CLAIMS} ids, got {type(raw).__name__}"
+                             + (f" of {len(raw)}" if isinstance(raw, list) else ""))
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
+            raise ValueError("client_ids must be integers")
+        outside = sorted({i for i in raw if not 0 <= i < self.num_clients})
+        if outside:
+            log.warning("a node owns clients %s%s outside the run's %d clients; ignored", outside[:10],
+                        " ..." if len(outside) > 10 else "", self.num_clients)
+        return sorted({int(i) for i in raw} - set(outside))
 
     # ------------------------------------------------------------------ exchange
 

@@ -71,12 +71,57 @@ def workflow_class():
             self.shared = set(state.active_node_ids)  # U2: the nodes whose shares went out
             return ok
 
+        def collect_masked_vectors_stage(self, grid, context, state) -> bool:
+            return super().collect_masked_vectors_stage(_SameShapes(grid), context, state)
+
         def unmask_stage(self, grid, context, state) -> bool:
             state.sampled_node_ids &= self.shared
             state.nid_to_neighbours = {n: nb & self.shared for n, nb in state.nid_to_neighbours.items()}
             return super().unmask_stage(grid, context, state)
 
     return DropAwareSecAggPlus
+
+
+class _SameShapes:
+    """The grid as the masked-vector stage sees it: a reply whose masked vector is not made of the arrays (shapes,
+    integer dtype) most replies carry is left out, as a node that dropped (its masks are then removed through its
+    neighbours' shares), and logged; Flower would add it with numpy's broadcasting, or fail the round."""
+
+    def __init__(self, grid: Any) -> None:
+        self.grid = grid
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.grid, name)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from collections import Counter
+
+        from flwr.common import bytes_to_ndarray
+        from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+
+        replies = self.grid.send_and_receive(messages, timeout=timeout)
+        shapes = {}
+        for m in replies:
+            if m.has_error():
+                continue
+            try:
+                arrays = [bytes_to_ndarray(b) for b in m.content.config_records[RECORD_KEY_CONFIGS][
+                    Key.MASKED_PARAMETERS]]
+                shapes[id(m)] = tuple((a.shape, "int" if a.dtype.kind in "iu" else str(a.dtype)) for a in arrays)
+            except Exception as e:  # noqa: BLE001 - an unreadable vector: the node is left out
+                shapes[id(m)] = (f"{type(e).__name__}: {e}",)
+        if not shapes:
+            return replies
+        common = Counter(shapes.values()).most_common(1)[0][0]
+        kept = []
+        for m in replies:
+            got = shapes.get(id(m))
+            if got is not None and got != common:
+                log.warning("node %d's masked vector %s is not the others' %s: left out as dropped",
+                            m.metadata.src_node_id, got, common)
+                continue
+            kept.append(m)
+        return kept
 
 
 def workflow(cfg: SecureAggregationConfig):
