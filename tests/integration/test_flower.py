@@ -347,28 +347,36 @@ def test_killed_supernode_round_completes_and_node_rejoins(tmp_path):
 @pytest.mark.slow
 def test_deployment_over_tls_admits_only_registered_supernodes(tmp_path):
     """TLS with certificates made here and SuperNode authentication: the two registered nodes run the federation;
-    a third node with an unregistered key (claiming client 1) is refused by the SuperLink and never serves."""
+    a third node with an unregistered key (claiming client 1) is refused by the SuperLink and never serves, and a
+    fourth, registered but bound to no client, has its claim of client 1 refused by the run's node registry."""
     from fedpeft.runtime.flower.deployment import run_flower
     from fedpeft.runtime.flower.local import LocalFederation
+    from fedpeft.runtime.flower.node_registry import owners, record
     from fedpeft.runtime.flower.security import make_certificates, make_node_key
 
     certs = make_certificates(tmp_path / "certs")
-    keys = {n: make_node_key(tmp_path / "keys", n) for n in ("node0", "node1", "intruder")}
+    keys = {n: make_node_key(tmp_path / "keys", n) for n in ("node0", "node1", "intruder", "rogue")}
     cfg = _cfg(federation__num_clients=2, federation__rounds=1, evaluation__local=False)
+    registry = tmp_path / "nodes.json"
     with LocalFederation(tmp_path / "fed", certs=certs, node_auth=True) as fed:
         fed.start_superlink()
-        for n in ("node0", "node1"):
-            fed.register(keys[n].public)
+        for n, clients in (("node0", [0]), ("node1", [1]), ("rogue", [])):
+            record(registry, fed.register(keys[n].public), keys[n].public, clients)
         fed.start_node("intruder", [1], auth_key=keys["intruder"].private)
+        fed.start_node("rogue", [1], auth_key=keys["rogue"].private)
         fed.start_node("node0", [0], auth_key=keys["node0"].private)
         fed.start_node("node1", [1], auth_key=keys["node1"].private)
-        summary = run_flower(cfg, tmp_path / "run", superlink=fed.address, timeout=420, root_cert=certs.ca_cert)
+        summary = run_flower(cfg, tmp_path / "run", superlink=fed.address, timeout=420, root_cert=certs.ca_cert,
+                             registry=registry)
         intruder_log = (tmp_path / "fed" / "intruder.log").read_text()
+        rogue_log = (tmp_path / "fed" / "rogue.log").read_text()
         intruder_alive = fed.nodes["intruder"].alive()
     records = RunDir(tmp_path / "run").read_metrics()
     assert records[0]["num_ok"] == 2 and summary["flower"]["client_processes"] == 2
     assert "Failed to activate SuperNode" in intruder_log and not intruder_alive  # Flower exit code 305
-    assert "served train" not in intruder_log
+    assert "served train" not in intruder_log and "served train" not in rogue_log
+    run_log = (tmp_path / "run" / "run.log").read_text()
+    assert "claims client 1, which the registry binds to node" in run_log and set(owners(registry)) == {0, 1}
 
 
 def _own_address() -> str | None:

@@ -68,3 +68,44 @@ def test_install_puts_the_guard_outermost_in_flowers_superlink(monkeypatch):
     monkeypatch.setattr(extensions, "get_middleware", extensions.get_middleware)
     install(["127.0.0.0/8"])
     assert _get_middleware()[0].cls is ControlFromTrustedOnly
+
+
+def test_the_node_registry_binds_each_client_to_one_node(tmp_path):
+    from fedpeft.runtime.flower.node_registry import owners, record
+
+    key = tmp_path / "n.pub"
+    key.write_text("ecdsa-sha2-nistp384 AAAA test\n")
+    path = tmp_path / "reg" / "nodes.json"
+    record(path, 11, key, [0, 1])
+    record(path, 12, key, [2])
+    record(path, 11, key, [0, 1, 3])  # a node re-registered with more clients
+    assert owners(path) == {0: 11, 1: 11, 2: 12, 3: 11}
+    with pytest.raises(ValueError, match=r"clients \[2\] are registered to node 12 already"):
+        record(path, 13, key, [2, 4])
+    with pytest.raises(FileNotFoundError, match="--registry: no node registry"):
+        owners(tmp_path / "missing.json")
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a node registry"):
+        owners(path)
+
+
+def test_superlink_admits_only_registered_nodes_under_tls_unless_told_otherwise(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import fedpeft.cli.flower as flower_cli
+    from fedpeft.cli import app
+
+    started = []
+    monkeypatch.setattr(flower_cli, "_exec", started.append)
+    files = []
+    for name in ("server.pem", "server.key", "ca.crt"):
+        (tmp_path / name).write_text("x")
+        files.append(tmp_path / name)
+    tls = ["--ssl-certfile", str(files[0]), "--ssl-keyfile", str(files[1]), "--ssl-ca-certfile", str(files[2])]
+    runner = CliRunner()
+    assert runner.invoke(app, ["flower", "superlink", *tls]).exit_code == 0
+    assert "--enable-supernode-auth" in started[-1]
+    res = runner.invoke(app, ["flower", "superlink", *tls, "--insecure-no-node-auth"])
+    assert res.exit_code == 0 and "--enable-supernode-auth" not in started[-1] and "claim clients" in res.output
+    assert runner.invoke(app, ["flower", "superlink", "--insecure"]).exit_code == 0
+    assert "--enable-supernode-auth" not in started[-1]  # Flower's node authentication needs TLS

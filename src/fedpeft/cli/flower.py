@@ -12,6 +12,7 @@ from fedpeft.cli.console import console, fail, print_summary, run_dir, warn
 app = typer.Typer(no_args_is_help=True, help="Run on Flower: a SuperLink, SuperNodes owning partitions, runs.")
 
 
+DEFAULT_REGISTRY = Path("~/.fedpeft/flower-nodes.json")
 _INSECURE = typer.Option("--insecure", help="no TLS: traffic in plain text (trusted networks only; explicit on purpose)")
 _ROOT_CERT = typer.Option(help="CA certificate that signed the SuperLink's (from `fedpeft flower certs`): TLS")
 
@@ -47,11 +48,15 @@ def flower_superlink(
     ssl_keyfile: Annotated[Optional[Path], typer.Option(help="its private key (server.key)")] = None,
     ssl_ca_certfile: Annotated[Optional[Path], typer.Option(help="the CA certificate that signed it (ca.crt)")] = None,
     enable_supernode_auth: Annotated[bool, typer.Option(
-        "--enable-supernode-auth", help="admit only SuperNodes registered with `fedpeft flower register`")] = False,
+        "--enable-supernode-auth", hidden=True, help="the default under TLS (kept for older commands)")] = False,
+    no_node_auth: Annotated[bool, typer.Option(
+        "--insecure-no-node-auth", help="under TLS, admit any SuperNode that connects, registered or not (by "
+                                        "default only those registered with `fedpeft flower register`)")] = False,
     insecure: Annotated[bool, _INSECURE] = False,
 ) -> None:
-    """Start a Flower SuperLink in the foreground: TLS with the three files, or --insecure. SuperNodes connect from
-    anywhere that reaches --host:--port; runs are submitted (the Control API) only from this machine, an SSH tunnel
+    """Start a Flower SuperLink in the foreground: TLS with the three files, or --insecure. Under TLS only SuperNodes
+    registered with `fedpeft flower register` are admitted (--insecure-no-node-auth: any); they connect from
+    anywhere that reaches --host:--port. Runs are submitted (the Control API) only from this machine, an SSH tunnel
     to it, or the networks --control-from names."""
     from fedpeft.runtime.flower.local import superlink_cmd
     from fedpeft.runtime.flower.security import Certificates
@@ -64,6 +69,13 @@ def flower_superlink(
     missing = [str(f) for f in files if f is not None and not f.is_file()]
     if missing:
         fail(f"superlink: no such file {', '.join(missing)}")
+    tls = all(files)
+    if enable_supernode_auth and (no_node_auth or not tls):
+        fail("superlink: --enable-supernode-auth needs TLS and excludes --insecure-no-node-auth (under TLS it is "
+             "the default)")
+    node_auth = tls and not no_node_auth
+    if tls and no_node_auth:
+        warn("--insecure-no-node-auth: any machine that reaches the port can join as a SuperNode and claim clients")
     if anyone_can_submit and control_from:
         fail("superlink: --control-from and --i-understand-anyone-can-submit exclude each other")
     try:
@@ -73,7 +85,7 @@ def flower_superlink(
     if anyone_can_submit:
         warn("the Control API answers every address that reaches the port: anyone who can connect can submit an "
              "app, and its ServerApp runs on this machine")
-    _exec(superlink_cmd(host, port, Certificates(*files) if all(files) else None, enable_supernode_auth,
+    _exec(superlink_cmd(host, port, Certificates(*files) if tls else None, node_auth,
                         None if anyone_can_submit else control_from))
 
 
@@ -147,18 +159,32 @@ def flower_register(
     superlink: Annotated[str, typer.Option(help="SuperLink address host:port")] = "127.0.0.1:9093",
     root_certificates: Annotated[Optional[Path], _ROOT_CERT] = None,
     insecure: Annotated[bool, _INSECURE] = False,
+    clients: Annotated[Optional[str], typer.Option(
+        help="the fedpeft client ids this node serves, e.g. 0,1: bound to its key in --registry, so that no other "
+             "node can claim them in a run given that registry")] = None,
+    registry: Annotated[Path, typer.Option(help="the node registry file (on the SuperLink's machine)")] = DEFAULT_REGISTRY,
 ) -> None:
-    """Register a SuperNode's public key with a SuperLink started with --enable-supernode-auth."""
+    """Register a SuperNode's public key with the SuperLink (admitted under TLS), and with --clients bind the clients
+    it serves to it."""
     import tempfile
 
     from fedpeft.runtime.flower.local import register_node
+    from fedpeft.runtime.flower.node_registry import record
 
     _need_tls_or_insecure(root_certificates is not None, insecure, "register")
+    try:
+        ids = [int(x) for x in clients.split(",") if x.strip()] if clients is not None else None
+    except ValueError:
+        fail(f"register: --clients takes client ids like 0,1, not {clients!r}")
     with tempfile.TemporaryDirectory() as home:
         try:
-            console.print(register_node(public_key, superlink, Path(home), root_certificates))
-        except RuntimeError as e:
+            node = register_node(public_key, superlink, Path(home), root_certificates)
+            if ids is not None:
+                record(registry, node, public_key, ids)
+        except (RuntimeError, ValueError, OSError) as e:
             fail(str(e))
+    console.print(f"SuperNode {node} registered" + (f", serving clients {ids} ({registry})" if ids is not None
+                                                    else ""))
 
 
 @app.command("run")
@@ -173,6 +199,8 @@ def flower_run(
     rejoin_wait: Annotated[float, typer.Option(help="seconds a round waits for missing clients' nodes")] = 0.0,
     root_certificates: Annotated[Optional[Path], _ROOT_CERT] = None,
     insecure: Annotated[bool, _INSECURE] = False,
+    registry: Annotated[Optional[Path], typer.Option(
+        help="a node registry (`fedpeft flower register --clients`): each client is served only by its node")] = None,
 ) -> None:
     """Submit an experiment to a SuperLink with `flwr run` and wait for it (runtime.name=flower): TLS with
     --root-certificates, or --insecure."""
@@ -191,7 +219,8 @@ def flower_run(
     try:
         check_output_dir(out_dir, "--out")
         summary = run_flower(cfg, out_dir, resume=resume, superlink=superlink, round_timeout=round_timeout or None,
-                             rejoin_wait=rejoin_wait, root_cert=root_certificates, insecure=insecure)
+                             rejoin_wait=rejoin_wait, root_cert=root_certificates, insecure=insecure,
+                             registry=registry)
     except (FileExistsError, FileNotFoundError, RuntimeError, ValueError) as e:
         fail(str(e))
     except OSError as e:

@@ -17,6 +17,7 @@ from typing import Any
 
 from fedpeft.config import ExperimentConfig, dump_config
 from fedpeft.runtime.flower.local import BIN, flower_env, flwr_home
+from fedpeft.runtime.flower.node_registry import owners
 
 SUPERLINK_ENV = "FEDPEFT_SUPERLINK"
 ROOT_CERT_ENV = "FEDPEFT_ROOT_CERTIFICATES"
@@ -51,6 +52,7 @@ resume = false
 round-timeout = 0.0
 join-timeout = 300.0
 rejoin-wait = 0.0
+node-registry = ""
 """
 
 # one module per app, so a ClientApp process does not import the server's dependencies (torch, the model)
@@ -81,10 +83,11 @@ def write_app(app_dir: Path, superlink: str, root_cert: str | Path | None = None
 def run_flower(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False, superlink: str | None = None,
                round_timeout: float | None = None, join_timeout: float = 300.0, rejoin_wait: float = 0.0,
                timeout: float | None = None, root_cert: str | Path | None = None,
-               insecure: bool = False) -> dict[str, Any]:
+               insecure: bool = False, registry: str | Path | None = None) -> dict[str, Any]:
     """Submit the run to the SuperLink at ``superlink`` (default ``$FEDPEFT_SUPERLINK``) and wait for it: over TLS
     verified against ``root_cert`` (default ``$FEDPEFT_ROOT_CERTIFICATES``), or in plain text only when asked
-    (``insecure``, or ``$FEDPEFT_INSECURE=1``)."""
+    (``insecure``, or ``$FEDPEFT_INSECURE=1``); with ``registry`` (a node registry on the SuperLink's machine,
+    ``runtime.flower.node_registry``) each client is served only by the node registered for it."""
     import json
 
     cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"name": "flower"})})
@@ -97,6 +100,9 @@ def run_flower(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
                          "run in plain text")
     if root_cert is not None and not Path(root_cert).is_file():
         raise FileNotFoundError(f"--root-certificates: no such file {root_cert}")
+    if registry is not None:
+        registry = Path(registry).expanduser().resolve()
+        owners(registry)  # a missing or malformed registry fails here, not in the ServerApp
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if not resume and (out / "metrics.jsonl").exists():
@@ -109,7 +115,7 @@ def run_flower(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
     submitted.write_text(dump_config(cfg))
     run_config = (f"config='{submitted}' out='{out}' resume={'true' if resume else 'false'} "
                   f"round-timeout={float(round_timeout or 0)} join-timeout={float(join_timeout)} "
-                  f"rejoin-wait={float(rejoin_wait)}")
+                  f"rejoin-wait={float(rejoin_wait)} node-registry='{registry or ''}'")
     cmd = [str(BIN / "flwr"), "run", str(app), "fedpeft", "--run-config", run_config, "--stream"]
     with (out / "flwr_run.log").open("ab") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=flower_env() | {"FLWR_HOME": str(home)},

@@ -138,15 +138,23 @@ def flwr_home(home: Path, superlink: str, root_cert: str | Path | None = None) -
     return home
 
 
-def register_node(public_key: str | Path, superlink: str, home: Path, root_cert: str | Path | None = None) -> str:
-    """Register a SuperNode's public key with the SuperLink (``flwr supernode register``); returns its output."""
+def register_node(public_key: str | Path, superlink: str, home: Path, root_cert: str | Path | None = None) -> int:
+    """Register a SuperNode's public key with the SuperLink (``flwr supernode register``); returns the node id
+    Flower gives the key."""
+    import json
+
     flwr_home(home, superlink, root_cert)
-    res = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(public_key), "fedpeft"],
+    res = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(public_key), "fedpeft", "--format", "json"],
                          capture_output=True, text=True, env=flower_env() | {"FLWR_HOME": str(home)}, timeout=120)
     if res.returncode != 0:
         raise RuntimeError(f"flwr supernode register {public_key} failed ({res.returncode}): "
                            f"{(res.stdout + res.stderr).strip()[-500:]}")
-    return res.stdout
+    start = res.stdout.find("{")
+    try:
+        return int(json.loads(res.stdout[start:])["node-id"])
+    except (ValueError, KeyError) as e:
+        raise RuntimeError(f"flwr supernode register {public_key}: no node id in its output "
+                           f"({res.stdout.strip()[-300:]!r})") from e
 
 
 @dataclass
@@ -184,7 +192,7 @@ class LocalFederation:
         self.nodes[name] = start(name, cmd, self.root / f"{name}.log")
         return self.nodes[name]
 
-    def register(self, public_key: Path) -> str:
+    def register(self, public_key: Path) -> int:
         return register_node(public_key, self.address, self.root / "flwr_home", self.root_cert)
 
     def stop(self) -> None:

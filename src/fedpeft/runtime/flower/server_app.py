@@ -4,7 +4,7 @@
 embedded runtime), builds the experiment on the server (the global test set and the backbone for
 ``evaluate_global``), and runs the rounds with a ``FlowerTransport``. ``server_app`` is the
 deployment entry point loaded by ``flwr run``; it reads its arguments from the run config
-(``config``, ``out``, ``resume``, ``round-timeout``, ``rejoin-wait``, ``join-timeout``).
+(``config``, ``out``, ``resume``, ``round-timeout``, ``rejoin-wait``, ``join-timeout``, ``node-registry``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedpeft.build import build
 from fedpeft.config import ExperimentConfig, dump_config
 from fedpeft.resolve import load_config
+from fedpeft.runtime.flower.node_registry import owners
 from fedpeft.runtime.flower.transport import FlowerTransport
 from fedpeft.runtime.session import log_to, open_run, progress, run_rounds
 from fedpeft.runtime.threads import for_run
@@ -34,10 +35,11 @@ def run_key(config_yaml: str, out_dir: Path) -> str:
 
 def serve(grid: Grid, cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
           stop_after_round: int | None = None, round_timeout: float | None = None, join_timeout: float = 300.0,
-          rejoin_wait: float = 0.0) -> dict[str, Any]:
+          rejoin_wait: float = 0.0, registry: str | Path | None = None) -> dict[str, Any]:
     """Run (or resume) the experiment with clients reached through ``grid``; returns the summary.
     ``round_timeout`` (seconds) overrides ``federation.round_timeout``. The run's torch thread count
-    (``runtime.threads``, else resolved here) goes to every ClientApp with each message."""
+    (``runtime.threads``, else resolved here) goes to every ClientApp with each message. ``registry``: the node
+    registry (``runtime.flower.node_registry``) whose bindings of clients to nodes discovery enforces."""
     config_yaml = dump_config(cfg)
     with open_run(cfg, out_dir, resume) as run, log_to(run.root / "run.log"), \
             progress(cfg.runtime.progress) as bar, for_run(cfg, run, resume) as threads:
@@ -49,7 +51,8 @@ def serve(grid: Grid, cfg: ExperimentConfig, out_dir: str | Path, resume: bool =
                                     round_timeout=round_timeout or cfg.federation.round_timeout,
                                     join_timeout=join_timeout, rejoin_wait=rejoin_wait,
                                     secure=cfg.federation.secure_aggregation, seed=cfg.seed,
-                                    uniform=b.method.aggregator.uniform_weights)
+                                    uniform=b.method.aggregator.uniform_weights,
+                                    registered=owners(registry) if registry else None)
         return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar, threads)
 
 
@@ -68,4 +71,4 @@ def main(grid: Grid, context: Context) -> None:
     timeout = float(rc.get("round-timeout", 0) or 0)
     serve(grid, cfg, str(rc["out"]), resume=bool(rc.get("resume", False)),
           round_timeout=timeout or None, join_timeout=float(rc.get("join-timeout", 300)),
-          rejoin_wait=float(rc.get("rejoin-wait", 0)))
+          rejoin_wait=float(rc.get("rejoin-wait", 0)), registry=str(rc.get("node-registry", "")) or None)

@@ -35,8 +35,11 @@ MAX_CLAIMS = 1 << 16  # client ids one discovery reply may name
 class FlowerTransport:
     def __init__(self, grid: Grid, settings: dict[str, Any], num_clients: int, round_timeout: float | None = None,
                  join_timeout: float = 300.0, rejoin_wait: float = 0.0, poll_interval: float = 0.2,
-                 secure: Any = None, seed: int = 0, uniform: bool = False) -> None:
+                 secure: Any = None, seed: int = 0, uniform: bool = False,
+                 registered: dict[int, int] | None = None) -> None:
         self.grid, self.settings, self.num_clients = grid, dict(settings), num_clients
+        # client id -> the node registered for it (``runtime.flower.node_registry``); None: the first live claim
+        self.registered = registered
         # federation.secure_aggregation, the run seed, and whether the aggregator weighs every client alike
         self.secure, self.seed, self.uniform = secure, seed, uniform
         self.round_timeout, self.join_timeout, self.rejoin_wait = round_timeout, join_timeout, rejoin_wait
@@ -81,6 +84,11 @@ class FlowerTransport:
                 continue
             self.known.add(nid)
             for cid in list(ids):
+                if self.registered is not None and self.registered.get(cid) != nid:
+                    log.warning("node %d claims client %d, which the registry binds to %s; refused", nid, cid,
+                                f"node {self.registered[cid]}" if cid in self.registered else "no node")
+                    ids.remove(cid)
+                    continue
                 if cid in self.owner and self.owner[cid] != nid:  # its owner is alive: dead owners left above
                     log.warning("node %d claims client %d, which node %d serves; refused (a client has one node "
                                 "while that node lives)", nid, cid, self.owner[cid])
