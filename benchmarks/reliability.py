@@ -16,6 +16,11 @@ Sections (``--sections``; each writes its rows, the file says which sections ran
 - ``audit``: every reply of a full run of every preset through ``fedpeft.runtime.audit``.
 - ``tls``: a TLS deployment with SuperNode authentication: registered nodes serve, an unregistered node and a
   plain-text node are refused.
+- ``attacks``: a malicious SecAgg+ server (``runtime.secure.adversary``) and what a dishonest server or node tries
+  against a node's policy, the node registry and the server's checks: tried, refused, a client's update recovered.
+- ``drops``: SecAgg+ clients dropped at each protocol stage: rounds completed, the mean that of the survivors.
+- ``tamper``: damaged checkpoints and run directories, and bad inputs to ``fedpeft run``: a stated recovery or one
+  clean error, and nothing written by a run refused before it starts.
 
     python -m benchmarks.reliability                               # all sections (~15 min on 2 cores)
     python -m benchmarks.reliability --sections replies configs --examples 1000
@@ -39,6 +44,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "tests") not in sys.path:  # the test modules import their conftest as pytest does
+    sys.path.insert(0, str(ROOT / "tests"))
 
 from tests.conftest import tiny_overrides  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -276,8 +283,6 @@ def audit_runs(args, work: Path) -> list[str]:
     from fedpeft.runtime.audit import FULL_MODEL_PRESETS, audit_reply
     from fedpeft.runtime.embedded import run_embedded
 
-    if str(ROOT / "tests") not in sys.path:  # the test modules import their conftest as pytest does
-        sys.path.insert(0, str(ROOT / "tests"))
     from tests.conformance.test_presets import _cfg  # the smallest settings that exercise each preset
 
     rows = ["| preset | model | replies audited | problems |", "|---|---|---|---|"]
@@ -339,9 +344,229 @@ def tls_checks(args, work: Path) -> list[str]:
     return ["| check | holds |", "|---|---|"] + [f"| {c} | {'yes' if ok else 'NO'} |" for c, ok in checks]
 
 
+# ---------------------------------------------------------------- a malicious server, a dishonest node
+
+
+def _secure_nodes(node_config=None):
+    """Five in-process SecAgg+ nodes (one client each), their updates, and their instructions."""
+    from fedpeft.comm.codec import Message
+    from fedpeft.runtime.secure.protocol import node_handler, node_id
+
+    def update(c):
+        return {"w": torch.randn(6, 7, generator=torch.Generator().manual_seed(c)) * 0.1}
+
+    def run_node(settings, payloads):
+        return {c: encode(Message(update(c), {"num_examples": 100 + c})) for c in payloads}, {}
+
+    clients = range(5)
+    handlers = {node_id(c): node_handler(run_node, node_id(c), node_config) for c in clients}
+    groups = {node_id(c): {c: encode(Message(scalars={"round": 1}))} for c in clients}
+    return handlers, groups, update
+
+
+def attack_checks(args, work: Path) -> list[str]:
+    import numpy as np
+
+    from fedpeft.config import SecureAggregationConfig
+    from fedpeft.runtime.node_policy import NodePolicy, PolicyError, state_root
+    from fedpeft.runtime.secure.adversary import run_attack
+    from fedpeft.runtime.secure.protocol import node_id
+
+    rows = []
+    majority, minority = (SecureAggregationConfig(num_shares=5, reconstruction_threshold=t) for t in (3, 2))
+    cases = [("both survivor and dropped (Bell et al.)", "both", majority, None),
+             ("a split view, threshold 3 of 5", "split", majority, None),
+             ("a split view, threshold 2 of 5, nodes requiring SecAgg+", "split", minority,
+              {"require-secure-aggregation": True}),
+             ("a non-neighbour named", "stranger", majority, None),
+             ("the node itself named dropped", "self_dropped", majority, None),
+             ("a survivor named twice", "repeat", majority, None),
+             ("fewer survivors than the threshold", "too_few", majority, None)]
+    for label, attack, cfg, node_config in cases:
+        refused = recovered = 0
+        for trial in range(args.attack_trials):
+            handlers, groups, update = _secure_nodes(node_config)
+            out = run_attack(attack, node_id(2), handlers, groups, cfg, seed=trial)
+            refused += bool(out.refused) or (out.seed_shares == 0 and out.key_shares == 0)
+            recovered += out.recovered is not None and bool(
+                np.abs(out.recovered[0] - update(2)["w"].numpy()).max() < 1e-3)
+        rows.append((f"malicious server: {label}", args.attack_trials, refused, recovered))
+    handlers, groups, update = _secure_nodes()
+    out = run_attack("split", node_id(2), handlers, groups, minority)
+    rows.append(("(reference) a split view, threshold 2 of 5, nodes that do not insist", 1, int(bool(out.refused)),
+                 int(out.recovered is not None)))
+    policy = NodePolicy(require_secure_aggregation=True)
+    node_cases = [("a plain TRAIN message to a node requiring SecAgg+", policy.check_plain_train),
+                  ("a SecAgg+ setup of 2 of 4 shares to that node", lambda: policy.check_secure_setup(4, 2)),
+                  ("model.trust_remote_code in the server's config",
+                   lambda: NodePolicy().check_config(load_config(None, ["model.name=org/m", "model.trust_remote_code=true"]))),
+                  ("a model outside the node's list", lambda: NodePolicy(models=["minilm"]).check_config(
+                      load_config(None, ["model.name=smollm2"]))),
+                  ("a run key leaving the state dir (../..)", lambda: state_root({"state-dir": str(work)},
+                                                                                {"run_key": "../../etc"}))]
+    for label, fn in node_cases:
+        try:
+            fn()
+            rows.append((f"dishonest server: {label}", 1, 0, 0))
+        except PolicyError:
+            rows.append((f"dishonest server: {label}", 1, 1, 0))
+    driver, state, plan, valid, _, _ = make_round_one()
+    bad = decode(valid[0])
+    bad.scalars["num_examples"] = 10**12
+    _, recs = driver.finish_round(state, plan, {**valid, 0: encode(bad, own_dtypes(bad))})
+    rows.append(("dishonest client: num_examples 10^12", 1, int(recs[0]["status"] == "rejected"), 0))
+    rows.append(("a stranger's `flwr run` to the SuperLink from a non-loopback address", 1,
+                 int(_stranger_refused(work)), 0))
+    lines = ["| attack | tried | refused | a client's update recovered |", "|---|---|---|---|"]
+    return lines + [f"| {a} | {n} | {r} | {u} |" for a, n, r, u in rows]
+
+
+def _stranger_refused(work: Path) -> bool:
+    """Whether ``fedpeft flower superlink --host 0.0.0.0``'s SuperLink refuses a submission from this machine's
+    network address (not loopback), starting no run."""
+    import socket
+
+    from fedpeft.runtime.flower.deployment import run_flower
+    from fedpeft.runtime.flower.local import LocalFederation
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(("198.51.100.1", 9))
+        ip = sock.getsockname()[0]
+    cfg = load_config(None, _tiny())
+    with LocalFederation(work / "guard", host="0.0.0.0") as fed:
+        fed.start_superlink()
+        try:
+            run_flower(cfg, work / "stranger", superlink=f"{ip}:{fed.port}", timeout=120, insecure=True)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            pass
+        log = (work / "guard" / "superlink.log").read_text()
+    return f"refused POST /v1/control/start-run from {ip}" in log and "StartRun" not in log
+
+
+def drop_checks(args, work: Path) -> list[str]:
+    import numpy as np
+
+    from fedpeft.config import SecureAggregationConfig
+    from fedpeft.runtime.secure.inprocess import grid_class, task_identity
+    from fedpeft.runtime.secure.protocol import node_id, secure_round
+
+    lines = ["| stage a client drops at | rounds | completed | mean = the survivors' (within 1e-3) |",
+             "|---|---|---|---|"]
+    cfg = SecureAggregationConfig(num_shares=5, reconstruction_threshold=3)
+    for stage in ("setup", "share_keys", "collect_masked_vectors", "unmask"):
+        done = right = 0
+        for trial in range(args.attack_trials):
+            gone = node_id(trial % 5)
+            handlers, groups, update = _secure_nodes()
+            with task_identity():
+                out = secure_round(cfg, trial, 1, groups, grid_class()(
+                    handlers, lambda node, s, stage=stage, gone=gone: node == gone and s == stage))
+            if out.mean is None:
+                continue
+            done += 1
+            kept = [c for c in range(5) if stage == "unmask" or node_id(c) != gone]
+            w = {c: 100 + c for c in kept}
+            want = sum(w[c] * update(c)["w"].double().numpy() for c in kept) / sum(w.values())
+            right += bool(np.abs(out.mean["w"] - want).max() < 1e-3)
+        lines.append(f"| {stage} | {args.attack_trials} | {done} | {right} |")
+    return lines
+
+
+# ---------------------------------------------------------------- damaged run directories, bad inputs
+
+
+def tamper_checks(args, work: Path) -> list[str]:
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from fedpeft.cli import app
+    from fedpeft.runtime.embedded import StopAfterRound, run_embedded
+
+    cfg = load_config(None, _tiny(federation__rounds=3, runtime__checkpoint_every=1))
+    run_embedded(cfg, work / "full")
+    full = _records(work / "full")
+
+    def stopped(name: str) -> Path:
+        try:
+            run_embedded(cfg, work / name, stop_after_round=2)
+        except StopAfterRound:
+            pass
+        return work / name
+
+    def flip(p: Path) -> None:
+        b = bytearray(p.read_bytes())
+        b[-5] ^= 1
+        p.write_bytes(bytes(b))
+
+    damages = {"a flipped byte in the server state": lambda d: flip(d / "checkpoint" / "server.safetensors"),
+               "a truncated server state": lambda d: (d / "checkpoint" / "server.safetensors").write_bytes(b"\x10"),
+               "meta.json deleted": lambda d: (d / "checkpoint" / "meta.json").unlink(),
+               "both checkpoints damaged": lambda d: (flip(d / "checkpoint" / "server.safetensors"),
+                                                      flip(d / "checkpoint-prev" / "server.safetensors")),
+               "metrics.jsonl deleted": lambda d: (d / "metrics.jsonl").unlink(),
+               "another run's checkpoint copied in": lambda d: (
+                   shutil.rmtree(d / "checkpoint"), shutil.copytree(other / "checkpoint", d / "checkpoint"))}
+    other = work / "other"
+    try:
+        run_embedded(load_config(None, _tiny(federation__rounds=3, runtime__checkpoint_every=1, seed=9)), other,
+                     stop_after_round=2)
+    except StopAfterRound:
+        pass
+    lines = ["| damage | outcome |", "|---|---|"]
+    for i, (label, damage) in enumerate(damages.items()):
+        d = stopped(f"cut{i}")
+        damage(d)
+        try:
+            run_embedded(cfg, d, resume=True)
+            outcome = ("resumed from checkpoint-prev, metrics identical to an uninterrupted run"
+                       if _records(d) == full else "resumed, metrics DIFFER")
+        except ValueError as e:
+            outcome = f"one-line error: {str(e).splitlines()[0].replace(str(work) + '/', '')[:160]}"
+        lines.append(f"| {label} | {outcome} |")
+    files = {name: _write(work / f"{name}.csv", text) for name, text in (
+        ("good", "text,label\n" + "".join(f"text {i},{'ab'[i % 2]}\n" for i in range(40))),
+        ("nolabel", "text\na\n"), ("empty", ""), ("one", "text,label\na,x\nb,x\n"))}
+    good = files["good"]
+    bad_inputs = {
+        "a data file that does not exist": ["task.name=csv", f"task.path={work / 'missing.csv'}"],
+        "a CSV without a label column": ["task.name=csv", f"task.path={files['nolabel']}"],
+        "an empty CSV": ["task.name=csv", f"task.path={files['empty']}"],
+        "a label column with one class": ["task.name=csv", f"task.path={files['one']}"],
+        "an unknown config key": ["federation.num_clientz=3"],
+        "a negative round count": ["federation.rounds=-1"],
+        "an unknown method": ["method.name=fedprompz"],
+        "a model that is not there": ["model.name=/nonexistent/model"],
+        "more clients than examples": ["task.name=csv", f"task.path={good}", "federation.num_clients=500"],
+        "a prompt template with an unknown field": ["task.name=csv", f"task.path={good}",
+                                                    "task.prompt_template={text} {mr}"],
+        "secure aggregation in a field too small": ["federation.secure_aggregation={modulus_range: 8388608}",
+                                                    "federation.num_clients=5"],
+        "faults.secure_stage without secure aggregation": ["faults.fail_clients=[0]", "faults.secure_stage=setup"],
+    }
+    runner = CliRunner()
+    clean = untouched = 0
+    for j, (label, sets) in enumerate(bad_inputs.items()):
+        out = work / f"bad{j}"
+        res = runner.invoke(app, ["run", "--out", str(out), *[a for x in _tiny() + sets for a in ("--set", x)]])
+        clean += res.exit_code == 2 and "Traceback" not in res.output
+        untouched += not out.exists()
+    lines += ["", "| bad inputs to `fedpeft run` | tried | a clean error (exit 2, no traceback) | nothing written |",
+              "|---|---|---|---|", f"| {', '.join(bad_inputs)} | {len(bad_inputs)} | {clean} | {untouched} |"]
+    return lines
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 SECTIONS = {"replies": ("Fuzzed replies", fuzz_replies), "configs": ("Fuzzed configs", fuzz_configs),
             "faults": ("Injected faults", fault_runs), "crashes": ("Crash anywhere (SIGKILL) and resume", crash_runs),
-            "audit": ("Payload audit", audit_runs), "tls": ("TLS and SuperNode authentication", tls_checks)}
+            "audit": ("Payload audit", audit_runs), "tls": ("TLS and SuperNode authentication", tls_checks),
+            "attacks": ("Attacks by a malicious server or a dishonest node", attack_checks),
+            "drops": ("SecAgg+ drops at every stage", drop_checks),
+            "tamper": ("Damaged run directories and bad inputs", tamper_checks)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -351,14 +576,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fault-rounds", type=int, default=40)
     p.add_argument("--crash-trials", type=int, default=8)
     p.add_argument("--sim-crash-trials", type=int, default=2)
+    p.add_argument("--attack-trials", type=int, default=5, help="protocol rounds per attack and per drop stage")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--work", type=Path, help="keep the run directories and logs here (default: a temporary folder)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     logging.getLogger("fedpeft").setLevel(logging.ERROR)
-    parts = {}
-    if args.out.exists():  # keep the sections not run this time
+    parts, intro = {}, ""
+    if args.out.exists():  # keep the sections not run this time, and the summary written beside them
         text = args.out.read_text()
+        intro = text.split("\n## ", 1)[0].split("\n\n", 2)[2].strip() if text.count("\n\n") >= 2 else ""
         for key, (title, _) in SECTIONS.items():
             if f"## {title}\n" in text:
                 parts[key] = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0].strip()
@@ -370,11 +597,12 @@ def main(argv: list[str] | None = None) -> None:
             rows = fn(args) if key in ("replies", "configs") else fn(args, Path(tmp) / key)
             parts[key] = "\n".join(rows) + f"\n\n({time.monotonic() - t0:.0f} s, {time.strftime('%Y-%m-%d')})"
             print(f"{title}: done", flush=True)
-    head = ("# Reliability and security, measured (issue 17)\n\n"
-            f"Command: `python -m benchmarks.reliability --sections {' '.join(args.sections)} --examples "
-            f"{args.examples}` (tiny random models, synthetic data; torch {torch.__version__}). The fast part of each "
-            "section runs in `make test` (`tests/unit/test_reliability.py`, `tests/conformance/test_presets.py`, "
-            "`tests/integration/test_flower.py`). Sections not listed in the command keep the rows of their last run.\n")
+    head = ("# Reliability and security, measured (issues 17 and 70)\n\n"
+            f"Last command: `python -m benchmarks.reliability --sections {' '.join(args.sections)} --examples "
+            f"{args.examples}` (tiny random models, synthetic data; torch {torch.__version__}, CPU). Each section "
+            "ends with its date; sections not in the last command keep the rows of their last run. The fast part of "
+            "each section runs in `make test` (`tests/unit/test_reliability.py`, `tests/unit/test_secure_*.py`, "
+            "`tests/conformance/test_presets.py`, `tests/integration/test_flower.py`).\n" + (f"\n{intro}\n" if intro else ""))
     body = "\n\n".join(f"## {SECTIONS[k][0]}\n\n{parts[k]}" for k in SECTIONS if k in parts)
     args.out.write_text(head + "\n" + body + "\n")
     print(json.dumps({"written": str(args.out)}))
