@@ -208,13 +208,14 @@ def test_centralised_webnlg_own_categories_are_the_federations_training_categori
 
 
 def test_every_secagg_job_resolves_and_the_empty_table_renders(tmp_path):
-    from benchmarks.secagg import MODES, job_name, overrides, parse, plan, render
+    from benchmarks.secagg import MODES, SCOPE, job_name, overrides, parse, plan, render
 
     from fedpeft.resolve import load_config
 
     args = parse(["--runs-dir", str(tmp_path), "--results", str(tmp_path / "s.md"), "--notes", str(tmp_path / "n.md")])
     jobs = plan(args)
-    assert len({job_name(*j) for j in jobs}) == len(jobs) == 3 * 2 * 3 * len(MODES)
+    scoped = 3 * 1 * len(SCOPE)  # each scoped mode: 10 clients, one method, 3 seeds
+    assert len({job_name(*j) for j in jobs}) == len(jobs) == 3 * 2 * 3 * (len(MODES) - len(SCOPE)) + scoped
     for method, clients, mode, seed in jobs:
         cfg = load_config(None, overrides(args, method, clients, mode, seed))
         assert cfg.federation.num_clients == clients and cfg.seed == seed
