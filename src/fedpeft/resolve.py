@@ -101,7 +101,8 @@ def _format_validation_error(err: ValidationError, model: type[BaseModel] = Expe
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
-def _generation(task: dict[str, Any]) -> bool:
+def generation_task(task: dict[str, Any]) -> bool:
+    """Whether a task section (as a mapping) names a generation task."""
     from fedpeft.data.tasks.generation import GENERATION_TASKS
 
     return task.get("kind") == "generation" or bool(task.get("response_column")) or task.get("name") in GENERATION_TASKS
@@ -111,7 +112,7 @@ def _generation(task: dict[str, Any]) -> bool:
 # the code did before, the configs it applies to). A config.yaml that fedpeft wrote before the key existed holds
 # every other key of its section, and is read with the old behaviour, so that resuming or using such a run changes
 # nothing.
-ADDED_SINCE = (("task", "truncation", "keep_end", _generation),)
+ADDED_SINCE = (("task", "truncation", "keep_end", generation_task),)
 
 
 def _saved_before_keys(raw: dict[str, Any]) -> dict[str, Any]:

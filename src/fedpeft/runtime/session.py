@@ -29,7 +29,7 @@ from fedpeft.data.fingerprint import data_changes
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.methods.state import ServerState
-from fedpeft.resolve import preset_differences, resolve
+from fedpeft.resolve import generation_task, preset_differences, resolve
 from fedpeft.runtime.server import RoundDriver, RoundFailed
 from fedpeft.tracking.rundir import CheckpointError, RunDir
 from fedpeft.tracking.summary import build_summary, round_record, validation_score
@@ -138,6 +138,8 @@ def commit_config(run: RunDir, cfg: ExperimentConfig) -> None:
 
 # keys that change no number: a resumed run may differ from its config.yaml in them
 NUMBERLESS = ("evaluation.report", "runtime.progress", "tracking")
+# keys that do nothing outside a generation task (classification runs saved when their default was another)
+GENERATION_ONLY = ("evaluation.generate_every",)
 
 
 def config_changes(saved: str, cfg: ExperimentConfig) -> list[tuple[str, Any, Any]]:
@@ -149,8 +151,9 @@ def config_changes(saved: str, cfg: ExperimentConfig) -> list[tuple[str, Any, An
     except Exception as e:  # noqa: BLE001 - unreadable or no longer valid: say so as the one difference
         return [("config.yaml", f"unreadable ({type(e).__name__}: {str(e).splitlines()[0]})", "a valid config")]
     a, b = _flat(old.model_dump(mode="json")), _flat(cfg.model_dump(mode="json"))  # what config.yaml holds
+    moot = () if generation_task(cfg.task.model_dump()) else GENERATION_ONLY
     return [(k, a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b])
-            if k not in NUMBERLESS and a.get(k) != b.get(k)]
+            if k not in NUMBERLESS and k not in moot and a.get(k) != b.get(k)]
 
 
 def check_resumable(out_dir: str | Path, changes: list[tuple[str, Any, Any]]) -> None:
