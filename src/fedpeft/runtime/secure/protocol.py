@@ -1,7 +1,9 @@
 """One round under SecAgg+ (Bell et al., CCS 2020), run by Flower's own implementation in every runtime.
 
-The server side is Flower's ``SecAggPlusWorkflow`` (setup, share keys, collect masked vectors, unmask) and each node
-is wrapped by Flower's ``secaggplus_mod``; fedpeft supplies what they call: a legacy ``Strategy`` whose
+The server side is Flower's ``SecAggPlusWorkflow`` (setup, share keys, collect masked vectors, unmask), with the
+dropped set Bell et al. define and misshapen masked vectors left out (``workflow_class``), and each node is wrapped
+by Flower's ``secaggplus_mod`` behind the node's own checks (``secure_mod``: its policy, the masks' generator, the
+unmask request's consistency; masks from ``runtime.secure.masks``); fedpeft supplies what they call: a legacy ``Strategy`` whose
 ``configure_fit`` hands each node the encoded instructions of its clients and whose ``aggregate_fit`` receives the
 unmasked weighted mean (``RoundStrategy``), and the train handler behind the mod, which runs ``client_update`` for
 the node's clients and returns their update tensors, averaged over the node's clients by example count, as the
