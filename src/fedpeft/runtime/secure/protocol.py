@@ -3,8 +3,8 @@
 The server side is Flower's ``SecAggPlusWorkflow`` (setup, share keys, collect masked vectors, unmask), with the
 dropped set Bell et al. define and misshapen masked vectors left out (``workflow_class``), and each node is wrapped
 by Flower's ``secaggplus_mod`` behind the node's own checks (``secure_mod``: its policy, the masks' generator, the
-unmask request's consistency; masks from ``runtime.secure.masks``); fedpeft supplies what they call: a legacy ``Strategy`` whose
-``configure_fit`` hands each node the encoded instructions of its clients and whose ``aggregate_fit`` receives the
+unmask request's consistency; masks from ``runtime.secure.masks``); fedpeft supplies what they call: a legacy
+``Strategy`` whose ``configure_fit`` hands each node the encoded instructions of its clients and whose ``aggregate_fit`` receives the
 unmasked weighted mean (``RoundStrategy``), and the train handler behind the mod, which runs ``client_update`` for
 the node's clients and returns their update tensors, averaged over the node's clients by example count, as the
 ``FitRes`` parameters the mod quantizes, masks and uploads (``masked_train``). The parties are Flower nodes: in the
