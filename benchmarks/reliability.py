@@ -399,7 +399,8 @@ def attack_checks(args, work: Path) -> list[str]:
     node_cases = [("a plain TRAIN message to a node requiring SecAgg+", policy.check_plain_train),
                   ("a SecAgg+ setup of 2 of 4 shares to that node", lambda: policy.check_secure_setup(4, 2)),
                   ("model.trust_remote_code in the server's config",
-                   lambda: NodePolicy().check_config(load_config(None, ["model.name=org/m", "model.trust_remote_code=true"]))),
+                   lambda: NodePolicy().check_config(load_config(None, ["model.name=org/m",
+                                                                        "model.trust_remote_code=true"]))),
                   ("a model outside the node's list", lambda: NodePolicy(models=["minilm"]).check_config(
                       load_config(None, ["model.name=smollm2"]))),
                   ("a run key leaving the state dir (../..)", lambda: state_root({"state-dir": str(work)},
@@ -602,7 +603,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.examples}` (tiny random models, synthetic data; torch {torch.__version__}, CPU). Each section "
             "ends with its date; sections not in the last command keep the rows of their last run. The fast part of "
             "each section runs in `make test` (`tests/unit/test_reliability.py`, `tests/unit/test_secure_*.py`, "
-            "`tests/conformance/test_presets.py`, `tests/integration/test_flower.py`).\n" + (f"\n{intro}\n" if intro else ""))
+            "`tests/conformance/test_presets.py`, `tests/integration/test_flower.py`).\n"
+            + (f"\n{intro}\n" if intro else ""))
     body = "\n\n".join(f"## {SECTIONS[k][0]}\n\n{parts[k]}" for k in SECTIONS if k in parts)
     args.out.write_text(head + "\n" + body + "\n")
     print(json.dumps({"written": str(args.out)}))

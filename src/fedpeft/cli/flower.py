@@ -162,7 +162,8 @@ def flower_register(
     clients: Annotated[Optional[str], typer.Option(
         help="the fedpeft client ids this node serves, e.g. 0,1: bound to its key in --registry, so that no other "
              "node can claim them in a run given that registry")] = None,
-    registry: Annotated[Path, typer.Option(help="the node registry file (on the SuperLink's machine)")] = DEFAULT_REGISTRY,
+    registry: Annotated[Path, typer.Option(
+        help="the node registry file (on the SuperLink's machine)")] = DEFAULT_REGISTRY,
 ) -> None:
     """Register a SuperNode's public key with the SuperLink (admitted under TLS), and with --clients bind the clients
     it serves to it."""
