@@ -580,3 +580,16 @@ def test_trust_remote_code_is_off_unless_the_config_turns_it_on(tiny_cfg, monkey
             loading.BackboneCache().get(f"someone/model-{trust}", trust)
     assert seen == {"someone/model-False": False, "someone/model-True": True}
     assert tiny_cfg().model.trust_remote_code is False
+
+
+def test_a_checkpoint_written_before_checksums_is_read_as_it_is(tmp_path):
+    """Runs checkpointed by earlier fedpeft versions (no ``files`` in meta.json, no checkpoint-prev) still resume."""
+    run = RunDir(tmp_path / "run")
+    server = Message({"w": torch.arange(4.0)}, {"k": 1})
+    run.save_checkpoint(3, server, {0: Message({"s": torch.ones(2)})}, {"threads": 1})
+    meta = json.loads((run.ckpt / "meta.json").read_text())
+    del meta["files"]
+    (run.ckpt / "meta.json").write_text(json.dumps(meta))
+    rnd, got, clients, extra = run.load_checkpoint()
+    assert rnd == 3 and torch.equal(got.tensors["w"], server.tensors["w"]) and extra == {"threads": 1}
+    assert torch.equal(clients[0].tensors["s"], torch.ones(2))
