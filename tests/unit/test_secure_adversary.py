@@ -179,3 +179,16 @@ def test_a_minority_threshold_is_warned_about_when_the_config_loads(secure, warn
 
     cfg = load_config(None, [f"federation.secure_aggregation={secure}".replace("'", "")])
     assert any("at most half the shares" in n for n in cfg.notes) == warned
+
+
+def test_a_missing_or_malformed_policy_file_is_named(tmp_path):
+    from fedpeft.runtime.node_policy import load_policy
+
+    with pytest.raises(ValueError, match="--policy: no such file"):
+        load_policy(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("min_num_shares: [\n")
+    with pytest.raises(ValueError, match="bad.yaml: invalid YAML"):
+        load_policy(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ValueError, match="list.yaml: a node policy is a mapping"):
+        load_policy(tmp_path / "list.yaml")

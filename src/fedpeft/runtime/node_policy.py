@@ -114,7 +114,12 @@ def load_policy(path: str | Path | None, require_secure_aggregation: bool = Fals
 
     data: dict[str, Any] = {}
     if path is not None:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not Path(path).is_file():
+            raise ValueError(f"--policy: no such file {path} (resolved: {Path(path).resolve()})")
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: invalid YAML: {getattr(e, 'problem', e)}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a node policy is a mapping of settings, not {type(data).__name__}")
     if require_secure_aggregation:
