@@ -307,27 +307,36 @@ def tls_checks(args, work: Path) -> list[str]:
     from fedpeft.runtime.flower.local import LocalFederation, free_port, start, supernode_cmd
     from fedpeft.runtime.flower.security import make_certificates, make_node_key
 
+    from fedpeft.runtime.flower.node_registry import record
+
     certs = make_certificates(work / "certs")
-    keys = {n: make_node_key(work / "keys", n) for n in ("node0", "node1", "intruder")}
+    keys = {n: make_node_key(work / "keys", n) for n in ("node0", "node1", "intruder", "rogue")}
     cfg = load_config(None, _tiny(federation__num_clients=2, federation__rounds=2, evaluation__local=False))
     checks = []
+    registry = work / "nodes.json"
     with LocalFederation(work / "fed", certs=certs, node_auth=True) as fed:
         fed.start_superlink()
-        for n in ("node0", "node1"):
-            fed.register(keys[n].public)
+        for n, clients in (("node0", [0]), ("node1", [1]), ("rogue", [])):
+            record(registry, fed.register(keys[n].public), keys[n].public, clients)
         fed.start_node("intruder", [1], auth_key=keys["intruder"].private)
+        fed.start_node("rogue", [1], auth_key=keys["rogue"].private)
         fed.nodes["insecure"] = start("insecure", supernode_cmd(fed.address, [0], free_port(), auth_key=keys[
             "node0"].private), work / "fed" / "insecure.log")  # a registered key, but no TLS
         fed.start_node("node0", [0], auth_key=keys["node0"].private)
         fed.start_node("node1", [1], auth_key=keys["node1"].private)
-        summary = run_flower(cfg, work / "tls-run", superlink=fed.address, timeout=600, root_cert=certs.ca_cert)
+        summary = run_flower(cfg, work / "tls-run", superlink=fed.address, timeout=600, root_cert=certs.ca_cert,
+                             registry=registry)
         intruder_log = (work / "fed" / "intruder.log").read_text()
+        rogue_log = (work / "fed" / "rogue.log").read_text()
         insecure_log = (work / "fed" / "insecure.log").read_text()
         recs = [r for r in RunDir(work / "tls-run").read_metrics() if r["round"] > 0]
         checks.append(("registered nodes over TLS run the federation (every round: both clients ok)",
                        len(recs) == 2 and all(r["num_ok"] == 2 for r in recs) and summary["rounds"] == 2))
         checks.append(("an unregistered node is refused (Flower exit code 305) and never served",
                        "Failed to activate SuperNode" in intruder_log and "served train" not in intruder_log))
+        checks.append(("a registered node bound to no client by the registry claims client 1 and is refused, never "
+                       "served", "which the registry binds to node" in (work / "tls-run" / "run.log").read_text()
+                       and "served train" not in rogue_log))
         checks.append(("a plain-text node cannot reach the TLS SuperLink and is never served",
                        "served train" not in insecure_log))
         try:
