@@ -84,8 +84,10 @@ class Experiment:
 
     def client_weights(self) -> dict[int, int]:
         """Each client's weight (``ClientContext.num_examples``: its examples, a malicious client's as its attack
-        declares), as the server knows it from the partition."""
-        return {c: self.client(c).num_examples for c in range(self.num_clients)}
+        declares), as the server knows it from the partition: its size, with no data encoded or copied (only a
+        malicious client's view is built, for its poisoned copies)."""
+        return {c: self.client(c).num_examples if c in self.malicious else len(self.train_parts[c])
+                for c in range(self.num_clients)}
 
     def client(self, client_id: int) -> ClientContext:
         """A fresh view of one client's data (state is attached by the runtime); a malicious client's training

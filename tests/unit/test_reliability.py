@@ -593,3 +593,10 @@ def test_a_checkpoint_written_before_checksums_is_read_as_it_is(tmp_path):
     rnd, got, clients, extra = run.load_checkpoint()
     assert rnd == 3 and torch.equal(got.tensors["w"], server.tensors["w"]) and extra == {"threads": 1}
     assert torch.equal(clients[0].tensors["s"], torch.ones(2))
+
+
+def test_the_servers_client_weights_are_the_clients_own(tiny_cfg):
+    """The weights the server checks replies against equal what each client reports (backdoor clients included)."""
+    for cfg in (tiny_cfg(), tiny_cfg(attack__malicious_clients=[1], attack__weight="poisoned")):
+        exp = build(cfg).exp
+        assert exp.client_weights() == {c: exp.client(c).num_examples for c in range(exp.num_clients)}

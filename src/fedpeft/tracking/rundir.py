@@ -67,32 +67,22 @@ def _read_checkpoint(folder: Path) -> Checkpoint:
         if extra:
             raise CheckpointError(f"{extra[0]} is not one of the checkpoint's files (meta.json lists {len(sums)})")
         paths = sorted(listed)
-    data = {}
+    msgs = {}
     for path in paths:
         try:
-            data[path] = path.read_bytes()
+            data = path.read_bytes()
         except FileNotFoundError:
             raise CheckpointError(f"{path} is missing") from None
-        rel = str(path.relative_to(folder))
-        if sums is not None and hashlib.sha256(data[path]).hexdigest() != sums[rel]:
+        if sums is not None and hashlib.sha256(data).hexdigest() != sums[str(path.relative_to(folder))]:
             raise CheckpointError(f"{path} does not match the SHA-256 that meta.json records: the file changed "
-                                  f"after it was written ({len(data[path])} bytes)")
-    try:
-        msgs = {p: decode(b) for p, b in data.items()}
-    except Exception as e:  # noqa: BLE001 - a file the codec cannot read, named
-        bad = next(p for p, b in data.items() if not _decodes(b))
-        raise CheckpointError(f"{bad} cannot be read ({type(e).__name__}: {e})") from None
+                                  f"after it was written ({len(data)} bytes)")
+        try:
+            msgs[path] = decode(data)
+        except Exception as e:  # noqa: BLE001 - a file the codec cannot read, named
+            raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {e})") from None
     server = msgs[folder / "server.safetensors"]
     clients = {int(p.stem): m for p, m in msgs.items() if p.parent.name == "clients"}
     return int(meta.pop("round")), server, clients, meta
-
-
-def _decodes(data: bytes) -> bool:
-    try:
-        decode(data)
-    except Exception:  # noqa: BLE001
-        return False
-    return True
 
 
 class RunDir:
