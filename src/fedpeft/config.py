@@ -314,7 +314,11 @@ class MethodConfig(_Strict):
     trainer: Component = Field(Component(name="adam"), description="how a client trains the adapter locally")
     aggregator: Component = Field(Component(name="fedavg"), description="how the server combines the replies")
     selector: Component = Field(Component(name="uniform"), description="which clients train each round")
-    sharing: Component = Field(Component(name="all"), description="which adapter tensors a client uploads")
+    sharing: Component = Field(Component(name="all"), description="which adapter tensors a client uploads (one "
+                                                                  "exchange stage; see exchange)")
+    exchange: list[Component] = Field(default_factory=list, description="the exchange stages in order, for a chain "
+                                                                        "(e.g. [ranks, fedsa]); empty: [sharing]. "
+                                                                        "When set, sharing mirrors its first stage")
     downlink: Component = Field(Component(name="dense"), description="how the global state is sent to clients")
     post_tuning: Component = Field(Component(name="none"), description="each client's own tuning after the last "
                                                                       "round (personalisation)")
@@ -326,7 +330,12 @@ class MethodConfig(_Strict):
     def components(self) -> dict[str, Any]:
         """The component names this method resolves to (what runs, whatever the preset's name says)."""
         return {axis: getattr(self, axis).name for axis in AXES} | {
-            "transforms": [t.name for t in self.transforms], "wrappers": [w.name for w in self.wrappers]}
+            "transforms": [t.name for t in self.transforms], "wrappers": [w.name for w in self.wrappers]} | (
+            {"exchange": [s.name for s in self.exchange]} if len(self.exchange) > 1 else {})
+
+    def stages(self) -> list[Component]:
+        """The exchange stages that run: ``exchange``, or the one ``sharing`` names."""
+        return list(self.exchange) or [self.sharing]
 
 
 # the single components of ``method``

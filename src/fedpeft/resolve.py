@@ -142,6 +142,7 @@ def resolve(raw: dict[str, Any]) -> ExperimentConfig:
     except KeyError as e:
         raise ConfigError(f"method.name: {e}") from None
     defaults = preset.defaults()
+    method = _exchange_sugar(method, defaults)
     for axis in AXIS_REGISTRIES:  # another component than the preset's: its own keys only
         user = method.get(axis)
         if isinstance(user, dict) and "name" in user and user["name"] != defaults.get(axis, {}).get("name"):
@@ -163,11 +164,38 @@ def resolve(raw: dict[str, Any]) -> ExperimentConfig:
     return cfg
 
 
+def _exchange_sugar(method: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``method`` with its ``exchange`` stages as sections (a bare name is ``{name: ...}``). When a chain is given,
+    it replaces the preset's ``sharing``: a stage of the preset's sharing component keeps the preset's settings
+    under the user's keys, and ``sharing`` mirrors the first stage (a ``sharing`` of another component is an
+    error: the two would disagree)."""
+    stages = method.get("exchange")
+    if not stages:
+        return method
+    if not isinstance(stages, list):
+        raise ConfigError(f"invalid config:\n  method.exchange: a list of stages, e.g. [ranks, fedsa]; got {stages!r}")
+    preset = defaults.pop("sharing", None) or {}
+    out = []
+    for i, st in enumerate(stages):
+        st = {"name": st} if isinstance(st, str) else st
+        if not isinstance(st, dict) or not isinstance(st.get("name"), str):
+            raise ConfigError(f"invalid config:\n  method.exchange.{i}: a stage name or a mapping with 'name', "
+                              f"got {st!r}")
+        out.append(_deep_merge(preset, st) if st["name"] == preset.get("name") else dict(st))
+    user = method.get("sharing")
+    if isinstance(user, dict) and "name" in user and user["name"] != out[0]["name"]:
+        raise ConfigError(f"invalid config:\n  method.sharing: '{user['name']}' beside method.exchange "
+                          f"{[st['name'] for st in out]}; the chain decides the stages: set one of the two")
+    return method | {"exchange": out, "sharing": copy.deepcopy(out[0])}
+
+
 def _resolve_components(cfg: ExperimentConfig) -> None:
     """Validate every component section (and tracking sink) with its settings model, filling in defaults."""
     for axis, registry in AXIS_REGISTRIES.items():
         section: Component = getattr(cfg.method, axis)
         setattr(cfg.method, axis, _resolve_one(section, registry, f"method.{axis}"))
+    cfg.method.exchange = [_resolve_one(s, AXIS_REGISTRIES["sharing"], f"method.exchange.{i}")
+                           for i, s in enumerate(cfg.method.exchange)]
     for field, registry in LIST_REGISTRIES.items():
         sections = getattr(cfg.method, field)
         setattr(cfg.method, field, [_resolve_one(s, registry, f"method.{field}.{i}") for i, s in enumerate(sections)])

@@ -13,7 +13,7 @@ LAYERS = [  # lowest first; a module may import from its own layer and those bel
     {"adapters", "prediction_files"},
     {"model", "clients", "attacks", "generation_eval"},
     {"trainers", "aggregators", "selection", "sharing", "downlink", "transforms", "post_tuning"},  # the axes
-    {"components", "methods", "experiment", "tracking", "plugins"},
+    {"components", "exchange", "methods", "experiment", "tracking", "plugins"},
     {"build", "dryrun", "predict", "export", "report", "resolve", "runtime", "catalogue"},
     {"cli"},
 ]

@@ -69,6 +69,7 @@ class AggregatorBase:
     # computable from the weighted mean of the updates alone (what secure aggregation reveals)
     secure_sum: ClassVar[bool] = False
     uniform_weights: ClassVar[bool] = False  # weighs every client alike (secure aggregation masks weight 1)
+    reads_products: ClassVar[bool] = False  # reads each client's LoRA product B_k A_k (both factors in every reply)
 
     def __init__(self, settings: Any, ctx: AggregatorContext) -> None:
         self.settings, self.ctx = settings, ctx

@@ -35,6 +35,8 @@ def svd_factors(delta: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
 @AGGREGATORS.register("flexlora", "FlexLoRA: sample-weighted average of the clients' B·A, re-factorised by SVD at the "
                       "global rank (clients take its leading r_k components)")
 class FlexLoRA(AggregatorBase):
+    reads_products = True
+
     def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
         weights = weights_of(updates)
         modules = pairs(glob)

@@ -28,6 +28,8 @@ def sparsity_weights(updates: Sequence[Params]) -> list[float]:
 @AGGREGATORS.register("hetlora", "HetLoRA: zero-padded LoRA factors averaged with weights proportional to the norm of "
                       "each client's B·A (sparsity-weighted aggregation)")
 class HetLoRA(AggregatorBase):
+    reads_products = True
+
     def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
         tensors = [u.tensors for u in updates]
         return weighted_mean(tensors, sparsity_weights(tensors)), state

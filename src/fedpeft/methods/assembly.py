@@ -19,7 +19,8 @@ from fedpeft.post_tuning import POST_TUNING, PostTuningContext
 from fedpeft.privacy import sampling_rate
 from fedpeft.rng import SERVER, torch_rng
 from fedpeft.selection import SELECTORS, SelectorContext
-from fedpeft.sharing import SHARING, SharingContext
+from fedpeft.exchange.stages import build as build_exchange
+from fedpeft.sharing import SharingContext
 from fedpeft.trainers import TRAINERS, TrainerContext
 from fedpeft.transforms import TRANSFORMS
 from fedpeft.transforms.base import TransformContext
@@ -55,7 +56,7 @@ class Components:
     aggregator: Any  # the configured aggregator inside its wrappers
     trainer: Any
     selector: Any
-    sharing: Any
+    sharing: Any  # the exchange stage, or the chain of them (``exchange``)
     transforms: list[tuple[str, Any]]
     attacker_transforms: list[tuple[str, Any]]  # applied after the others by malicious clients only
     downlink: Any
@@ -81,7 +82,7 @@ def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
         clf, experiment, adapter, aggregator.needs, cfg.evaluation.batch_size))
     selector = SELECTORS.get(m.selector.name)(SELECTORS.settings_of(m.selector), SelectorContext(
         cfg.federation.num_clients, cfg.federation.clients_per_round))
-    sharing = SHARING.get(m.sharing.name)(SHARING.settings_of(m.sharing), SharingContext(
+    sharing = build_exchange(m.stages(), SharingContext(
         clf, cfg.seed, shared.initial_params, head_slices, trainer_settings,
         tuple(getattr(experiment, "profiles", ()) or ())))
     transform_ctx = TransformContext(sampling_rate(cfg))

@@ -14,6 +14,7 @@ from fedpeft.aggregators import AGGREGATORS, WRAPPERS
 from fedpeft.downlink import DOWNLINKS
 from fedpeft.post_tuning import POST_TUNING
 from fedpeft.selection import SELECTORS
+from fedpeft.exchange.stages import record as exchange_record
 from fedpeft.sharing import SHARING
 from fedpeft.trainers import TRAINERS
 from fedpeft.transforms import TRANSFORMS
@@ -86,8 +87,9 @@ def check_combination(cfg: ExperimentConfig) -> None:
         able = sorted(n for n in TRAINERS.names() if TRAINERS.get(n).vectorised)
         raise ValueError(f"runtime.client_batch: trainer '{m.trainer.name}' cannot run its clients' model calls "
                          f"together; these trainers can: {', '.join(able)}; keep 1")
-    if cfg.runtime.client_batch > 1 and not SHARING.get(m.sharing.name).side_by_side(m.sharing.typed_settings):
-        raise ValueError(f"runtime.client_batch: sharing '{m.sharing.name}' with these settings cannot run its "
+    policy = exchange_record(m.stages())
+    if cfg.runtime.client_batch > 1 and not policy.side_by_side:
+        raise ValueError(f"runtime.client_batch: sharing '{policy.label}' with these settings cannot run its "
                          "clients side by side (it changes the shared model's settings during a client's step); "
                          "keep 1")
     needs: set[str] = set()
@@ -104,25 +106,28 @@ def check_combination(cfg: ExperimentConfig) -> None:
         if inner is not None and m.aggregator.name not in inner:
             raise ValueError(f"{where}.name: '{entry_name}' wraps only {', '.join(sorted(inner))}; set "
                              f"method.aggregator.name to it (not '{m.aggregator.name}')")
-    policy = SHARING.get(m.sharing.name)
+    name = policy.label
     missing = needs - set(trainer.provides) - set(policy.provides)
     if missing:
         raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' reads {sorted(missing)} from every client, "
-                         f"which neither trainer '{m.trainer.name}' nor sharing '{m.sharing.name}' uploads")
+                         f"which neither trainer '{m.trainer.name}' nor sharing '{name}' uploads")
     if policy.aggregators is not None and m.aggregator.name not in policy.aggregators:
-        raise ValueError(f"method.aggregator.name: sharing '{m.sharing.name}' uploads what only "
+        raise ValueError(f"method.aggregator.name: sharing '{name}' uploads what only "
                          f"{' or '.join(sorted(policy.aggregators))} can combine, not '{m.aggregator.name}'")
-    if not getattr(m.trainer.typed_settings, "reset_optimizer", True) and not policy.same_tensors(
-            m.sharing.typed_settings):
+    if AGGREGATORS.get(m.aggregator.name).reads_products and not policy.uploads_pairs:
+        raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' reads each client's LoRA product B_k A_k; "
+                         f"sharing '{name}' keeps a factor on the clients, so the server never sees it (use fedavg)")
+    if not getattr(m.trainer.typed_settings, "reset_optimizer", True) and not policy.same_tensors:
         raise ValueError(f"method.trainer.reset_optimizer: false carries optimizer moments from round to round; "
-                         f"sharing '{m.sharing.name}' with these settings trains other tensors each round, so set it "
+                         f"sharing '{name}' with these settings trains other tensors each round, so set it "
                          "true")
     if m.wrappers and not policy.deltas:
         raise ValueError(f"method.wrappers.0.name: '{m.wrappers[0].name}' works on each client's difference from the "
-                         f"global model; sharing '{m.sharing.name}' uploads tensors that have none (e.g. fresh LoRA "
+                         f"global model; sharing '{name}' uploads tensors that have none (e.g. fresh LoRA "
                          "blocks to stack), so it takes no server wrapper")
     if policy.adapters is not None and m.adapter.name not in policy.adapters:
-        raise ValueError(f"method.sharing.name: '{m.sharing.name}' shares the layers of "
+        field = "method.sharing.name" if len(policy.names) == 1 else "method.exchange"
+        raise ValueError(f"{field}: '{name}' shares the layers of "
                          f"{' or '.join(sorted(policy.adapters))}, not of the adapter '{m.adapter.name}'")
     for i, t in enumerate(m.transforms):
         if kind not in TRANSFORMS.get(t.name).accepts:
@@ -143,12 +148,12 @@ def check_profiles(cfg: ExperimentConfig) -> None:
     """Resource tiers ask only what the method can honour: a rank needs a sharing policy that trains each client at
     its rank (``ranks``) and is at most the adapter's r; a step cap needs a gradient trainer."""
     m = cfg.method
-    policy = SHARING.get(m.sharing.name)
+    policy = exchange_record(m.stages())
     for i, p in enumerate(cfg.federation.client_profiles):
         where = f"federation.client_profiles.{i}"
         if p.rank is not None and not policy.ranked:
             ranked = sorted(n for n in SHARING.names() if SHARING.get(n).ranked)
-            raise ValueError(f"{where}.rank: sharing '{m.sharing.name}' sends every client the same tensors; clients "
+            raise ValueError(f"{where}.rank: sharing '{policy.label}' sends every client the same tensors; clients "
                              f"of different LoRA ranks need method.sharing.name: {' or '.join(ranked)}")
         r = getattr(m.adapter.typed_settings, "r", None)
         if p.rank is not None and r is not None and p.rank > r:
@@ -194,8 +199,9 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
         raise ValueError(f"method.trainer.name: '{m.trainer.name}' uploads tensors that are not summed across "
                          "clients (token indices; method.trainer.upload: rows sends summable rows); secure "
                          "aggregation reveals only the sum")
-    if not SHARING.get(m.sharing.name).summable_with(m.sharing.typed_settings):
-        raise ValueError(f"method.sharing.name: '{m.sharing.name}' uploads what cannot be summed across clients "
+    policy = exchange_record(m.stages())
+    if not policy.summable:
+        raise ValueError(f"method.sharing.name: '{policy.label}' uploads what cannot be summed across clients "
                          "(see its summable note); secure aggregation reveals only the sum")
     if SELECTORS.get(m.selector.name).reads_clients:
         raise ValueError(f"method.selector.name: '{m.selector.name}' ranks clients by what each reported; under "

@@ -29,6 +29,7 @@ from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpac
 from fedpeft.config import ExperimentConfig
 from fedpeft.downlink import sync
 from fedpeft.downlink.base import SEP
+from fedpeft.exchange.aggregation_error import aggregation_error
 from fedpeft.generation_eval import by_group, generation_metrics, sample_rows
 from fedpeft.lazy import lazy
 from fedpeft.methods.assembly import Components
@@ -155,7 +156,16 @@ class ComposedMethod:
             keys = self.downlink.keys
             rebuilt, message = self.downlink.encode({k: glob[k] for k in keys}, {k: st.glob[k] for k in keys})
             glob, down = glob | rebuilt, sync.record(self.downlink, st.down, message, round)
-        return ServerState(round, glob, agg, sharing, history, down).to_message()
+        return ServerState(round, glob, agg, sharing, history, down, self._measures(st.glob, glob, updates)).to_message()
+
+    def _measures(self, before: Params, after: Params, updates: list[Update]) -> dict[str, float]:
+        """The LoRA aggregation error of this round's broadcast (``exchange.aggregation_error``), over the modules
+        whose factors no client keeps to itself; nothing under secure aggregation (one summed update, no client's)."""
+        if not updates or any(u.client < 0 for u in updates):
+            return {}
+        error = aggregation_error(before, after, [u.tensors for u in updates], [u.weight for u in updates],
+                                  fresh=not self.sharing.deltas, skip=frozenset(self.sharing.private_state(before)))
+        return {} if error is None else {"aggregation_error": error}
 
     def evaluate_global(self, state: Message) -> dict[str, Any]:
         """Test accuracy, loss, macro-F1 and confusion matrix of the global tensors (and the attack success rate
@@ -268,7 +278,7 @@ class ComposedMethod:
         """Numeric scalars of the new global state (e.g. FedBPT's sigma, sigma'; FedPepTAO's ratio)."""
         st = ServerState.from_message(state)
         out = (self.aggregator.diagnostics(st.agg) | self.sharing.diagnostics(st.sharing)
-               | self.trainer.diagnostics(st.glob))
+               | self.trainer.diagnostics(st.glob) | st.measures)
         for _, t in self.transforms:  # e.g. the LDP epsilon spent so far
             out |= t.diagnostics(st.round, st.glob)
         return out

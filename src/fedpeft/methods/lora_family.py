@@ -8,6 +8,9 @@ trainer: r = 16 on q/k/v, AdamW), so that they differ from it in the sharing pol
   factors averaged by the norm of B·A (``aggregators.hetlora``), rank self-pruning.
 - ``flexlora``: FlexLoRA (Bai et al., NeurIPS 2024): the same clients, the server averages B·A and re-factorises it
   by SVD (``aggregators.flexlora``); each client takes the leading components at its rank.
+- ``fedper-lora``: FedPer (Arivazhagan et al. 2019) over dense LoRA: the LoRA of the base layers is federated, each
+  client keeps its personalisation layers (the top layer's LoRA and the task head; ``sharing.private_tensors``);
+  scored per client.
 - ``flora``: FLoRA (Wang et al., NeurIPS 2024): clients merge the stacked global LoRA and train a fresh one at
   their rank; the server stacks the fresh factors (``aggregators.stacking``): exact, its download grows.
 
@@ -18,6 +21,10 @@ The tiers are a federation setting, e.g. three ranks under the global r = 16::
         - {name: small, share: 0.34, rank: 4}
         - {name: medium, share: 0.33, rank: 8}
         - {name: large, share: 0.33, rank: 16}
+
+Exchange stages that decide different things chain (``method.exchange``): ``exchange: [ranks, fedsa]`` trains each
+tier at its rank with B kept on the clients; ``exchange: [head_pruning, private]`` prunes heads of a federated LoRA
+with a private head.
 
 On generation tasks give the same sharing to ``fedit``: ``method.name=fedit method.sharing.name=ffa``.
 """
@@ -42,3 +49,7 @@ preset("flora", "FLoRA: clients merge the stacked global LoRA and train a fresh 
        "server stacks them (exact aggregation of any mix of ranks)",
        adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "stack"},
        sharing={"name": "stacking"})
+preset("fedper-lora", "FedPer over LoRA: the base layers' LoRA federated (FedAvg), the top layer's LoRA and the "
+       "task head kept on each device (personalised)",
+       adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "fedavg"},
+       sharing={"name": "private", "tensors": ["head.*"], "top_layers": 1})

@@ -2,7 +2,8 @@
 
 Server state: the global tensors under their own names, the aggregator's state under ``agg/``, the sharing
 policy's under ``share/``, the download codec's message log under ``dl/``; scalars ``round``, ``agg``, ``sharing``
-and ``history`` (per client: the last round it replied and its training loss, read by selectors). Client state: the
+and ``history`` (per client: the last round it replied and its training loss, read by selectors), and when the
+last aggregation measured something, ``measures`` (``exchange.aggregation_error``). Client state: the
 trainer's under ``opt/``, the sharing policy's private tensors under ``u/``, the download codec's copy of the global
 tensors under ``dl/``.
 """
@@ -33,12 +34,14 @@ class ServerState:
     sharing: Message
     history: dict[int, dict[str, float]] = field(default_factory=dict)
     down: Params = field(default_factory=dict)
+    measures: dict[str, float] = field(default_factory=dict)  # the last aggregation's (e.g. its LoRA error)
 
     def to_message(self) -> Message:
         tensors = (dict(self.glob) | _prefixed(AGG, self.agg.tensors) | _prefixed(SHARE, self.sharing.tensors)
                    | _prefixed(DOWN, self.down))
         return Message(tensors, {"round": self.round, "agg": self.agg.scalars, "sharing": self.sharing.scalars,
-                                 "history": {str(c): h for c, h in sorted(self.history.items())}})
+                                 "history": {str(c): h for c, h in sorted(self.history.items())}}
+                       | ({"measures": dict(self.measures)} if self.measures else {}))
 
     @classmethod
     def from_message(cls, msg: Message) -> ServerState:
@@ -46,4 +49,5 @@ class ServerState:
         s = msg.scalars
         return cls(int(s["round"]), glob, Message(sub_state(msg, AGG), dict(s.get("agg", {}))),
                    Message(sub_state(msg, SHARE), dict(s.get("sharing", {}))),
-                   {int(c): dict(h) for c, h in s.get("history", {}).items()}, sub_state(msg, DOWN))
+                   {int(c): dict(h) for c, h in s.get("history", {}).items()}, sub_state(msg, DOWN),
+                   dict(s.get("measures", {})))

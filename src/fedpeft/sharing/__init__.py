@@ -8,6 +8,7 @@ from fedpeft.sharing import (  # noqa: F401  (registration)
     lora_ranks,
     lora_stacking,
     private,
+    private_tensors,
 )
 
 __all__ = ["SHARING", "ShareAll", "SharingContext", "SharingPolicy"]

@@ -25,6 +25,8 @@ from fedpeft.comm.update import Params, Update
 from fedpeft.registry import Registry
 
 Shapes = dict[str, tuple[int, ...]]
+# the aspects of the round's exchange a stage may decide (``ShareAll.decides``; ``exchange.capabilities``)
+WHICH, SHAPE = "which", "shape"  # which tensors are exchanged; the shape a tensor travels in
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class ShareAll:
     aggregators: frozenset[str] | None = None  # the aggregators that can combine its replies (None: any)
     summable: bool = True                   # its replies are dense tensors of fixed shapes, nothing per client
     deltas: bool = True                     # its replies are trained global tensors: w_k − w is an update (wrappers)
+    decides: frozenset[str] = frozenset()   # aspects of the exchange it decides (``exchange.capabilities``)
+    uploads_pairs: bool = True              # the server sees every client's LoRA factors, or the common fixed one
 
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         self.settings, self.ctx = settings, ctx

@@ -33,7 +33,7 @@ from fedpeft.comm.update import Params, Update
 from fedpeft.costs import client_ops
 from fedpeft.lazy import lazy, lazy_dict
 from fedpeft.rng import SHARED, torch_rng
-from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, Shapes
+from fedpeft.sharing.base import SHAPE, SHARING, Shapes, ShareAll, SharingContext
 from fedpeft.sharing.head_importance import head_confidence, key_token_ids
 
 torch = lazy("torch")
@@ -105,6 +105,7 @@ def _take(t: torch.Tensor, spec: list[tuple], idx: list[int]) -> torch.Tensor:
 class HeadPruning(ShareAll):
     summable = False  # secure aggregation: sparse uploads with per-client head ids and importances
     adapters = frozenset({"lora", "deep_prompt"})
+    decides = frozenset({SHAPE})  # the kept heads' slices travel, expanded on the server
     dtypes = lazy_dict(lambda: {HEADS: torch.int32})
     provides = frozenset({HEADS, ALPHA})
 

@@ -24,7 +24,7 @@ from fedpeft.comm.codec import Message
 from fedpeft.comm.lora_pairs import A, B
 from fedpeft.comm.update import Params
 from fedpeft.lazy import lazy
-from fedpeft.sharing.base import SHARING, ShareAll
+from fedpeft.sharing.base import SHARING, ShareAll, WHICH
 
 torch = lazy("torch")
 
@@ -33,6 +33,7 @@ class FrozenA(ShareAll):
     """FFA-LoRA: only the B factors are trained and exchanged; every A stays at the seeded initialisation."""
 
     adapters = frozenset({"lora"})
+    decides = frozenset({WHICH})
 
     def shared(self, glob: Params, state: Message, round: int) -> list[str]:
         """B and any tensor that is not a LoRA factor (a linear task head), averaged as in FedAvg."""
@@ -57,6 +58,8 @@ class PersonalB(ShareAll):
     unless ``share_head``, its own task head)."""
 
     adapters = frozenset({"lora"})
+    decides = frozenset({WHICH})
+    uploads_pairs = False  # each B stays on its client: the server never sees a client's product
 
     def _is_shared(self, key: str) -> bool:
         return key.endswith(A) or (self.settings.share_head and not key.endswith(B))

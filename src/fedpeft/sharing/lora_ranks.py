@@ -27,7 +27,7 @@ from fedpeft.comm.codec import Message
 from fedpeft.comm.lora_pairs import RANK_DIM, factor, pad, pairs, rank_mask, rank_of, truncate
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy
-from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, Shapes
+from fedpeft.sharing.base import SHAPE, SHARING, Shapes, ShareAll, SharingContext
 
 torch = lazy("torch")
 
@@ -51,6 +51,7 @@ class RankSettings(BaseModel):
 class RankTiers(ShareAll):
     summable = False  # secure aggregation: each client uploads at its own rank
     adapters = frozenset({"lora"})
+    decides = frozenset({SHAPE})  # each client's rank
     per_client = True
     ranked = True
 

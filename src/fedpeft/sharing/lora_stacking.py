@@ -24,7 +24,7 @@ from fedpeft.comm.lora_pairs import RANK_DIM, factor, pairs
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy
 from fedpeft.rng import torch_rng
-from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, Shapes
+from fedpeft.sharing.base import SHAPE, SHARING, Shapes, ShareAll, SharingContext, WHICH
 from fedpeft.sharing.lora_ranks import RANK, check_rank, rank_wire_shapes
 
 torch = lazy("torch")
@@ -44,6 +44,7 @@ class FreshLora(ShareAll):
     summable = False  # secure aggregation: the fresh factors are stacked, not summed
     deltas = False    # a fresh block is stacked as it is; its difference from the stack means nothing
     adapters = frozenset({"lora"})
+    decides = frozenset({WHICH, SHAPE})  # a fresh block of the client's rank, not the global tensors
     ranked = True
     aggregators = frozenset({"stack"})
     provides = frozenset({FRESH})

@@ -22,11 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedpeft.adapters.deep_prompt import PREFIX, layer_of
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params
-from fedpeft.sharing.base import SHARING, ShareAll, SharingContext
+from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, WHICH
 
 
 class KeepLocal(ShareAll):
     """Nothing is exchanged: each client's tensors are its own (initialised from the common seed)."""
+
+    decides = frozenset({WHICH})
+    uploads_pairs = False
 
     def shared(self, glob: Params, state: Message, round: int) -> list[str]:
         return []
@@ -46,6 +49,7 @@ class PrivateLayers(ShareAll):
     device trains its own copy of the others and keeps it as client state."""
 
     adapters = frozenset({"deep_prompt"})
+    decides = frozenset({WHICH})
 
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         super().__init__(settings, ctx)
