@@ -167,8 +167,8 @@ def resolve(raw: dict[str, Any]) -> ExperimentConfig:
 def _exchange_sugar(method: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     """``method`` with its ``exchange`` stages as sections (a bare name is ``{name: ...}``). When a chain is given,
     it replaces the preset's ``sharing``: a stage of the preset's sharing component keeps the preset's settings
-    under the user's keys, and ``sharing`` mirrors the first stage (a ``sharing`` of another component is an
-    error: the two would disagree)."""
+    under the user's keys, and ``sharing`` mirrors the first stage: the user's ``method.sharing`` keys set it (a
+    ``sharing`` of another component is an error: the two would disagree)."""
     stages = method.get("exchange")
     if not stages:
         return method
@@ -186,6 +186,8 @@ def _exchange_sugar(method: dict[str, Any], defaults: dict[str, Any]) -> dict[st
     if isinstance(user, dict) and "name" in user and user["name"] != out[0]["name"]:
         raise ConfigError(f"invalid config:\n  method.sharing: '{user['name']}' beside method.exchange "
                           f"{[st['name'] for st in out]}; the chain decides the stages: set one of the two")
+    if isinstance(user, dict):  # method.sharing.<key> (e.g. from --set) sets the first stage, which sharing mirrors
+        out[0] = _deep_merge(out[0], user)
     return method | {"exchange": out, "sharing": copy.deepcopy(out[0])}
 
 

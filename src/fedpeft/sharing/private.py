@@ -22,13 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedpeft.adapters.deep_prompt import PREFIX, layer_of
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params
-from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, WHICH
+from fedpeft.sharing.base import SHAPE, SHARING, ShareAll, SharingContext, WHICH
 
 
 class KeepLocal(ShareAll):
     """Nothing is exchanged: each client's tensors are its own (initialised from the common seed)."""
 
-    decides = frozenset({WHICH})
+    decides = frozenset({WHICH, SHAPE})  # nothing travels: no other stage has anything to act on
     uploads_pairs = False
 
     def shared(self, glob: Params, state: Message, round: int) -> list[str]:
