@@ -54,7 +54,7 @@ from fedpeft.data.types import Example
 from fedpeft.experiment import TaskOnly, build_experiment
 from fedpeft.generation_eval import file_scores, generations
 from fedpeft.methods.composed import ComposedMethod
-from fedpeft.methods.state import PRIVATE, ServerState
+from fedpeft.methods.state import PRIVATE
 from fedpeft.resolve import load_config
 from fedpeft.tracking.rundir import RunDir
 
@@ -261,19 +261,13 @@ def client_id(client: int | str | None, names: list[str] | None, num_clients: in
 def adapter_params(method: ComposedMethod, server: Message, client_states: dict[int, Message],
                    client: int | None = None) -> Params:
     """The tensors to score with: the global adapter, or client ``client``'s personalised one (see module doc)."""
-    st = ServerState.from_message(server)
-    init = method.initial_params()  # the adapter's (and linear head's) tensor names; glob holds exactly these
     if client is None:
-        return {k: v for k, v in st.glob.items() if k in init}
+        return method.global_view(server)
     if not method.sharing.per_client and not any(sub_state(m, PRIVATE) for m in client_states.values()):
         raise ValueError(f"--client: the checkpoint holds no client's private tensors (method.sharing "
                          f"'{method.cfg.method.sharing.name}' keeps none, or a Flower deployment kept the client "
                          "states on the SuperNodes); every client uses the global adapter: drop --client")
-    trainer = method.trainer
-    sent = method._for_client(trainer.eval_downlink(method._shared(st, st.round + 1)), st, client)
-    received = trainer.params_of(sent)
-    private = sub_state(client_states.get(client, Message()), PRIVATE)
-    return method.sharing.client_params(received, private)
+    return method.client_view(server, client_states.get(client, Message()), client)
 
 
 def predict(run_dir: str | Path, texts: Sequence[str], client: int | str | None = None,

@@ -31,7 +31,7 @@ LEAST: dict[str, dict[str, dict[str, Any]]] = {
                  "outlier_filter": {}},
     "selector": {"all": {}, "uniform": {}, "loss_difference": {}},
     "sharing": {"all": {}, "ffa": {}, "fedsa": {}, "local": {}, "fixed_split": {}, "head_pruning": {},
-                "layer_selection": {"warmup_rounds": 1}, "ranks": {}, "stacking": {}, "private": {}},
+                "layer_selection": {"warmup_rounds": 1}, "ranks": {}, "stacking": {}, "private": {}, "fedex": {}},
     "downlink": {"dense": {}, "full16": {}, "analogy": {}, "pca": {"components": 2}, "quant": {}},
     "post_tuning": {"none": {}, "bbt": {"iterations": 2, "intrinsic_dim": 8, "popsize": 4, "shots": 2},
                     "gradient": {"steps": 2, "shots": 2}},

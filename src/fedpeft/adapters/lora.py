@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedpeft.adapters.base import ADAPTERS, AdapterBase, AdapterContext, HeadSlices, Params, Prepared
 from fedpeft.adapters.peft_layers import activate, inject_once, without_layers
 from fedpeft.backbones.loading import Backbone
+from fedpeft.comm.lora_pairs import RESIDUAL, pad, pairs
 from fedpeft.lazy import lazy
 
 torch = lazy("torch")
@@ -84,7 +85,7 @@ class Lora(AdapterBase):
 
         peft_config = self.peft_config(backbone)
         peft_config.task_type = task_type  # AutoPeftModelFor<task> reads it (None: only PeftModel loads it)
-        lora = {k: v for k, v in params.items() if ".lora_" in k}
+        lora = with_residuals(params)
         rank = rank_of(lora)
         if rank is not None and rank != peft_config.r:
             peft_config.lora_alpha, peft_config.r = peft_config.lora_alpha * rank / peft_config.r, rank
@@ -110,6 +111,7 @@ class Lora(AdapterBase):
                 raise ValueError(f"method.adapter.target_modules: none of {self.targets(backbone)} is a module "
                                  f"of {backbone.name}")
         activate(backbone, self.adapter_name, LoraLayer)
+        self._backbone = backbone  # the one a residual's base weights are read from (one backbone per process)
         return self._modules[key]
 
     # ---------------------------------------------------------------- adapter contract
@@ -130,13 +132,26 @@ class Lora(AdapterBase):
         return Prepared(backbone.input_embeddings()(input_ids), attention_mask, lead, 0)
 
     def overrides(self, params: Params) -> Params | None:
-        """PEFT state-dict names -> the injected layers' parameters of this adapter."""
+        """PEFT state-dict names -> the injected layers' parameters of this adapter; a module's residual R
+        (FedEx-LoRA, ``comm.lora_pairs.RESIDUAL``) -> its base weight W + s·R for this call (W itself untouched)."""
         out = {}
         for k, v in params.items():
             m = re.fullmatch(r"(.+)\.(lora_[AB])\.weight", k)
             if m:
                 out[f"{m.group(1)}.{m.group(2)}.{self.adapter_name}.weight"] = v
+            elif k.endswith(RESIDUAL):
+                name = k[: -len(RESIDUAL)]
+                out[f"{name}.base_layer.weight"] = self._with_residual(name, v)
         return out
+
+    def _with_residual(self, name: str, residual: torch.Tensor) -> torch.Tensor:
+        """W + s·R of module ``name`` of the backbone the layers were last used on (a new tensor)."""
+        layer = self._backbone.model.get_submodule(name)
+        w = layer.base_layer.weight
+        if not w.is_floating_point():
+            raise ValueError("model.quantization: a residual folded into the base weights (FedEx-LoRA) needs "
+                             "float base weights; quantized ones cannot hold it")
+        return w + layer.scaling[self.adapter_name] * residual.to(w)
 
     def merged(self, backbone: Backbone, params: Params) -> Params | None:
         """Base weights with the update merged in, W + (alpha/r)·B A, named as inside ``bypassed`` (the base layer in
@@ -151,7 +166,10 @@ class Lora(AdapterBase):
             w = layer.base_layer.weight
             if not w.is_floating_point():
                 return None  # quantized base weights (QLoRA): decode with the LoRA branch instead
-            out[f"{name}.weight"] = w + layer.scaling[self.adapter_name] * (b.to(w) @ a.to(w))  # as bypassed
+            delta = b.to(w) @ a.to(w)
+            if name + RESIDUAL in params:
+                delta = delta + params[name + RESIDUAL].to(w)
+            out[f"{name}.weight"] = w + layer.scaling[self.adapter_name] * delta  # as bypassed
         return out
 
     def bypassed(self, backbone: Backbone):
@@ -181,6 +199,21 @@ class Lora(AdapterBase):
                 out[key] = [(tuple(layer * heads + j * group + g for g in range(group)), 0, j * head_dim,
                              (j + 1) * head_dim) for j in range(kv)]
         return out
+
+
+def with_residuals(params: Params) -> Params:
+    """The LoRA factors, with every module's residual R (FedEx-LoRA) appended as its exact factorisation
+    R = (U Σ) Vᵀ, so that B' A' = B A + R; all modules zero-padded to one rank (PEFT's config has one r)."""
+    lora = {k: v for k, v in params.items() if ".lora_" in k}
+    residual = {k[: -len(RESIDUAL)]: v for k, v in params.items() if k.endswith(RESIDUAL)}
+    if not residual:
+        return lora
+    for module, (a, b) in pairs(lora).items():
+        if module in residual:
+            u, s, vh = torch.linalg.svd(residual[module].double(), full_matrices=False)
+            lora[b] = torch.cat([lora[b].double(), u * s], dim=1).float()
+            lora[a] = torch.cat([lora[a].double(), vh]).float()
+    return pad(lora, max(lora[a].shape[0] for a, _ in pairs(lora).values()))
 
 
 def _layer_index(module: str) -> int:

@@ -3,7 +3,8 @@
 Tensors travel under PEFT's state-dict names: ``<module>.lora_A.weight`` [r, d_in] and ``<module>.lora_B.weight``
 [d_out, r], so ΔW = s·B A for the module (s = alpha / r, the same on every client). The rank is A's first and B's
 second dimension; truncating or zero-padding both along it keeps B A's meaning (a zero row of A and a zero column
-of B add nothing).
+of B add nothing). A module may also carry a full-size residual ``<module>.base_residual`` (FedEx-LoRA's exact
+aggregation), added to the frozen weight as s·R.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ torch = lazy("torch")
 
 A, B = ".lora_A.weight", ".lora_B.weight"
 RANK_DIM = {A: 0, B: 1}  # the rank dimension of each factor
+# FedEx-LoRA's residual R of a module [d_out, d_in], in B A's units: the module computes W + s·(B A + R)
+RESIDUAL = ".base_residual"
 
 
 def factor(name: str) -> str | None:

@@ -5,8 +5,8 @@ Eq. 2): the relative deviation
 
     e = ‖P_new − (P_0 + Σ_k p_k P_k)‖_F / ‖P_0 + Σ_k p_k P_k‖_F,
 
-over all adapted modules together, with P the product B A of a module (the scaling alpha / r, common to every
-client, cancels), P_k client k's trained product, p_k = n_k / Σ_j n_j its sample weight and P_new the broadcast
+over all adapted modules together, with P the product B A of a module (plus its residual R where FedEx-LoRA folds
+one into the base weight: W + s·(B A + R); the scaling s = alpha / r, common to every client, cancels), P_k client k's trained product, p_k = n_k / Σ_j n_j its sample weight and P_new the broadcast
 product. P_0 is the global product the clients trained on top of when their uploads are fresh blocks (FLoRA's
 stacking); it is zero when they upload their trained global factors. FedAvg-LoRA's e is positive; FFA-LoRA's (A
 common and frozen) and FLoRA's (stacked) are zero up to float rounding; FlexLoRA's is what its rank-r SVD of
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fedpeft.comm.lora_pairs import pairs
+from fedpeft.comm.lora_pairs import RESIDUAL, A, pairs
 from fedpeft.comm.update import Params
 from fedpeft.lazy import lazy
 
@@ -42,6 +42,9 @@ def aggregation_error(before: Params, after: Params, clients: Sequence[Params], 
         for w, c in zip(weights, clients):
             exact = exact + (w / total) * (c.get(b, before[b]).double() @ c.get(a, before[a]).double())
         got = after[b].double() @ after[a].double()
+        res = a[: -len(A)] + RESIDUAL
+        if res in after:  # the part of the round's update folded into the base weight
+            got = got + after[res].double() - (before[res].double() if res in before else 0.0)
         num += float(((got - exact) ** 2).sum())
         den += float((torch.as_tensor(exact) ** 2).sum())
     if not seen or den == 0.0:

@@ -105,12 +105,13 @@ class Pipeline:
         return shapes, scalars
 
     def wire_shapes(self, update):
-        """Every stage's wire shapes of the update, a dimension variable where any stage makes it so."""
+        """Every stage's wire shapes of the update, a dimension variable where any stage makes it so, without the
+        tensors a stage does not upload."""
         out: dict[str, tuple[int | None, ...]] = dict(update)
         for s in self.stages:
-            for k, shape in s.wire_shapes(update).items():
-                mine = out.get(k, shape)
-                out[k] = tuple(None if a is None or b is None else a for a, b in zip(mine, shape))
+            theirs = s.wire_shapes(update)
+            out = {k: tuple(None if a is None or b is None else a for a, b in zip(mine, theirs[k]))
+                   for k, mine in out.items() if k in theirs}
         return out
 
     def check(self, reply: Message, client: int, state: Message) -> None:
@@ -130,6 +131,12 @@ class Pipeline:
             if k is not None:
                 keep = set(k) if keep is None else keep & set(k)
         return _join(states), keep
+
+    def fold(self, glob: Params, before: Params, updates) -> Params:
+        out: Params = {}
+        for s in self.stages:
+            out |= s.fold(glob | out, before, updates)
+        return out
 
     def diagnostics(self, state: Message) -> dict[str, float]:
         out: dict[str, float] = {}

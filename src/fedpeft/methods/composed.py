@@ -145,6 +145,7 @@ class ComposedMethod:
                scalars: dict[int, dict[str, Any]]) -> Message:
         new, agg = self.aggregator.aggregate(shared, updates, st.agg, round)
         glob = st.glob | new
+        glob |= self.sharing.fold(glob, st.glob, updates)
         sharing, keep = self.sharing.after_aggregate(glob, updates, st.sharing, round)
         if keep is not None:
             agg = self.aggregator.restrict(agg, keep)
@@ -254,6 +255,18 @@ class ComposedMethod:
             return False
         view, glob = floats(self.sharing.client_params(received, {})), floats(st.glob)
         return view.keys() == glob.keys() and all(torch.equal(view[k], glob[k]) for k in glob)
+
+    def global_view(self, state: Message) -> Params:
+        """The global model's tensors: the adapter's (and a linear head's), and what the exchange folds into them
+        (FedEx-LoRA's residual)."""
+        return dict(ServerState.from_message(state).glob)
+
+    def client_view(self, state: Message, client_state: Message, client: int) -> Params:
+        """Client ``client``'s personalised tensors after the last round: what it would be sent for evaluation, as
+        it sees it, with the tensors it keeps to itself (``client_state``)."""
+        st = ServerState.from_message(state)
+        sent = self._for_client(self.trainer.eval_downlink(self._shared(st, st.round + 1)), st, client)
+        return self.sharing.client_params(self.trainer.params_of(sent), sub_state(client_state, PRIVATE))
 
     def _post_tunes(self, round: int) -> bool:
         """Clients adapt the global tensors before they are scored (after the last round, with post-tuning)."""

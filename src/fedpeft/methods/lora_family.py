@@ -8,6 +8,8 @@ trainer: r = 16 on q/k/v, AdamW), so that they differ from it in the sharing pol
   factors averaged by the norm of B·A (``aggregators.hetlora``), rank self-pruning.
 - ``flexlora``: FlexLoRA (Bai et al., NeurIPS 2024): the same clients, the server averages B·A and re-factorises it
   by SVD (``aggregators.flexlora``); each client takes the leading components at its rank.
+- ``fedex-lora``: FedEx-LoRA (Singhal et al., ACL 2025): FedAvg of A and B, and the residual Σ p_k B_k A_k − B̄Ā
+  folded into the frozen weights each round (``sharing.fedex_residual``): exact, a full-size residual sent down.
 - ``fedper-lora``: FedPer (Arivazhagan et al. 2019) over dense LoRA: the LoRA of the base layers is federated, each
   client keeps its personalisation layers (the top layer's LoRA and the task head; ``sharing.private_tensors``);
   scored per client.
@@ -53,3 +55,6 @@ preset("fedper-lora", "FedPer over LoRA: the base layers' LoRA federated (FedAvg
        "task head kept on each device (personalised)",
        adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "fedavg"},
        sharing={"name": "private", "tensors": ["head.*"], "top_layers": 1})
+preset("fedex-lora", "FedEx-LoRA: LoRA factors averaged (FedAvg) and the residual of the average folded into the "
+       "frozen base weights each round (exact aggregation)",
+       adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "fedavg"}, sharing={"name": "fedex"})

@@ -7,6 +7,7 @@ from fedpeft.sharing import (  # noqa: F401  (registration)
     lora_factors,
     lora_ranks,
     lora_stacking,
+    fedex_residual,
     private,
     private_tensors,
 )

@@ -5,7 +5,7 @@ layers), keep the rest private on each client (personalisation), freeze and with
 client (head pruning), ask clients for extra reports (layer scores, head importances) and act on them after
 aggregation. The method calls it at fixed points of the round: server ``init`` / ``shared`` /
 ``instruction_scalars`` / ``for_client`` (what one client receives) / ``report_schema`` / ``wire_shapes`` / ``check``
-/ ``expand`` / ``after_aggregate``;
+/ ``expand`` / ``after_aggregate`` / ``fold`` (global tensors it sets after aggregation);
 client ``client_params`` / ``plan`` (before training: which entries stay frozen) / ``finish`` (after training:
 reports, compression) / ``upload_start`` (what the uploaded tensors started from) / ``private_state``; and
 ``record`` (what a reply adds to its client's round record).
@@ -26,7 +26,7 @@ from fedpeft.registry import Registry
 
 Shapes = dict[str, tuple[int, ...]]
 # the aspects of the round's exchange a stage may decide (``ShareAll.decides``; ``exchange.capabilities``)
-WHICH, SHAPE = "which", "shape"  # which tensors are exchanged; the shape a tensor travels in
+WHICH, SHAPE, FOLD = "which", "shape", "fold"  # which tensors travel; their shape; what the server folds in
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,11 @@ class SharingPolicy(Protocol):
     def after_aggregate(self, glob: Params, updates: Sequence[Update], state: Message,
                         round: int) -> tuple[Message, set[str] | None]:
         """New policy state and, when the shared set shrinks, the names that stay shared."""
+        ...
+
+    def fold(self, glob: Params, before: Params, updates: Sequence[Update]) -> Params:
+        """Global tensors it sets after aggregation, from the aggregated ``glob``, the global tensors ``before`` the
+        round and the replies (FedEx-LoRA's residual)."""
         ...
 
     def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]: ...
@@ -109,6 +114,7 @@ class ShareAll:
     deltas: bool = True                     # its replies are trained global tensors: w_k − w is an update (wrappers)
     decides: frozenset[str] = frozenset()   # aspects of the exchange it decides (``exchange.capabilities``)
     uploads_pairs: bool = True              # the server sees every client's LoRA factors, or the common fixed one
+    needs_pairs: bool = False               # needs them (every stage of its chain must upload them)
 
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         self.settings, self.ctx = settings, ctx
@@ -143,6 +149,9 @@ class ShareAll:
 
     def after_aggregate(self, glob, updates, state, round):
         return state, None
+
+    def fold(self, glob: Params, before: Params, updates: Sequence[Update]) -> Params:
+        return {}
 
     def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]:
         return dict(update)
