@@ -126,9 +126,11 @@ class ModelConfig(_Strict):
         "auto", description="classification: how class scores are read from the frozen model (auto: the "
                             "verbalizer on causal and masked LMs, similarity on encoders without an LM head)")
     similarity_scale: float = Field(20.0, gt=0, description="logit scale of cosine similarities")
-    pooling: Literal["all", "text"] = Field(
-        "all", description="mean pooling of the similarity/linear readouts: every attended row, or the text rows "
-                           "only (the adapter's inserted prompt rows left out; not with the verbalizer)")
+    pooling: Literal["all", "text", "pooler"] = Field(
+        "all", description="pooling of the similarity/linear readouts: the mean of every attended row, or of the "
+                           "text rows only (the adapter's inserted prompt rows left out), or the encoder's own "
+                           "pretrained pooler (the first row through its dense + tanh: what HF's "
+                           "BertForSequenceClassification reads); not with the verbalizer")
     quantization: Literal["none", "4bit", "8bit"] = Field(
         "none", description="load the frozen weights quantized with bitsandbytes (QLoRA: 4bit NF4, bf16 compute); "
                             "CUDA only")

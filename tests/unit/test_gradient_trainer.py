@@ -46,3 +46,53 @@ def test_without_head_lr_every_tensor_trains_at_lr_in_one_group():
     assert param_groups(["head.bias", "prompt"], GradientSettings()) == [["head.bias", "prompt"]]
     assert param_groups(["head.bias", "prompt"], GradientSettings(head_lr=1.0)) == [["prompt"], ["head.bias"]]
     assert param_groups(["prompt"], GradientSettings(head_lr=1.0)) == [["prompt"]]  # no head: one group
+
+
+@pytest.mark.parametrize("schedule, ratio", [("linear", 0.06), ("linear", 0.0), ("constant", 0.25)])
+def test_the_learning_rate_schedule_is_transformers_linear_schedule_with_warmup(schedule, ratio):
+    from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    from fedpeft.trainers.gradient import lr_factor
+
+    steps = 29
+    cfg = GradientSettings(lr=1.0, schedule=schedule, warmup_ratio=ratio)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    warmup = int(steps * ratio)
+    hf = (get_linear_schedule_with_warmup(opt, warmup, steps) if schedule == "linear"
+          else get_constant_schedule_with_warmup(opt, warmup))
+    want = []
+    for _ in range(steps):
+        want.append(opt.param_groups[0]["lr"])
+        opt.step()
+        hf.step()
+    assert [lr_factor(s, steps, cfg) for s in range(steps)] == pytest.approx(want, abs=1e-12)
+
+
+def test_a_linear_schedule_moves_the_tensors_less_than_the_constant_rate():
+    clf = Classifier(load_backbone("tiny-bert"), SoftPrompt(SoftPromptSettings(num_tokens=3)), TASK, "linear",
+                     max_length=12)
+    params = clf.init_params(torch.Generator().manual_seed(0))
+    data = clf.encode(EXAMPLES)
+    moved = {}
+    for schedule in ("constant", "linear"):
+        cfg = GradientSettings(lr=0.1, batch_size=4, local_epochs=4, schedule=schedule, warmup_ratio=0.5)
+        out = train_local(clf, params, data, "sgd", cfg, torch.Generator().manual_seed(1)).params
+        moved[schedule] = sum(float((out[k] - params[k]).abs().sum()) for k in params)
+    assert 0 < moved["linear"] < moved["constant"]
+
+
+def test_pooler_pooling_reads_the_encoders_pretrained_pooler_as_hf_sequence_classification_does():
+    from transformers import BertForSequenceClassification
+
+    from fedpeft.adapters.identity import TemplateOnly
+
+    backbone = load_backbone("tiny-bert")
+    plain = Classifier(backbone, TemplateOnly(), TASK, "linear", max_length=12, pooling="pooler")
+    batch = plain.batch(plain.encode(EXAMPLES), [0, 1])
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    hf = BertForSequenceClassification(backbone.model.config).eval()
+    hf.bert.load_state_dict(backbone.model.state_dict())
+    params = {"head.weight": hf.classifier.weight.detach().clone(), "head.bias": hf.classifier.bias.detach().clone()}
+    with torch.no_grad():
+        torch.testing.assert_close(plain.logits(params, batch), hf(input_ids=ids, attention_mask=mask).logits,
+                                   rtol=1e-5, atol=1e-6)

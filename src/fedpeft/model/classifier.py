@@ -57,7 +57,7 @@ class Classifier(AdaptedModel):
                  pooling: str = "all") -> None:
         super().__init__(backbone, adapter, task, max_length, autocast)
         self.readout = resolve_readout(readout, backbone.family)
-        self.pooling = readout_option("model.pooling", pooling, ("all", "text"), self.readout, "verbalizer",
+        self.pooling = readout_option("model.pooling", pooling, ("all", "text", "pooler"), self.readout, "verbalizer",
                                       "applies to the pooled readouts (similarity, linear); the verbalizer reads "
                                       "one position (use all)")
         self.calibration = readout_option("model.calibration", calibration, ("none", "contextual"), self.readout,

@@ -14,7 +14,7 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,6 +47,21 @@ class GradientSettings(BaseModel):
     grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient to this L2 norm (none: no clipping)")
     reset_optimizer: bool = Field(True, description="fresh optimizer state every round")
     prox_mu: float = Field(0.0, ge=0, description="FedProx proximal weight mu (0: plain local training)")
+    schedule: Literal["constant", "linear"] = Field(
+        "constant", description="learning rate over a round's steps: constant, or linear decay to 0 after the warm-up "
+                                "(transformers' get_linear_schedule_with_warmup), restarted every round")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="share of a round's steps over which the rate rises "
+                                                            "linearly from 0 (int(steps · ratio) steps, as in HF)")
+
+
+def lr_factor(step: int, steps: int, cfg: GradientSettings) -> float:
+    """The rate's multiplier at optimizer step ``step`` (0-based) of ``steps``: HF's linear schedule with warm-up."""
+    warmup = int(steps * cfg.warmup_ratio)
+    if step < warmup:
+        return step / max(1, warmup)
+    if cfg.schedule == "constant":
+        return 1.0
+    return max(0.0, (steps - step) / max(1, steps - warmup))
 
 
 @dataclass
@@ -132,6 +147,8 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
     if optimizer_state and not cfg.reset_optimizer:
         _load_flat_state(opt, ordered, optimizer_state, clf.device)
     steps, n = num_steps(len(data), cfg), len(data)
+    scheduled = cfg.schedule != "constant" or cfg.warmup_ratio > 0
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, cfg)) if scheduled else None
     order = torch.empty(0, dtype=torch.long)
     total = 0.0
     for _ in range(steps):
@@ -162,6 +179,8 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_([work[k] for k in names], cfg.grad_clip)
         opt.step()
+        if sched is not None:
+            sched.step()
         with torch.no_grad():
             for k, m in masks.items():
                 work[k][m] = keep[k][m]

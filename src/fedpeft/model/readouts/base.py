@@ -53,6 +53,12 @@ class Readout:
         return self.pooled and family != "encoder"
 
     def pooled_states(self, clf: Any, out: Any, prep: Prepared) -> torch.Tensor:
+        if clf.pooling == "pooler":
+            pooled = getattr(out, "pooler_output", None)
+            if pooled is None:
+                raise ValueError(f"model.pooling: 'pooler' reads the encoder's pooler output; {clf.backbone.name} "
+                                 "gives none (use all or text)")
+            return pooled
         return mean_pool(last_hidden(out, clf.backbone.family), pooling_mask(prep, clf.pooling))
 
     def logits(self, clf: Any, out: Any, prep: Prepared, batch: dict[str, torch.Tensor],
