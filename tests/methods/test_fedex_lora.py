@@ -41,7 +41,7 @@ def test_the_residual_makes_the_global_update_the_exact_average():
 
 @pytest.mark.parametrize("over, why", [
     ({"method.exchange": "[fedex, fedsa]"}, "'fedex' needs both LoRA factors of every client"),
-    ({"method.aggregator.name": "median"}, "sharing 'fedex' uploads what only fedavg can combine"),
+    ({"method.aggregator.name": "median"}, "sharing 'fedex' uploads what only fedavg or uniform can combine"),
     ({"federation.secure_aggregation": "{}"}, "'fedex' uploads what cannot be summed"),
 ])
 def test_what_fedex_cannot_run_with_is_refused_before_anything_loads(over, why):
@@ -111,3 +111,14 @@ def test_a_fedex_run_resumes_bit_identically_and_exports_the_residual_exactly(tm
         want = glob[b_key].double() @ glob[a_key].double() + res
         got = peft["base_model.model." + b_key].double() @ peft["base_model.model." + a_key].double()
         assert float(torch.linalg.norm(got - want) / torch.linalg.norm(want)) < 1e-5  # float32 factors
+
+
+def test_under_the_uniform_mean_of_the_authors_code_the_residual_is_exact_too(tmp_path):
+    """Unequal clients (Dirichlet) averaged alike, as ``CERT-Lab/fedex-lora``'s aggregation does: the residual and
+    the aggregation error take the aggregator's weights, so the round is exact against the uniform average."""
+    cfg = _cfg(**{"method.aggregator.name": "uniform", "federation.rounds": 2,
+                  "federation.partition.scheme": "dirichlet", "federation.partition.alpha": 0.5})
+    run_embedded(cfg, tmp_path / "run")
+    recs = RunDir(tmp_path / "run").read_metrics()
+    sizes = {c["num_examples"] for c in recs[0]["clients"]}
+    assert len(sizes) > 1 and all(r["server"]["aggregation_error"] <= 1e-6 for r in recs)

@@ -132,10 +132,10 @@ class Pipeline:
                 keep = set(k) if keep is None else keep & set(k)
         return _join(states), keep
 
-    def fold(self, glob: Params, before: Params, updates) -> Params:
+    def fold(self, glob: Params, before: Params, updates, weights) -> Params:
         out: Params = {}
         for s in self.stages:
-            out |= s.fold(glob | out, before, updates)
+            out |= s.fold(glob | out, before, updates, weights)
         return out
 
     def diagnostics(self, state: Message) -> dict[str, float]:

@@ -145,7 +145,7 @@ class ComposedMethod:
                scalars: dict[int, dict[str, Any]]) -> Message:
         new, agg = self.aggregator.aggregate(shared, updates, st.agg, round)
         glob = st.glob | new
-        glob |= self.sharing.fold(glob, st.glob, updates)
+        glob |= self.sharing.fold(glob, st.glob, updates, self._weights(updates))
         sharing, keep = self.sharing.after_aggregate(glob, updates, st.sharing, round)
         if keep is not None:
             agg = self.aggregator.restrict(agg, keep)
@@ -159,12 +159,17 @@ class ComposedMethod:
             glob, down = glob | rebuilt, sync.record(self.downlink, st.down, message, round)
         return ServerState(round, glob, agg, sharing, history, down, self._measures(st.glob, glob, updates)).to_message()
 
+    def _weights(self, updates: list[Update]) -> list[float]:
+        """The aggregator's weight of each reply: its example count, or 1 where the rule weighs clients alike."""
+        return [1.0 if self.aggregator.uniform_weights else float(u.weight) for u in updates]
+
     def _measures(self, before: Params, after: Params, updates: list[Update]) -> dict[str, float]:
-        """The LoRA aggregation error of this round's broadcast (``exchange.aggregation_error``), over the modules
-        whose factors no client keeps to itself; nothing under secure aggregation (one summed update, no client's)."""
+        """The LoRA aggregation error of this round's broadcast (``exchange.aggregation_error``) against the exact
+        average under the aggregator's weights, over the modules whose factors no client keeps to itself; nothing
+        under secure aggregation (one summed update, no client's)."""
         if not updates or any(u.client < 0 for u in updates):
             return {}
-        error = aggregation_error(before, after, [u.tensors for u in updates], [u.weight for u in updates],
+        error = aggregation_error(before, after, [u.tensors for u in updates], self._weights(updates),
                                   fresh=not self.sharing.deltas, skip=frozenset(self.sharing.private_state(before)))
         return {} if error is None else {"aggregation_error": error}
 

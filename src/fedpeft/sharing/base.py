@@ -53,9 +53,9 @@ class SharingPolicy(Protocol):
         """New policy state and, when the shared set shrinks, the names that stay shared."""
         ...
 
-    def fold(self, glob: Params, before: Params, updates: Sequence[Update]) -> Params:
+    def fold(self, glob: Params, before: Params, updates: Sequence[Update], weights: Sequence[float]) -> Params:
         """Global tensors it sets after aggregation, from the aggregated ``glob``, the global tensors ``before`` the
-        round and the replies (FedEx-LoRA's residual)."""
+        round, the replies and the aggregator's weight of each (FedEx-LoRA's residual)."""
         ...
 
     def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]: ...
@@ -150,7 +150,7 @@ class ShareAll:
     def after_aggregate(self, glob, updates, state, round):
         return state, None
 
-    def fold(self, glob: Params, before: Params, updates: Sequence[Update]) -> Params:
+    def fold(self, glob: Params, before: Params, updates: Sequence[Update], weights: Sequence[float]) -> Params:
         return {}
 
     def wire_shapes(self, update: Shapes) -> dict[str, tuple[int | None, ...]]:

@@ -1,7 +1,8 @@
 """FedEx-LoRA (Singhal et al., ACL 2025, Sec. 3): exact aggregation by folding the averaging error into the frozen
 weights, as the stage ``fedex`` over the ``lora`` adapter with the ``fedavg`` aggregator.
 
-The server averages A and B as FedAvg does (Ā = Σ_k p_k A_k, B̄ = Σ_k p_k B_k, p_k = n_k / Σ_j n_j) and adds the
+The server averages A and B as its aggregator does (``fedavg``: Ā = Σ_k p_k A_k, B̄ = Σ_k p_k B_k, p_k = n_k / Σ_j n_j;
+``uniform``: p_k = 1 / K, as the authors' code averages) and adds the
 residual Σ_k p_k B_k A_k − B̄Ā to each adapted module's base weight (Eq. 5–6, scaled by s = alpha / r as the LoRA
 update is), so that the global model W₀ + s·(R + B̄Ā) is the exact average of the clients' W₀ + s·(R + B_k A_k).
 
@@ -48,7 +49,7 @@ def residual_step(glob: Params, before: Params, clients: Sequence[Params], weigh
                   "base weights each round (exact aggregation; a full-size residual on the downlink)")
 class FoldResidual(ShareAll):
     adapters = frozenset({"lora"})
-    aggregators = frozenset({"fedavg"})  # the residual completes the sample-weighted mean of the factors
+    aggregators = frozenset({"fedavg", "uniform"})  # the residual completes the (sample- or uniformly) weighted mean
     summable = False  # the residual needs each client's B_k A_k, which a sum of the factors does not give
     decides = frozenset({FOLD})
     needs_pairs = True
@@ -65,7 +66,7 @@ class FoldResidual(ShareAll):
         return {"params": {k: v for k, v in start.items() if k not in residual},
                 "static": self.ctx.classifier.adapter.overrides(residual)}
 
-    def fold(self, glob: Params, before: Params, updates: Sequence[Update]) -> Params:
+    def fold(self, glob: Params, before: Params, updates: Sequence[Update], weights: Sequence[float]) -> Params:
         if not updates:
             return {}
-        return residual_step(glob, before, [u.tensors for u in updates], [u.weight for u in updates])
+        return residual_step(glob, before, [u.tensors for u in updates], weights)
