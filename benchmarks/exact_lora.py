@@ -159,8 +159,9 @@ def render(args) -> Path:
     for task in TASKS:
         metric = PRIMARY[task]
         lines += [f"## {task.upper()} (dev.tsv), {metric} of the final round, mean ± sd over seeds", "",
-                  f"| method | authors' code | fedpeft | fedpeft − authors, paired | authors' max over rounds "
-                  f"(what it prints) | fedpeft budget / client-round | rounds | seeds done |", "|---|---|---|---|---|---|---|---|"]
+                  "| method | authors' code | fedpeft | fedpeft − authors, paired | authors' max over rounds "
+                  "(what it prints) | fedpeft budget / client-round | rounds | seeds done |",
+                  "|---|---|---|---|---|---|---|---|"]
         for method, (label, _) in METHODS.items():
             finals: dict[str, dict[int, float]] = {s: {} for s in SIDES}
             best, budgets, rounds = [], [], set()

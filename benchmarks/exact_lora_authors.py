@@ -98,7 +98,6 @@ def main(argv: list[str]) -> None:
     checkout, their = Path(argv[0]).resolve(), argv[1:]
     os.environ.setdefault("WANDB_MODE", "disabled")
     import torch
-    import transformers
     from transformers import GPT2LMHeadModel, RobertaForSequenceClassification, Trainer  # noqa: F401 (before the stubs)
 
     transformers = sys.modules["transformers"]  # (importing a model class replaces the lazy module)

@@ -105,3 +105,21 @@ def last_hidden_ours_and_peft(exp, params, peft_dir, rows=(0, 1, 2)):
         theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                             output_hidden_states=True).hidden_states[-1]
     return ours, theirs
+
+
+def assert_resumes_identically(cfg, root, stop_after_round: int) -> None:
+    """A run stopped after ``stop_after_round`` and resumed gives the uninterrupted run's records (timing aside) and
+    the same final state, tensor for tensor."""
+    from fedpeft.runtime.embedded import StopAfterRound, run_embedded
+    from fedpeft.tracking.rundir import RunDir
+    from fedpeft.tracking.summary import TIMING_FIELDS
+
+    run_embedded(cfg, root / "full")
+    with pytest.raises(StopAfterRound):
+        run_embedded(cfg, root / "cut", stop_after_round=stop_after_round)
+    run_embedded(cfg, root / "cut", resume=True)
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]  # noqa: E731
+    assert strip(RunDir(root / "cut").read_metrics()) == strip(RunDir(root / "full").read_metrics())
+    a, b = (RunDir(root / d).load_checkpoint()[1] for d in ("full", "cut"))
+    assert a.tensors.keys() == b.tensors.keys() and all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+    assert a.scalars == b.scalars

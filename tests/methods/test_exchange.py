@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_overrides
+from conftest import assert_resumes_identically, tiny_overrides
 
 from fedpeft.build import build
 from fedpeft.comm.lora_pairs import A, B, pairs, products
@@ -18,10 +18,9 @@ from fedpeft.exchange.pipeline import merge_plans
 from fedpeft.exchange.stages import STAGES
 from fedpeft.methods.state import PRIVATE, ServerState
 from fedpeft.resolve import load_config
-from fedpeft.runtime.embedded import StopAfterRound, run_embedded
+from fedpeft.runtime.embedded import run_embedded
 from fedpeft.sharing.private_tensors import private_names
 from fedpeft.tracking.rundir import RunDir
-from fedpeft.tracking.summary import TIMING_FIELDS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TIERS = [{"name": "small", "share": 0.5, "rank": 2}, {"name": "large", "share": 0.5, "rank": 4}]
@@ -158,16 +157,7 @@ def test_head_pruning_with_a_private_head_uploads_the_kept_heads_of_the_base_lay
 
 @pytest.mark.parametrize("make", [_ranks_fedsa, _pruning_private], ids=["ranks+fedsa", "head_pruning+private"])
 def test_a_chained_run_resumes_to_the_uninterrupted_records_and_state(make, tmp_path):
-    cfg = make(**{"federation.rounds": 2})
-    run_embedded(cfg, tmp_path / "full")
-    with pytest.raises(StopAfterRound):
-        run_embedded(cfg, tmp_path / "cut", stop_after_round=1)
-    run_embedded(cfg, tmp_path / "cut", resume=True)
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]  # noqa: E731
-    assert strip(RunDir(tmp_path / "cut").read_metrics()) == strip(RunDir(tmp_path / "full").read_metrics())
-    a, b = (RunDir(tmp_path / d).load_checkpoint()[1] for d in ("full", "cut"))
-    assert a.tensors.keys() == b.tensors.keys() and all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
-    assert a.scalars == b.scalars
+    assert_resumes_identically(make(**{"federation.rounds": 2}), tmp_path, stop_after_round=1)
 
 
 # ---------------------------------------------------------------- conformance: every stage, chains of two
@@ -201,8 +191,8 @@ def _chains() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("stages", [(n,) for n in STAGES.names()] + _chains()[::2], ids=lambda s: "+".join(s))
 def test_every_stage_and_sampled_chains_round_trip_and_a_zero_update_stays_zero(stages, tmp_path, monkeypatch):
-    """Clients that do not move (their training returns what they started from) upload what they were sent: every stage's send, receive, upload,
-    check and expand must give the aggregator replies of the declared shapes (all accepted) that leave each
+    """Clients that do not move (their training returns what they started from) upload what they were sent: every
+    stage's send, receive, upload, check and expand must give the aggregator replies of the declared shapes (all accepted) that leave each
     global tensor as it was (LoRA factors: the product B·A, which zero-padding keeps)."""
     adapter = _adapter_for(stages)
     import fedpeft.trainers.gradient as gradient
