@@ -192,8 +192,8 @@ def _chains() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("stages", [(n,) for n in STAGES.names()] + _chains()[::2], ids=lambda s: "+".join(s))
 def test_every_stage_and_sampled_chains_round_trip_and_a_zero_update_stays_zero(stages, tmp_path, monkeypatch):
     """Clients that do not move (their training returns what they started from) upload what they were sent: every
-    stage's send, receive, upload, check and expand must give the aggregator replies of the declared shapes (all accepted) that leave each
-    global tensor as it was (LoRA factors: the product B·A, which zero-padding keeps)."""
+    stage's send, receive, upload, check and expand must give the aggregator replies of the declared shapes (all
+    accepted) that leave each global tensor as it was (LoRA factors: the product B·A, which zero-padding keeps)."""
     adapter = _adapter_for(stages)
     import fedpeft.trainers.gradient as gradient
 

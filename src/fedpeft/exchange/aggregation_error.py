@@ -8,10 +8,10 @@ Eq. 2): the relative deviation
 over all adapted modules together, with P the product B A of a module (plus its residual R where FedEx-LoRA folds
 one into the base weight: W + s·(B A + R); the scaling s = alpha / r, common to every client, cancels), P_k client
 k's trained product, p_k its weight under the aggregator (n_k / Σ_j n_j, or 1 / K for an unweighted mean) and P_new
-the broadcast product. P_0 is the global product the clients trained on top of when their uploads are fresh blocks (FLoRA's
-stacking); it is zero when they upload their trained global factors. FedAvg-LoRA's e is positive; FFA-LoRA's (A
-common and frozen) and FLoRA's (stacked) are zero up to float rounding; FlexLoRA's is what its rank-r SVD of
-Σ_k p_k P_k leaves out, HetLoRA's includes its reweighting of the clients by their norms.
+the broadcast product. P_0 is the global product the clients trained on top of when their uploads are fresh blocks
+(FLoRA's stacking); it is zero when they upload their trained global factors. FedAvg-LoRA's e is positive;
+FFA-LoRA's (A common and frozen) and FLoRA's (stacked) are zero up to float rounding; FlexLoRA's is what its rank-r SVD
+of Σ_k p_k P_k leaves out, HetLoRA's includes its reweighting of the clients by their norms.
 """
 
 from __future__ import annotations

@@ -157,7 +157,8 @@ class ComposedMethod:
             keys = self.downlink.keys
             rebuilt, message = self.downlink.encode({k: glob[k] for k in keys}, {k: st.glob[k] for k in keys})
             glob, down = glob | rebuilt, sync.record(self.downlink, st.down, message, round)
-        return ServerState(round, glob, agg, sharing, history, down, self._measures(st.glob, glob, updates)).to_message()
+        measures = self._measures(st.glob, glob, updates)
+        return ServerState(round, glob, agg, sharing, history, down, measures).to_message()
 
     def _weights(self, updates: list[Update]) -> list[float]:
         """The aggregator's weight of each reply: its example count, or 1 where the rule weighs clients alike."""
