@@ -126,8 +126,7 @@ def check_combination(cfg: ExperimentConfig) -> None:
                          f"global model; sharing '{name}' uploads tensors that have none (e.g. fresh LoRA "
                          "blocks to stack), so it takes no server wrapper")
     if policy.adapters is not None and m.adapter.name not in policy.adapters:
-        field = "method.sharing.name" if len(policy.names) == 1 else "method.exchange"
-        raise ValueError(f"{field}: '{name}' shares the layers of "
+        raise ValueError(f"{_field(policy)}: '{name}' shares the layers of "
                          f"{' or '.join(sorted(policy.adapters))}, not of the adapter '{m.adapter.name}'")
     for i, t in enumerate(m.transforms):
         if kind not in TRANSFORMS.get(t.name).accepts:
@@ -142,6 +141,11 @@ def check_combination(cfg: ExperimentConfig) -> None:
         if adapters is not None and m.adapter.name not in adapters:
             raise ValueError(f"method.{field}.name: '{name}' works on {' or '.join(sorted(adapters))}, not on the "
                              f"adapter '{m.adapter.name}'")
+
+
+def _field(policy) -> str:
+    """The config key that names the exchange: the one sharing stage, or the chain."""
+    return "method.sharing.name" if len(policy.names) == 1 else "method.exchange"
 
 
 def check_profiles(cfg: ExperimentConfig) -> None:
@@ -201,7 +205,7 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
                          "aggregation reveals only the sum")
     policy = exchange_record(m.stages())
     if not policy.summable:
-        raise ValueError(f"method.sharing.name: '{policy.label}' uploads what cannot be summed across clients "
+        raise ValueError(f"{_field(policy)}: '{policy.label}' uploads what cannot be summed across clients "
                          "(see its summable note); secure aggregation reveals only the sum")
     if SELECTORS.get(m.selector.name).reads_clients:
         raise ValueError(f"method.selector.name: '{m.selector.name}' ranks clients by what each reported; under "
