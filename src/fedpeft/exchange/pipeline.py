@@ -24,11 +24,6 @@ from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
 from fedpeft.exchange.capabilities import Capabilities
-from fedpeft.lazy import lazy
-
-torch = lazy("torch")
-
-PLAN_KEYS = ("params", "frozen", "static", "penalty")  # what the trainer reads of a plan
 
 
 def _sub(state: Message, i: int) -> Message:
