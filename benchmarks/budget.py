@@ -23,6 +23,8 @@ from typing import Any
 
 # trainer settings that change how a step is computed, not what it trains on (rows per forward pass)
 LAYOUT = ("batched", "max_rows")
+# a gradient trainer's constant rate without warm-up: what every trainer did before these keys (no budget key)
+NO_SCHEDULE = (("schedule", "constant"), ("warmup_ratio", 0.0))
 
 
 def _head(cfg) -> bool:
@@ -36,7 +38,7 @@ def planned(cfg) -> dict[str, Any]:
     out: dict[str, Any] = {"rounds": cfg.federation.rounds, "clients per round": cfg.federation.clients_per_round,
                            "training examples": cfg.task.max_train, "trainer": trainer.pop("name")}
     head_lr = trainer.pop("head_lr", None)
-    out |= {k: v for k, v in trainer.items() if k not in LAYOUT}
+    out |= {k: v for k, v in trainer.items() if k not in LAYOUT and (k, v) not in NO_SCHEDULE}
     if "lr" in trainer and _head(cfg):
         out["head lr"] = trainer["lr"] if head_lr is None else head_lr
     caps = [p.max_steps for p in cfg.federation.client_profiles]

@@ -1,7 +1,7 @@
 """The compatibility check over a seeded sample of the component matrix (adapter × trainer × aggregator × sharing ×
 selector, each with its least settings): every combination it refuses fails before anything loads, naming a
-``method`` field; the first 8 it accepts run a round on tiny BERT. The sample (seed 0): 200 of the 9 × 6 × 17 × 10 × 3
-combinations, 16 accepted (the full product is too slow to run)."""
+``method`` field; the first 8 it accepts run a round on tiny BERT. The sample (seed 0): 200 of the 9 × 6 × 17 × 11 × 3
+combinations, 15 accepted (the full product is too slow to run)."""
 
 from __future__ import annotations
 
@@ -59,3 +59,28 @@ def test_refused_combinations_name_the_field_and_accepted_ones_run(tmp_path, one
         run_embedded(cfg, tmp_path / str(i))
         rec = RunDir(tmp_path / str(i)).read_metrics()[-1]
         assert [c["status"] for c in rec["clients"]] == ["ok"] * len(rec["clients"]), (combo, rec["clients"])
+
+
+def test_training_that_cannot_happen_is_refused_before_anything_loads():
+    """A gradient trainer on an adapter without float tensors (read by no trainable head), and a stage that decides
+    what travels beside a trainer that uploads nothing: each refused naming its field (the seeded sample above met
+    both as runtime failures once the sharing axis grew)."""
+    from conftest import tiny_overrides
+
+    none = {"method__adapter__num_tokens": None}
+    for over, field in ((dict(none, method__adapter__name="demonstrations", method__trainer__name="sgd"),
+                         "method.trainer"),
+                        (dict(none, method__adapter__name="template_only", method__trainer__name="adam"),
+                         "method.trainer"),
+                        (dict(method__name="headprune", method__trainer__name="no-training",
+                              method__aggregator__name="keep-global", method__adapter__num_tokens=None,
+                              method__trainer__batch_size=None, method__trainer__max_steps=None),
+                         "method.sharing.name")):
+        try:
+            load_config(None, tiny_overrides(**over))
+        except ConfigError as e:
+            assert field in str(e), str(e)
+        else:
+            raise AssertionError(f"accepted {over}")
+    load_config(None, tiny_overrides(method__adapter__name="template_only", method__trainer__name="adam",
+                                     model__readout="linear", **none))  # a linear probe on the template: trainable

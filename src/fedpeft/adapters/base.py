@@ -87,6 +87,8 @@ class AdapterBase:
     # its model inputs are the tokens' own embeddings, row by row (no inserted rows, no key/value cache), so a
     # batch's rows can be packed into one sequence without padding (``runtime.padding_free``)
     packable = False
+    # it has float tensors a gradient trainer can train (a template alone or token ids have none)
+    differentiable = True
 
     def __init__(self, cfg: Any = None) -> None:
         self.cfg = cfg

@@ -24,6 +24,7 @@ torch = lazy("torch")
 @ADAPTERS.register("template_only", "no trainable tensors: the task template alone (manual prompt)")
 class TemplateOnly(AdapterBase):
     name = "template_only"
+    differentiable = False
 
     def init(self, backbone: Backbone, generator: torch.Generator) -> Params:
         return {}
@@ -62,6 +63,7 @@ class Demonstrations(AdapterBase):
     """``demo_ids``: k random training examples of the task's pool, drawn from the run seed at ``init``."""
 
     name = "demonstrations"
+    differentiable = False  # token ids
 
     def __init__(self, cfg: DemonstrationSettings | None = None) -> None:
         super().__init__(cfg or DemonstrationSettings())

@@ -17,6 +17,7 @@ from fedpeft.selection import SELECTORS
 from fedpeft.exchange.stages import record as exchange_record
 from fedpeft.sharing import SHARING
 from fedpeft.trainers import TRAINERS
+from fedpeft.trainers.base import NONE
 from fedpeft.transforms import TRANSFORMS
 
 KINDS = {"params": "trained tensors", "distribution": "a CMA-ES search distribution (mean, step size, covariance)",
@@ -114,6 +115,14 @@ def check_combination(cfg: ExperimentConfig) -> None:
     if policy.aggregators is not None and m.aggregator.name not in policy.aggregators:
         raise ValueError(f"method.aggregator.name: sharing '{name}' uploads what only "
                          f"{' or '.join(sorted(policy.aggregators))} can combine, not '{m.aggregator.name}'")
+    if (hasattr(trainer, "settings_for") and not ADAPTERS.get(m.adapter.name).differentiable
+            and cfg.model.readout != "linear"):
+        raise ValueError(f"method.trainer.name: '{m.trainer.name}' trains float tensors by gradient; adapter "
+                         f"'{m.adapter.name}' has none (set model.readout: linear to train a head on it, or use "
+                         "no-training)")
+    if kind == NONE and policy.decides:
+        raise ValueError(f"{_field(policy)}: '{name}' decides what a client trains and uploads; trainer "
+                         f"'{m.trainer.name}' trains and uploads nothing (use method.sharing.name: all)")
     if AGGREGATORS.get(m.aggregator.name).reads_products and not policy.uploads_pairs:
         raise ValueError(f"method.aggregator.name: '{m.aggregator.name}' reads each client's LoRA product B_k A_k; "
                          f"sharing '{name}' keeps a factor on the clients, so the server never sees it (use fedavg)")

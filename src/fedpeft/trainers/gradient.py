@@ -131,10 +131,6 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
     whose forward and backward each step shares (as client ``client``). ``penalty(tensors)`` is added to every
     step's loss (HetLoRA's tail-norm regulariser)."""
     names = sorted(params)
-    if not names:  # nothing to train (a template-only adapter read by a verbalizer): one batch's loss, no step
-        with torch.no_grad():
-            batch = clf.batch(data, list(range(min(cfg.batch_size, len(data)))))
-            return TrainResult({}, 0, float(clf.loss(clf.outputs({}, batch, static), batch)), None)
     work = {k: params[k].detach().to(clf.device, torch.float32).clone().requires_grad_(True) for k in names}
     anchor = {k: v.detach().clone() for k, v in work.items()} if cfg.prox_mu > 0 else None
     masks = {k: m.to(clf.device) for k, m in (frozen or {}).items() if bool(m.any())}
