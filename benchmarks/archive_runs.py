@@ -15,7 +15,8 @@ import tarfile
 from pathlib import Path
 
 FINISHED_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "posthoc.json", "validity.json", "run.log",
-                  "local_unseen.json", "model.json")
+                  "local_unseen.json", "model.json", "result.json", "stdout.log")
+DONE = ("summary.json", "result.json")  # a fedpeft run's, another codebase's run's (benchmarks.exact_lora)
 SKIPPED = {".lock", "report.html"}
 
 
@@ -23,9 +24,11 @@ def archive_members(runs_dir: Path, max_unfinished_bytes: float = float("inf")) 
     """The files to pack, relative paths under ``runs_dir``'s parent, sorted so archives are reproducible."""
     members: list[Path] = []
     for path in sorted(runs_dir.iterdir()):
+        if path.is_symlink():
+            continue  # e.g. a checkout of another codebase linked in: not ours to pack
         if path.is_file() and path.name not in SKIPPED:
             members.append(path)  # per-benchmark records beside the runs (baselines, calibration)
-        elif path.is_dir() and (path / "summary.json").exists():
+        elif path.is_dir() and any((path / f).exists() for f in DONE):
             members += [path / f for f in FINISHED_FILES if (path / f).exists()]
         elif path.is_dir():
             files = [p for p in sorted(path.rglob("*")) if p.is_file() and p.name not in SKIPPED]
@@ -52,8 +55,8 @@ def archive(runs_dir: Path, target: Path, max_unfinished_bytes: float = float("i
         partial.unlink(missing_ok=True)
         raise
     partial.replace(target)
-    runs = [p for p in runs_dir.iterdir() if p.is_dir()]
-    done = sum((p / "summary.json").exists() for p in runs)
+    runs = [p for p in runs_dir.iterdir() if p.is_dir() and not p.is_symlink()]
+    done = sum(any((p / f).exists() for f in DONE) for p in runs)
     return done, len(runs) - done
 
 

@@ -191,7 +191,7 @@ def render(args) -> Path:
 def main(argv: list[str] | None = None) -> None:
     p = grid_parser("exact_lora", __doc__.splitlines()[0], workers=1)
     p.add_argument("--parts", nargs="+", default=["authors"], choices=["authors"])
-    p.add_argument("--authors-checkout", default="runs/exact_lora/authors_code",
+    p.add_argument("--authors-checkout", default="runs/fedex-lora-checkout",
                    help=f"a checkout of {AUTHORS_REPO} at {AUTHORS_COMMIT[:12]} (git clone + git checkout)")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
