@@ -223,3 +223,14 @@ def test_every_stage_and_sampled_chains_round_trip_and_a_zero_update_stays_zero(
         assert torch.equal(start[k], end[k]), k
     for m, p in products(start).items():
         torch.testing.assert_close(products(end)[m], p, atol=1e-6, rtol=0)
+
+
+def test_fedex_makes_the_tiers_of_ranks_exact(tmp_path):
+    """A combination no paper names: clients at their tiers' ranks (zero-padded, averaged) with FedEx-LoRA's residual
+    folded in, so the padded average loses nothing: every round's aggregation error is float rounding."""
+    cfg = _cfg(**{"method.name": "fedex-lora", "method.exchange": "[ranks, fedex]", "method.adapter.r": 4,
+                  "federation.client_profiles": json.dumps(TIERS)})
+    run_embedded(cfg, tmp_path / "run")
+    recs = RunDir(tmp_path / "run").read_metrics()
+    assert {c["rank"] for c in recs[0]["clients"]} == {2, 4}
+    assert all(r["server"]["aggregation_error"] <= 1e-6 for r in recs)
