@@ -96,8 +96,11 @@ def run_authors(args, out: Path, task: str, method: str, seed: int) -> str:
     if rc != 0 or len(rounds) != args.rounds:
         raise RuntimeError(f"{out.name}: the authors' script exited {rc} after {len(rounds)} rounds "
                            f"(see {out / 'stdout.log'})")
+    import torch  # the script takes CUDA when this machine has it
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     (out / "result.json").write_text(json.dumps({"rounds": rounds, "seconds": time.time() - t0, "command": cmd,
-                                                 "commit": AUTHORS_COMMIT}, indent=1))
+                                                 "commit": AUTHORS_COMMIT, "device": device}, indent=1))
     return f"{out.name}: {time.time() - t0:.0f} s"
 
 
@@ -147,6 +150,26 @@ def final_scores(run: Path, side: str) -> list[dict[str, float]] | None:
     return [binary_scores(r["confusion"]) | {"loss": r["loss"]} for r in recs if "confusion" in r and r["round"] > 0]
 
 
+def dev_baseline(task: str) -> str:
+    """The dev set's size, the standard error of one accuracy on it and its majority class (the trivial baseline)."""
+    from collections import Counter
+
+    from benchmarks.stats import accuracy_se
+    from fedpeft.config import TaskConfig
+    from fedpeft.data.tasks import TASKS as REGISTRY
+
+    data = REGISTRY.get(task)(TaskConfig(name=task), 0)
+    labels = [e.label for e in data.test]
+    top = Counter(labels).most_common(1)[0][1] / len(labels)
+    majority = {"accuracy": f"{100 * top:.1f} %", "mcc": "0 (MCC of any constant prediction)"}[PRIMARY[task]]
+    return (f"Dev n = {len(labels)} (SE of one accuracy ≤ {accuracy_se(len(labels)):.1f} points); majority "
+            f"class: {PRIMARY[task]} {majority}. The script's budget a client-round, from its settings (not measured): "
+            f"{AUTHORS_BUDGET}.")
+
+
+AUTHORS_BUDGET = "3 epochs of ⌈n_k/128⌉ steps of 128 examples, lr 1e-3 for LoRA and the head, weight decay 0.01"
+
+
 def render(args) -> Path:
     root = Path(args.runs_dir)
     lines = ["# Exact LoRA aggregation against the authors' code (FedEx-LoRA, FedIT)", "",
@@ -159,12 +182,14 @@ def render(args) -> Path:
     for task in TASKS:
         metric = PRIMARY[task]
         lines += [f"## {task.upper()} (dev.tsv), {metric} of the final round, mean ± sd over seeds", "",
+                  dev_baseline(task), "",
                   "| method | authors' code | fedpeft | fedpeft − authors, paired | authors' max over rounds "
-                  "(what it prints) | fedpeft budget / client-round | rounds | seeds done |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "(what it prints) | fedpeft budget / client-round (measured) | devices: authors' / fedpeft | rounds "
+                  "| seeds done |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for method, (label, _) in METHODS.items():
             finals: dict[str, dict[int, float]] = {s: {} for s in SIDES}
-            best, budgets, rounds = [], [], set()
+            best, budgets, rounds, devices = [], [], set(), set()
             for side in SIDES:
                 for seed in args.seeds:
                     run = root / _name(args, side, task, method, seed)
@@ -175,6 +200,7 @@ def render(args) -> Path:
                     rounds.add(len(scores))
                     if side == "authors":
                         best.append(max(s[metric] for s in scores))
+                        devices.add(json.loads((run / "result.json").read_text()).get("device", "cpu"))
                     else:
                         budgets.append(measured(run))
             paired = [100 * (finals["fedpeft"][s] - finals["authors"][s]) for s in args.seeds
@@ -182,7 +208,8 @@ def render(args) -> Path:
             cells = [mean_std(list(finals[s].values())) if finals[s] else "–" for s in SIDES]
             done = f"{len(finals['authors'])} / {len(finals['fedpeft'])} of {len(args.seeds)}"
             lines.append(f"| {label} | {cells[0]} | {cells[1]} | {paired_cell(paired) if paired else '–'} | "
-                         f"{mean_std(best) if best else '–'} | {budget_cell(budgets, device=True)} | "
+                         f"{mean_std(best) if best else '–'} | {budget_cell(budgets)} | "
+                         f"{'/'.join(sorted(devices)) or '–'} / {'/'.join(sorted({b.device for b in budgets})) or '–'} | "
                          f"{', '.join(map(str, sorted(rounds))) or '–'} | {done} |")
         lines.append("")
     return write_results(args.results, lines)
@@ -190,7 +217,6 @@ def render(args) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     p = grid_parser("exact_lora", __doc__.splitlines()[0], workers=1)
-    p.add_argument("--parts", nargs="+", default=["authors"], choices=["authors"])
     p.add_argument("--authors-checkout", default="runs/fedex-lora-checkout",
                    help=f"a checkout of {AUTHORS_REPO} at {AUTHORS_COMMIT[:12]} (git clone + git checkout)")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)

@@ -59,6 +59,7 @@ class Lora(AdapterBase):
         key = f"{self.cfg.r}|{self.cfg.lora_alpha}|{self.cfg.target_modules}"
         self.adapter_name = "fedpeft_" + hashlib.sha1(key.encode()).hexdigest()[:8]
         self._modules: dict[int, list[str]] = {}
+        self._backbone: Backbone | None = None  # the one its layers were last used on (``modules``)
 
     # ---------------------------------------------------------------- injection (once per backbone)
 
@@ -146,6 +147,8 @@ class Lora(AdapterBase):
 
     def _with_residual(self, name: str, residual: torch.Tensor) -> torch.Tensor:
         """W + s·R of module ``name`` of the backbone the layers were last used on (a new tensor)."""
+        if self._backbone is None:
+            raise RuntimeError("a LoRA residual needs the adapter bound to its backbone first (modules())")
         layer = self._backbone.model.get_submodule(name)
         w = layer.base_layer.weight
         if not w.is_floating_point():

@@ -1,5 +1,5 @@
 """FedEx-LoRA (Singhal et al., ACL 2025, Sec. 3): exact aggregation by folding the averaging error into the frozen
-weights, as the stage ``fedex`` over the ``lora`` adapter with the ``fedavg`` aggregator.
+weights, as the stage ``fedex`` over the ``lora`` adapter with the ``fedavg`` or ``uniform`` aggregator.
 
 The server averages A and B as its aggregator does (``fedavg``: Ā = Σ_k p_k A_k, B̄ = Σ_k p_k B_k, p_k = n_k / Σ_j n_j;
 ``uniform``: p_k = 1 / K, as the authors' code averages) and adds the

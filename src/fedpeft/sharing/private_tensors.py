@@ -3,9 +3,9 @@
 
 The tensors are chosen by name (``fnmatch`` patterns; by default the linear task head ``head.*``, where the readout
 has one) and by layer (the adapter tensors of the top k transformer layers, by default the top one; the layer is
-read from the first ``.<index>.`` of a name). Each client
-trains its own copy from the seeded initial values and is scored with it on its own test shard. As a stage it
-decides only which tensors are exchanged, so it chains with one that decides their shape:
+read from the first ``.<index>.`` of a name). Each client trains its own copy from the seeded initial values and is
+scored with it on its own test shard. As a stage it decides only which tensors are exchanged, so it chains with one
+that decides their shape:
 ``exchange: [head_pruning, private]`` prunes heads of the federated LoRA while each client keeps its own head.
 """
 
