@@ -19,8 +19,8 @@ REGISTRIES = dict(AXIS_REGISTRIES | LIST_REGISTRIES, objective=OBJECTIVES, reado
 # axis -> name -> the least settings (keys of its settings model) it needs
 LEAST: dict[str, dict[str, dict[str, Any]]] = {
     "adapter": {"deep_prompt": {"num_tokens": 2}, "demonstrations": {}, "full": {}, "lora": {"r": 2},
-                "p_tuning": {"num_tokens": 3}, "projected_prompt": {"num_tokens": 3, "intrinsic_dim": 8},
-                "soft_prompt": {"num_tokens": 3}, "template_only": {}, "token_prompt": {"num_tokens": 3}},
+                "lora_sb": {"r": 2}, "p_tuning": {"num_tokens": 3},
+                "projected_prompt": {"num_tokens": 3, "intrinsic_dim": 8}, "soft_prompt": {"num_tokens": 3}, "template_only": {}, "token_prompt": {"num_tokens": 3}},
     "trainer": {"adam": {"max_steps": 2}, "adamw": {"max_steps": 2}, "sgd": {"max_steps": 2},
                 "cmaes": {"iterations": 2}, "discrete_search": {"steps": 3}, "no-training": {}},
     "aggregator": {"fedavg": {}, "uniform": {}, "fedavgm": {}, "fedadam": {}, "fedyogi": {}, "fedadagrad": {},
@@ -31,7 +31,8 @@ LEAST: dict[str, dict[str, dict[str, Any]]] = {
                  "outlier_filter": {}},
     "selector": {"all": {}, "uniform": {}, "loss_difference": {}},
     "sharing": {"all": {}, "ffa": {}, "fedsa": {}, "local": {}, "fixed_split": {}, "head_pruning": {},
-                "layer_selection": {"warmup_rounds": 1}, "ranks": {}, "stacking": {}, "private": {}, "fedex": {}},
+                "layer_selection": {"warmup_rounds": 1}, "ranks": {}, "stacking": {}, "private": {}, "fedex": {},
+                "fedsb": {}},
     "downlink": {"dense": {}, "full16": {}, "analogy": {}, "pca": {"components": 2}, "quant": {}},
     "post_tuning": {"none": {}, "bbt": {"iterations": 2, "intrinsic_dim": 8, "popsize": 4, "shots": 2},
                     "gradient": {"steps": 2, "shots": 2}},
@@ -88,7 +89,7 @@ class AdapterCase:
 ADAM = {"name": "adam", "max_steps": 2, "batch_size": 8}
 ADAPTER_CASES: dict[str, AdapterCase] = {
     "soft_prompt": AdapterCase(), "deep_prompt": AdapterCase(), "lora": AdapterCase(), "full": AdapterCase(),
-    "p_tuning": AdapterCase(),
+    "p_tuning": AdapterCase(), "lora_sb": AdapterCase(),
     "projected_prompt": AdapterCase(trainer={"name": "cmaes", "iterations": 2}),
     "token_prompt": AdapterCase(trainer={"name": "discrete_search", "steps": 3}, aggregator="uniform"),
     "template_only": AdapterCase(trainer={"name": "no-training"}, aggregator="keep-global", generation=False,

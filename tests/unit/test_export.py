@@ -140,5 +140,5 @@ def test_an_adapter_without_a_peft_format_refuses_and_names_those_that_export():
     from fedpeft.adapters import ADAPTERS
 
     with pytest.raises(ValueError, match="method.adapter.name: 'full' has no PEFT format .adapters that export: "
-                                         "deep_prompt, lora, soft_prompt"):
+                                         "deep_prompt, lora, lora_sb, soft_prompt"):
         ADAPTERS.get("full")(None).to_peft(None, {}, "CAUSAL_LM")

@@ -6,6 +6,7 @@ from fedpeft.adapters import (  # noqa: F401  (registration)
     full,
     identity,
     lora,
+    lora_sb,
     p_tuning,
     projected_prompt,
     soft_prompt,

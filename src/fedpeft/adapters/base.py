@@ -103,6 +103,15 @@ class AdapterBase:
         """Slices of the tensors that feed one attention head (empty: nothing is head-assignable)."""
         return {}
 
+    def initialise(self, objective: Any, params: Params, generator: torch.Generator) -> Params:
+        """The initial tensors after the objective drew its own (a readout head): where an adapter's initialisation
+        reads a few training examples through the objective (LoRA-SB's approximated first step), else ``params``."""
+        return params
+
+    def fixed(self, params: Params) -> list[str]:
+        """Tensors of ``params`` that belong to the adapter's state but are never trained (LoRA-SB's B and A)."""
+        return []
+
     def overrides(self, params: Params) -> Params | None:
         return None
 

@@ -56,10 +56,15 @@ class Lora(AdapterBase):
 
     def __init__(self, cfg: LoraSettings | None = None) -> None:
         super().__init__(cfg or LoraSettings())
-        key = f"{self.cfg.r}|{self.cfg.lora_alpha}|{self.cfg.target_modules}"
+        key = f"{self.cfg.r}|{self.alpha}|{self.cfg.target_modules}"
         self.adapter_name = "fedpeft_" + hashlib.sha1(key.encode()).hexdigest()[:8]
         self._modules: dict[int, list[str]] = {}
         self._backbone: Backbone | None = None  # the one its layers were last used on (``modules``)
+
+    @property
+    def alpha(self) -> float:
+        """LoRA's alpha: the update is scaled by alpha / r."""
+        return self.cfg.lora_alpha
 
     # ---------------------------------------------------------------- injection (once per backbone)
 
@@ -74,9 +79,9 @@ class Lora(AdapterBase):
         targets = self.targets(backbone)
         if targets == [ALL_LINEAR]:  # an encoder's pooler is not read by fedpeft's readouts: no LoRA there
             pooler = any(n.split(".")[-1] == "pooler" for n, _ in backbone.model.named_modules())
-            return LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.lora_alpha, lora_dropout=0.0, bias="none",
+            return LoraConfig(r=self.cfg.r, lora_alpha=self.alpha, lora_dropout=0.0, bias="none",
                               target_modules=ALL_LINEAR, exclude_modules=r".*pooler.*" if pooler else None)
-        return LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.lora_alpha, lora_dropout=0.0,
+        return LoraConfig(r=self.cfg.r, lora_alpha=self.alpha, lora_dropout=0.0,
                           target_modules=targets, bias="none")
 
     def to_peft(self, backbone: Backbone, params: Params, task_type: str):

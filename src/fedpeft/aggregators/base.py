@@ -127,9 +127,15 @@ def weights_of(updates: Sequence[Update]) -> list[float]:
     return [float(u.weight) for u in updates]
 
 
+def uploaded(glob: Params, updates: Sequence[Update]) -> list[str]:
+    """The global tensors the updates carry, sorted: one that is sent but never uploaded (Fed-SB's fixed factors,
+    FedEx-LoRA's residual) has no delta."""
+    return sorted(k for k in glob if any(k in u.tensors for u in updates))
+
+
 def deltas(glob: Params, updates: Sequence[Update]) -> list[Params]:
-    """Δ_k = w_k − w (float64), one per update."""
-    return [{k: u.tensors[k].double() - glob[k].double() for k in glob} for u in updates]
+    """Δ_k = w_k − w (float64), one per update, of the tensors it uploaded."""
+    return [{k: u.tensors[k].double() - glob[k].double() for k in glob if k in u.tensors} for u in updates]
 
 
 def flatten(p: Params, keys: Sequence[str]) -> torch.Tensor:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.aggregators.base import WRAPPERS, AggregatorWrapper, Params, flatten, unflatten
+from fedpeft.aggregators.base import WRAPPERS, AggregatorWrapper, Params, flatten, unflatten, uploaded
 from fedpeft.comm.update import Update
 from fedpeft.lazy import lazy
 
@@ -41,7 +41,7 @@ def clip_factor(norm: float, max_norm: float) -> float:
 
 def clip_updates(glob: Params, updates: Sequence[Update], max_norm: float) -> tuple[list[Update], int]:
     """Each update rebuilt as x_t + Δ_k·min(1, C/‖Δ_k‖₂) (float32); also the number of clipped updates."""
-    keys = sorted(glob)
+    keys = uploaded(glob, updates)
     base = flatten(glob, keys)
     out, clipped = [], 0
     for u in updates:

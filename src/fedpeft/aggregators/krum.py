@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.aggregators.base import AGGREGATORS, PARAMS, AggregatorBase, AggregatorContext, Params, flatten
+from fedpeft.aggregators.base import AGGREGATORS, PARAMS, AggregatorBase, AggregatorContext, Params, flatten, uploaded
 from fedpeft.aggregators.fedavg import weighted_mean
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
@@ -120,7 +120,7 @@ class MultiKrum(AggregatorBase):
     def select(self, glob: Params, updates: Sequence[Update]) -> list[Update]:
         """The selected updates, in client-id order."""
         ups = sorted(updates, key=lambda u: u.client)
-        keys = sorted(glob)
+        keys = uploaded(glob, ups)
         base = flatten(glob, keys)
         vecs = torch.stack([flatten(u.tensors, keys) - base for u in ups]) if ups else torch.zeros(0, 0)
         chosen = multi_krum_select(vecs, self._f, self._m, [u.client for u in ups])

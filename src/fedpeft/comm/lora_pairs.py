@@ -4,7 +4,8 @@ Tensors travel under PEFT's state-dict names: ``<module>.lora_A.weight`` [r, d_i
 [d_out, r], so ΔW = s·B A for the module (s = alpha / r, the same on every client). The rank is A's first and B's
 second dimension; truncating or zero-padding both along it keeps B A's meaning (a zero row of A and a zero column
 of B add nothing). A module may also carry a full-size residual ``<module>.base_residual`` (FedEx-LoRA's exact
-aggregation), added to the frozen weight as s·R.
+aggregation), added to the frozen weight as s·R, and LoRA-SB's [r, r] matrix ``<module>.lora_R.weight`` between the two
+factors (Fed-SB): ΔW = s·B R A.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ A, B = ".lora_A.weight", ".lora_B.weight"
 RANK_DIM = {A: 0, B: 1}  # the rank dimension of each factor
 # FedEx-LoRA's residual R of a module [d_out, d_in], in B A's units: the module computes W + s·(B A + R)
 RESIDUAL = ".base_residual"
+LATENT = ".lora_R.weight"  # LoRA-SB's trainable r x r matrix between fixed B and A: the module computes W + s·B R A
 
 
 def factor(name: str) -> str | None:
@@ -72,4 +74,15 @@ def rank_mask(params: Params, rank: int) -> dict[str, torch.Tensor]:
 
 def products(params: Params) -> dict[str, torch.Tensor]:
     """Module prefix -> B A in float64 (without the scaling s, which every client shares)."""
-    return {m: params[b].double() @ params[a].double() for m, (a, b) in pairs(params).items()}
+    return {m: product(params, m) for m in pairs(params)}
+
+
+def product(params: Params, module: str, fallback: Params | None = None) -> torch.Tensor:
+    """B A of ``module`` in float64, B R A where it has LoRA-SB's R; a factor not in ``params`` is read from
+    ``fallback`` (a common one the client did not upload)."""
+    def get(suffix: str) -> torch.Tensor:
+        key = module + suffix
+        return (params[key] if key in params else fallback[key]).double()
+
+    has_r = module + LATENT in params or (fallback is not None and module + LATENT in fallback)
+    return get(B) @ get(LATENT) @ get(A) if has_r else get(B) @ get(A)

@@ -10,6 +10,9 @@ trainer: r = 16 on q/k/v, AdamW), so that they differ from it in the sharing pol
   by SVD (``aggregators.flexlora``); each client takes the leading components at its rank.
 - ``fedex-lora``: FedEx-LoRA (Singhal et al., ACL 2025): FedAvg of A and B, and the residual Σ p_k B_k A_k − B̄Ā
   folded into the frozen weights each round (``sharing.fedex_residual``): exact, a full-size residual sent down.
+- ``fed-sb``: Fed-SB (Singhal, Ponkshe et al. 2025): LoRA-SB's fixed B and A, initialised from an approximated
+  first step of full fine-tuning (``adapters.lora_sb``, r = 24 as the authors' GLUE runs), with a trainable r x r R
+  between them; only R is uploaded and averaged (``sharing.latent_only``): exact, r² numbers per module.
 - ``fedper-lora``: FedPer (Arivazhagan et al. 2019) over dense LoRA: the LoRA of the base layers is federated, each
   client keeps its personalisation layers (the top layer's LoRA and the task head; ``sharing.private_tensors``);
   scored per client.
@@ -58,3 +61,7 @@ preset("fedper-lora", "FedPer over LoRA: the base layers' LoRA federated (FedAvg
 preset("fedex-lora", "FedEx-LoRA: LoRA factors averaged (FedAvg) and the residual of the average folded into the "
        "frozen base weights each round (exact aggregation)",
        adapter=dict(DENSE_LORA), trainer=dict(DENSE_ADAMW), aggregator={"name": "fedavg"}, sharing={"name": "fedex"})
+preset("fed-sb", "Fed-SB: LoRA-SB's fixed B and A (SVD of an approximated first step) with a trainable r x r R "
+       "between them; only R uploaded and averaged (FedAvg; exact, r² numbers per module)",
+       adapter={"name": "lora_sb", "r": 24}, trainer=dict(DENSE_ADAMW), aggregator={"name": "fedavg"},
+       sharing={"name": "fedsb"})

@@ -111,9 +111,11 @@ class Classifier(AdaptedModel):
     # ---------------------------------------------------------------- params
 
     def init_params(self, generator: torch.Generator) -> Params:
-        """Adapter tensors plus the readout's own (the linear head), drawn in that order from ``generator``."""
+        """Adapter tensors plus the readout's own (the linear head), drawn in that order from ``generator``, then
+        the adapter's data-dependent initialisation (``Adapter.initialise``)."""
         params = self.adapter.init(self.backbone, generator)
         params |= self.head.init(self, generator)
+        params = self.adapter.initialise(self, params, generator)
         return {k: v.cpu() for k, v in params.items()}
 
     # ---------------------------------------------------------------- forward

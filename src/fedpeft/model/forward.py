@@ -119,8 +119,10 @@ class AdaptedModel:
                 self._held = False
 
     def init_params(self, generator: torch.Generator) -> Params:
-        """The adapter's initial tensors, on the CPU."""
-        return {k: v.cpu() for k, v in self.adapter.init(self.backbone, generator).items()}
+        """The adapter's initial tensors (after its data-dependent initialisation, ``Adapter.initialise``), on the
+        CPU."""
+        params = self.adapter.initialise(self, self.adapter.init(self.backbone, generator), generator)
+        return {k: v.cpu() for k, v in params.items()}
 
     def _reads_hidden_states(self) -> bool:
         """Whether the objective reads the hidden states of every layer (a decoder's pooled readouts)."""

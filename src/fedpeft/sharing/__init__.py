@@ -3,6 +3,7 @@
 from fedpeft.sharing.base import SHARING, ShareAll, SharingContext, SharingPolicy
 from fedpeft.sharing import (  # noqa: F401  (registration)
     head_pruning,
+    latent_only,
     layer_selection,
     lora_factors,
     lora_ranks,

@@ -130,8 +130,10 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
     replace the frozen ones in every forward of this client (physically pruned heads). ``together``: the group
     whose forward and backward each step shares (as client ``client``). ``penalty(tensors)`` is added to every
     step's loss (HetLoRA's tail-norm regulariser)."""
-    names = sorted(params)
+    fixed = set(clf.adapter.fixed(params))  # part of the adapter, never trained (LoRA-SB's B and A)
+    names = sorted(k for k in params if k not in fixed)
     work = {k: params[k].detach().to(clf.device, torch.float32).clone().requires_grad_(True) for k in names}
+    work |= {k: params[k].detach().to(clf.device, torch.float32) for k in sorted(fixed)}
     anchor = {k: v.detach().clone() for k, v in work.items()} if cfg.prox_mu > 0 else None
     masks = {k: m.to(clf.device) for k, m in (frozen or {}).items() if bool(m.any())}
     keep = {k: work[k].detach().clone() for k in masks}
