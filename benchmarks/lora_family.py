@@ -1,7 +1,7 @@
 """The federated LoRA family side by side (benchmarks/results/lora_family.md): the same data, partition, initial
-adapter and byte count for FedAvg-LoRA, FFA-LoRA, FedSA-LoRA, HetLoRA, FlexLoRA, FLoRA and head-pruned LoRA, with
-full fine-tuning and FedPrompt's soft prompt as reference points; head pruning's scoring variants; the generation
-arms on WebNLG.
+adapter and byte count for FedAvg-LoRA, FFA-LoRA, FedSA-LoRA, HetLoRA, FlexLoRA, FLoRA, head-pruned LoRA and the
+exact aggregations FedEx-LoRA and Fed-SB, with full fine-tuning and FedPrompt's soft prompt as reference points; head
+pruning's scoring variants; the generation arms on WebNLG.
 
 Criteria, fixed before the runs:
 - classification (``family``): MiniLM with a linear task head, ``--clients`` clients (``--per-round`` a round),
@@ -11,8 +11,11 @@ Criteria, fixed before the runs:
   everywhere. Reported: the final round's global test accuracy (never the best round) and the mean of the clients'
   accuracies on their own test shards (personalised: FedSA-LoRA's own B and head, each tier's own rank, local-only's
   own adapter), bytes up and down per client-round from the codec, and the upload spent until the global accuracy
-  first reaches 95 % of FedAvg-LoRA r = 16's final accuracy of the same seed. Baselines: the majority class and the
-  per-client majority (each client predicts its training shard's majority on its test shard).
+  first reaches 95 % of FedAvg-LoRA r = 16's final accuracy of the same seed; each round's aggregation error (the
+  broadcast update's relative distance from the exact weighted average of the clients', in one plot per task).
+  Fed-SB runs at an r whose upload is >= 10x below FedAvg-LoRA r = 16's and at the r of equal upload. Baselines:
+  the majority class and the per-client majority (each client predicts its training shard's majority on its test
+  shard).
 - head pruning (``headprune``): IID, s = 0.9, random client selection, Eq. 8 aggregation; the paper's confidence
   score against random heads, the lowest-confidence heads, [CLS] and [SEP] both discounted, a per-layer quota;
   paired by seed (same partition, adapter and client sample).
@@ -149,7 +152,10 @@ def _row(out: Path) -> dict | None:
             for r in recs]
     heads = (statistics.fmean(len(set().union(*k)) for k in kept if k), len(set().union(*sum(kept, [])))) \
         if any(kept) else None
+    errors = [(r["round"], r["server"]["aggregation_error"]) for r in recs
+              if (r.get("server") or {}).get("aggregation_error") is not None]
     return {"final": recs[-1]["accuracy"], "local": recs[-1].get("local_accuracy_mean"), "curve": curve,
+            "errors": errors,
             "up": summary["bytes_up_per_client_round"], "down": summary["bytes_down_per_client_round"],
             "hist": summary["label_histograms"], "device": _device(out), "budget": measured(out), "heads": heads}
 
@@ -224,13 +230,13 @@ def render(args) -> Path:
                           "(personalised).", ""]
             lines += ["| arm | seeds done | global acc % | Δ vs FedAvg-LoRA r=16, paired | personalised acc % | "
                       "MB up / client-round | MB down / client-round | MB uploaded to target | "
-                      "budget / client-round | device |",
-                      "|---|---|---|---|---|---|---|---|---|---|"]
+                      "aggregation error, final round | budget / client-round | device |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|"]
             ref = rows[REFERENCE]
             for arm, res in rows.items():
                 done = {s: r for s, r in res.items() if r}
                 if not done:
-                    lines.append(f"| {arm} | 0/{len(args.seeds)} |" + " – |" * 8)
+                    lines.append(f"| {arm} | 0/{len(args.seeds)} |" + " – |" * 9)
                     continue
                 to = [_upload_to(r["curve"], 0.95 * ref[s]["final"]) for s, r in done.items() if ref.get(s)]
                 reached = [x for x in to if x is not None]
@@ -244,8 +250,8 @@ def render(args) -> Path:
                     f"{mean_std([r['local'] for r in done.values()])} | "
                     f"{_mb(statistics.fmean(r['up'] for r in done.values()))} | "
                     f"{_mb(statistics.fmean(r['down'] for r in done.values()))} | {to_target} | "
-                    f"{_budget(done)} | {_devices(done)} |")
-            lines += ["", *_family_contrasts(rows), ""]
+                    f"{_final_error(done)} | {_budget(done)} | {_devices(done)} |")
+            lines += ["", *_family_contrasts(rows), "", *_error_plot(args, task, part, rows), ""]
     for task in args.headprune_tasks:
         rows = {a: {s: _row(runs / job_name("headprune", task, "iid", a, s)) for s in args.seeds} for a in HEADPRUNE}
         lines += [f"## Head pruning's scoring, {task}, iid (s = 0.9)", ""]
@@ -271,6 +277,36 @@ def render(args) -> Path:
     if "generation" in args.parts:
         lines += _generation_rows(args)
     return write_results(args.results, lines)
+
+
+def _final_error(done: dict[int, dict]) -> str:
+    """The relative aggregation error of the final round (``exchange.aggregation_error``), mean over the seeds that
+    recorded it ('–': the runs predate the measure, or the arm exchanges no LoRA factors)."""
+    last = [r["errors"][-1][1] for r in done.values() if r["errors"]]
+    return f"{statistics.fmean(last):.2g}" if last else "–"
+
+
+def _error_plot(args, task: str, part: str, rows: dict[str, dict[int, dict | None]]) -> list[str]:
+    """One plot of every arm's aggregation error per round (mean over its seeds), next to the results file."""
+    from benchmarks.svg_plot import line_plot
+
+    series = {}
+    for arm, res in rows.items():
+        curves = [dict(r["errors"]) for r in res.values() if r and r["errors"]]
+        if curves:
+            rounds = sorted(set.intersection(*(set(c) for c in curves)))
+            series[arm] = [(t, statistics.fmean(c[t] for c in curves)) for t in rounds]
+    if not series:
+        return []
+    name = f"{Path(args.results).stem}_aggregation_error_{task}_{part}.svg"
+    line_plot(Path(args.results).parent / name, series, f"Aggregation error per round, {task}, {part}", "round",
+              "‖broadcast − exact average‖ / ‖exact average‖", log_y=True)
+    missing = [a for a, res in rows.items() if a not in series and any(res.values())]
+    return [f"![aggregation error per round, {task}, {part}]({name})", "",
+            "The relative distance of the broadcast LoRA update from the exact weighted average of the clients' "
+            "updates, every round (mean over the seeds; log scale; values of 0 cannot be drawn on it)."
+            + (f" Not drawn: {', '.join(missing)} (runs that predate the measure, or no LoRA factors exchanged)."
+               if missing else "")]
 
 
 def _family_contrasts(rows: dict[str, dict[int, dict | None]]) -> list[str]:

@@ -225,7 +225,8 @@ LORA_TIERS = [{"name": "small", "share": 0.5, "rank": 2}, {"name": "large", "sha
     ("hetlora", {"federation__client_profiles": LORA_TIERS, "method__exchange": "[ranks, fedsa]",
                  "method__aggregator__name": "fedavg", "model__readout": "linear"}),  # a chain: ranks, private B
     ("headprune", {"method__exchange": "[head_pruning, private]", "model__readout": "linear"}),  # private head
-], ids=["fedsa-lora", "hetlora", "flexlora", "flora", "ranks+fedsa", "head_pruning+private"])
+    ("fed-sb", {"model__readout": "linear"}),  # B and A sent once, then kept on the client
+], ids=["fedsa-lora", "hetlora", "flexlora", "flora", "ranks+fedsa", "head_pruning+private", "fed-sb"])
 def test_the_lora_family_on_flower_sim_matches_embedded(preset, extra, tmp_path):
     """Personal factors, per-client ranks and downloads, and a growing stack cross Flower as they cross the
     embedded runtime: the same metrics, per-client records and bytes, and the same final state."""

@@ -157,21 +157,23 @@ class ComposedMethod:
             keys = self.downlink.keys
             rebuilt, message = self.downlink.encode({k: glob[k] for k in keys}, {k: st.glob[k] for k in keys})
             glob, down = glob | rebuilt, sync.record(self.downlink, st.down, message, round)
-        measures = self._measures(st.glob, glob, updates)
+        measures = self._measures(st.glob, glob, updates, shared)
         return ServerState(round, glob, agg, sharing, history, down, measures).to_message()
 
     def _weights(self, updates: list[Update]) -> list[float]:
         """The aggregator's weight of each reply: its example count, or 1 where the rule weighs clients alike."""
         return [1.0 if self.aggregator.uniform_weights else float(u.weight) for u in updates]
 
-    def _measures(self, before: Params, after: Params, updates: list[Update]) -> dict[str, float]:
+    def _measures(self, before: Params, after: Params, updates: list[Update], shared: Params) -> dict[str, float]:
         """The LoRA aggregation error of this round's broadcast (``exchange.aggregation_error``) against the exact
-        average under the aggregator's weights, over the modules whose factors no client keeps to itself; nothing
-        under secure aggregation (one summed update, no client's)."""
+        average under the aggregator's weights, over the modules whose factors no client keeps to itself (a tensor
+        it keeps that the round also sent, Fed-SB's fixed B and A, is the common one); nothing under secure
+        aggregation (one summed update, no client's)."""
         if not updates or any(u.client < 0 for u in updates):
             return {}
+        personal = frozenset(self.sharing.private_state(before)) - set(shared)
         error = aggregation_error(before, after, [u.tensors for u in updates], self._weights(updates),
-                                  fresh=not self.sharing.deltas, skip=frozenset(self.sharing.private_state(before)))
+                                  fresh=not self.sharing.deltas, skip=personal)
         return {} if error is None else {"aggregation_error": error}
 
     def evaluate_global(self, state: Message) -> dict[str, Any]:
