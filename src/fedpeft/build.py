@@ -14,7 +14,7 @@ import torch
 from fedpeft.config import ExperimentConfig
 from fedpeft.experiment import Experiment, build_experiment
 from fedpeft.methods import ComposedMethod, Method
-from fedpeft.methods.assembly import assemble
+from fedpeft.methods.assembly import assemble, run_facts
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Built:
 
 
 def build_method(cfg: ExperimentConfig, exp: Experiment) -> Method:
-    return ComposedMethod(cfg.method.name, cfg, exp, assemble(cfg, exp))
+    return ComposedMethod(cfg.method.name, run_facts(cfg), exp, assemble(cfg, exp))
 
 
 def build(cfg: ExperimentConfig, experiment: Experiment | None = None) -> Built:

@@ -264,8 +264,8 @@ def adapter_params(method: ComposedMethod, server: Message, client_states: dict[
     if client is None:
         return method.global_view(server)
     if not method.sharing.per_client and not any(sub_state(m, PRIVATE) for m in client_states.values()):
-        raise ValueError(f"--client: the checkpoint holds no client's private tensors (method.sharing "
-                         f"'{method.cfg.method.sharing.name}' keeps none, or a Flower deployment kept the client "
+        raise ValueError(f"--client: the checkpoint holds no client's private tensors (the method "
+                         f"'{method.name}' keeps none, or a Flower deployment kept the client "
                          "states on the SuperNodes); every client uses the global adapter: drop --client")
     return method.client_view(server, client_states.get(client, Message()), client)
 

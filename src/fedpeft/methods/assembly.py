@@ -1,6 +1,7 @@
 """Builds a method's components from its resolved ``method`` config section and hands them to ``ComposedMethod``:
 each axis's registry class with its settings and its context (what it may read of the experiment), the server-side
-wrappers around the aggregator in config order, and the wire format the download codec asks for."""
+wrappers around the aggregator in config order, and the wire format the download codec asks for; and the run facts
+the method itself reads (``RunFacts``), so that no component and not the method reads the config."""
 
 from __future__ import annotations
 
@@ -49,6 +50,20 @@ class Shared:
         return self._table
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What the method reads of the run, derived once from the config: the run seed, the number of rounds and the
+    evaluation section (what is scored and generated when)."""
+
+    seed: int
+    rounds: int
+    evaluation: Any  # config.EvaluationConfig
+
+
+def run_facts(cfg: ExperimentConfig) -> RunFacts:
+    return RunFacts(cfg.seed, cfg.federation.rounds, cfg.evaluation)
+
+
 @dataclass
 class Components:
     """One method's components, built and bound to their contexts."""
@@ -79,12 +94,12 @@ def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
     for w in m.wrappers:
         aggregator = WRAPPERS.get(w.name)(WRAPPERS.settings_of(w), agg_ctx, aggregator)
     trainer = TRAINERS.get(m.trainer.name)(trainer_settings, TrainerContext(
-        clf, experiment, adapter, aggregator.needs, cfg.evaluation.batch_size))
+        clf, adapter, cfg.task.max_length, aggregator.needs, cfg.evaluation.batch_size))
     selector = SELECTORS.get(m.selector.name)(SELECTORS.settings_of(m.selector), SelectorContext(
         cfg.federation.num_clients, cfg.federation.clients_per_round))
     sharing = build_exchange(m.stages(), SharingContext(
         clf, cfg.seed, shared.initial_params, head_slices, trainer_settings,
-        tuple(getattr(experiment, "profiles", ()) or ())))
+        tuple(getattr(experiment, "profiles", ()) or ()), getattr(adapter, "r", None)))
     transform_ctx = TransformContext(sampling_rate(cfg))
     transforms = [(t.name, TRANSFORMS.get(t.name)(TRANSFORMS.settings_of(t), transform_ctx)) for t in m.transforms]
     # model replacement (Bagdasaryan et al. 2020): an attacker boosts its delta by attack.boost

@@ -10,8 +10,8 @@ Two more components act around the exchange: the download codec (``downlink``: h
 travel to the clients, e.g. as a compressed residual) and ``post_tuning`` (after the last round, each
 evaluated client adapts the global tensors on a few shots of its own data before it is scored).
 
-The server and client state layouts are in ``methods.state``. Long because the contract's steps (server step, client
-step, evaluation, checkpoint) are one composition of the same axes; each step is a short method.
+The server and client state layouts are in ``methods.state``; how tensors are scored is ``methods.evaluation``, and
+what the method reads of the run is ``methods.assembly.RunFacts`` (it never reads the config).
 """
 
 from __future__ import annotations
@@ -19,22 +19,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from fedpeft.aggregators.base import CLIENTS
 from fedpeft.attacks.local_asr import local_asr
 from fedpeft.clients import ClientContext, sub_state, with_sub_state
 from fedpeft.comm.codec import WIRE_DTYPES, Message, decode, encode
 from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpack
-from fedpeft.config import ExperimentConfig
 from fedpeft.downlink import sync
 from fedpeft.downlink.base import SEP
 from fedpeft.exchange.aggregation_error import aggregation_error
-from fedpeft.generation_eval import by_group, generation_metrics, sample_rows
 from fedpeft.lazy import lazy
-from fedpeft.methods.assembly import Components
-from fedpeft.methods.state import DOWN, GEN, OPT, POST_TUNE, PRIVATE, ServerState
-from fedpeft.metrics import class_metrics
+from fedpeft.methods.assembly import Components, RunFacts
+from fedpeft.methods.evaluation import Evaluation
+from fedpeft.methods.state import DOWN, OPT, POST_TUNE, PRIVATE, ServerState
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
 from fedpeft.trainers.base import floats
 
@@ -48,16 +44,17 @@ def _numeric(d: dict[str, Any]) -> dict[str, float]:
 class ComposedMethod:
     """A method built from the components a resolved ``method`` config section names."""
 
-    def __init__(self, name: str, cfg: ExperimentConfig, experiment: Any, parts: Components) -> None:
-        self.name, self.cfg, self.exp = name, cfg, experiment
+    def __init__(self, name: str, facts: RunFacts, experiment: Any, parts: Components) -> None:
+        self.name, self.facts, self.exp = name, facts, experiment
         self.clf = experiment.classifier
-        self.seed = cfg.seed
+        self.seed = facts.seed
         self.non_participants = frozenset(getattr(experiment, "non_participants", ()))
         self.aggregator, self.trainer, self.selector = parts.aggregator, parts.trainer, parts.selector
         self.sharing, self.transforms, self.downlink = parts.sharing, parts.transforms, parts.downlink
         self.attacker_transforms = parts.attacker_transforms
         self.post_tuning, self.wire = parts.post_tuning, parts.wire
         self.initial_params, self.embedding_table = parts.initial_params, parts.embedding_table
+        self.evaluation = Evaluation(self.trainer, experiment, facts.evaluation, facts.seed, facts.rounds)
 
     # ------------------------------------------------------------------ server
 
@@ -180,59 +177,12 @@ class ComposedMethod:
         """Test accuracy, loss, macro-F1 and confusion matrix of the global tensors (and the attack success rate
         when it is measured); on a generation task the loss and perplexity per response token, per natural client,
         and in the generating rounds (``evaluation.generate_every``) what the model writes."""
-        st = ServerState.from_message(state)
-        return self.evaluate_on(state, self.exp.test_encoded) | self._asr(st.glob) | self._generation(st)
-
-    def _generating(self, round: int) -> bool:
-        every, last = self.cfg.evaluation.generate_every, round == self.cfg.federation.rounds
-        return self.clf.kind == "generation" and every != 0 and (last or every is not None and round % every == 0)
-
-    def _generation(self, st: ServerState) -> dict[str, Any]:
-        """Greedy generations of the global tensors on the fixed test sample, scored (``generation_eval``)."""
-        if not self._generating(st.round):
-            return {}
-        ev = self.cfg.evaluation
-        rows = sample_rows(self.exp.task.test, ev.generate_examples, self.seed)
-        return {"generation": generation_metrics(self.clf, floats(st.glob), self.exp.task.test, rows,
-                                                 self._seen_groups(), ev.max_new_tokens, ev.batch_size,
-                                                 ev.show_examples, ev.bootstrap)}
-
-    def _client_generation(self, params: Params, client: ClientContext, round: int) -> dict[str, Any]:
-        """In a generating round: the scores of what the client's own tensors write for its share of the fixed test
-        sample (the global sample's rows in its test shard; numbers only, no texts leave the client)."""
-        if not self._generating(round) or client.client_id >= len(self.exp.test_parts):
-            return {}
-        ev, test = self.cfg.evaluation, self.exp.task.test
-        mine = np.intersect1d(sample_rows(test, ev.generate_examples, self.seed), self.exp.test_parts[client.client_id])
-        if not len(mine):
-            return {}
-        scores = generation_metrics(self.clf, floats(params), test, mine, set(), ev.max_new_tokens, ev.batch_size, 0)
-        return {GEN + k: v for k, v in scores.items() if isinstance(v, (int, float))}  # flat numbers, as replies are
-
-    def _seen_groups(self) -> set[str]:
-        return {e.group for e in self.exp.task.train if e.group is not None}
+        st, ev = ServerState.from_message(state), self.evaluation
+        return ev.on(st.glob, self.exp.test_encoded) | ev.asr(st.glob) | ev.generation(st.glob, st.round)
 
     def evaluate_on(self, state: Message, data: Any) -> dict[str, Any]:
         """The global tensors' accuracy, loss, macro-F1 and confusion matrix on labelled encoded ``data``."""
-        metrics = self.trainer.evaluate(ServerState.from_message(state).glob, data, predictions=True)
-        return self._with_classes(metrics, data)
-
-    def _with_classes(self, metrics: dict[str, Any], data: Any) -> dict[str, Any]:
-        """``metrics`` with its ``predictions`` replaced by the macro-F1 and confusion matrix they give (generation
-        tasks: by the loss per natural client of the test set)."""
-        preds = metrics.pop("predictions", None)
-        if preds is None:
-            return metrics
-        if self.clf.kind == "generation":
-            test = data is self.exp.test_encoded
-            return metrics | (by_group(self.clf, preds, self.exp.task.test, self._seen_groups()) if test else {})
-        return metrics | class_metrics(data.labels, preds, self.clf.task.num_classes)
-
-    def _asr(self, glob: Params) -> dict[str, float]:
-        asr_test = getattr(self.exp, "asr_test", None)
-        if asr_test is None or not len(asr_test):
-            return {}
-        return {"asr": self.trainer.evaluate(glob, asr_test)["accuracy"]}
+        return self.evaluation.on(ServerState.from_message(state).glob, data)
 
     def evaluate_once(self, state: Message, round: int,
                       clients: list[int]) -> tuple[dict[str, float], dict[int, dict[str, float]]] | None:
@@ -247,7 +197,8 @@ class ComposedMethod:
         if parts is None:
             return None
         whole, local = parts
-        return (self._with_classes(whole, self.exp.test_encoded) | self._asr(st.glob) | self._generation(st),
+        ev = self.evaluation
+        return (ev.with_classes(whole, self.exp.test_encoded) | ev.asr(st.glob) | ev.generation(st.glob, st.round),
                 dict(zip(clients, local)))
 
     def _scores_global(self, st: ServerState, round: int) -> bool:
@@ -278,7 +229,7 @@ class ComposedMethod:
 
     def _post_tunes(self, round: int) -> bool:
         """Clients adapt the global tensors before they are scored (after the last round, with post-tuning)."""
-        return round == self.cfg.federation.rounds and self.post_tuning.active
+        return round == self.facts.rounds and self.post_tuning.active
 
     def untrained_global(self, state: Message) -> list[str]:
         """The global tensors that the sharing policy keeps on the clients (``private_state``, less what it shares
@@ -356,7 +307,8 @@ class ComposedMethod:
         params = self.sharing.client_params(self.trainer.params_of(instruction), sub_state(client.state, PRIVATE))
         if not instruction.scalars.get(POST_TUNE):
             metrics = self.trainer.evaluate(params, client.test)
-            return Message(scalars=metrics | self._client_generation(params, client, int(instruction.scalars["round"])))
+            round = int(instruction.scalars["round"])
+            return Message(scalars=metrics | self.evaluation.client_generation(params, client.client_id, round))
         before = self.trainer.evaluate(params, client.test)
         rng = numpy_rng(client.seed, int(instruction.scalars["round"]), client.client_id, "post-tuning")
         tuned, report = self.post_tuning.tune(params, client.train, rng)

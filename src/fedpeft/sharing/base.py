@@ -37,6 +37,7 @@ class SharingContext:
     head_slices: HeadSlices = field(default_factory=dict)  # the adapter's head-assignable slices
     trainer: Any = None                   # the local trainer's settings
     profiles: Sequence[Any] = ()          # each client's resource tier (``federation.client_profiles``) or None
+    rank: int | None = None               # the adapter's LoRA rank r, where it has one
 
 
 class SharingPolicy(Protocol):

@@ -57,7 +57,7 @@ class RankTiers(ShareAll):
 
     def __init__(self, settings: RankSettings, ctx: SharingContext) -> None:
         super().__init__(settings, ctx)
-        self.r_max = int(ctx.classifier.adapter.cfg.r)
+        self.r_max = int(ctx.rank)
         for p in {id(p): p for p in ctx.profiles if p is not None}.values():
             if p.rank is not None and p.rank > self.r_max:
                 raise ValueError(f"federation.client_profiles: tier '{p.name}' has rank {p.rank}, above "

@@ -51,7 +51,7 @@ class FreshLora(ShareAll):
 
     def __init__(self, settings: Any, ctx: SharingContext) -> None:
         super().__init__(settings, ctx)
-        self.r = int(ctx.classifier.adapter.cfg.r)
+        self.r = int(ctx.rank)
 
     @classmethod
     def same_tensors(cls, settings: Any) -> bool:

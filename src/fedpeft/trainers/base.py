@@ -37,11 +37,11 @@ Shapes = dict[str, tuple[int, ...]]
 @dataclass(frozen=True)
 class TrainerContext:
     """What a trainer may use: the shared objective (a ``Classifier`` or a ``LanguageModel``; the field keeps its
-    name), the run's experiment, and what the aggregator reads."""
+    name), the adapter's settings, the task's token budget, and what the aggregator reads."""
 
     classifier: Classifier
-    experiment: Any                       # fedpeft.experiment.Experiment (task, backbone, max_length)
     adapter_settings: Any
+    max_length: int = 128                 # task.max_length: the tokens of an encoded text
     needs: frozenset[str] = frozenset()   # auxiliary values the aggregator reads from every update
     eval_batch: int = 64
 

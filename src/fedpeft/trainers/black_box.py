@@ -155,10 +155,10 @@ class CMAESTrainer(TrainerBase):
 
     def _perturbation_inputs(self):
         if self._perturb_data is None:
-            exp = self.ctx.experiment
-            span = (prompt_span(self.clf) if self.clf.kind == "generation"
-                    else text_span(exp.backbone, exp.task, self.clf.readout, exp.cfg.task.max_length))
-            self._perturb_data = (replacement_vocab(exp.backbone), span)
+            clf = self.clf
+            span = (prompt_span(clf) if clf.kind == "generation"
+                    else text_span(clf.backbone, clf.task, clf.readout, self.ctx.max_length))
+            self._perturb_data = (replacement_vocab(clf.backbone), span)
         return self._perturb_data
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
