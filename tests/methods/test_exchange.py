@@ -15,6 +15,7 @@ from fedpeft.comm.lora_pairs import A, B, pairs, products
 from fedpeft.config import ConfigError
 from fedpeft.exchange.aggregation_error import aggregation_error
 from fedpeft.exchange.pipeline import merge_plans
+from fedpeft.sharing.base import ClientPlan
 from fedpeft.exchange.stages import STAGES
 from fedpeft.methods.state import PRIVATE, ServerState
 from fedpeft.resolve import load_config
@@ -109,11 +110,12 @@ def test_sharing_is_the_one_stage_chain_and_a_chain_takes_the_presets_settings()
 def test_merged_plans_freeze_what_any_stage_freezes_and_add_the_penalties():
     m1 = {"x": torch.tensor([True, False, False])}
     m2 = {"x": torch.tensor([False, False, True]), "y": torch.tensor([True])}
-    plan = merge_plans([{"frozen": m1, "penalty": lambda w: 1.0}, {"frozen": m2, "penalty": lambda w: 2.0}], ["a", "b"])
-    assert plan["frozen"]["x"].tolist() == [True, False, True] and plan["frozen"]["y"].tolist() == [True]
-    assert plan["penalty"]({}) == 3.0
+    plan = merge_plans([ClientPlan(frozen=m1, penalty=lambda w: 1.0), ClientPlan(frozen=m2, penalty=lambda w: 2.0)],
+                       ["a", "b"])
+    assert plan.frozen["x"].tolist() == [True, False, True] and plan.frozen["y"].tolist() == [True]
+    assert plan.penalty({}) == 3.0
     with pytest.raises(ValueError, match=r"stages \['a', 'b'\] both set the client's 'params'"):
-        merge_plans([{"params": {}}, {"params": {}}], ["a", "b"])
+        merge_plans([ClientPlan(params={}), ClientPlan(params={})], ["a", "b"])
 
 
 def test_private_names_by_pattern_and_by_top_layer():

@@ -70,7 +70,7 @@ def test_pruned_rows_are_frozen_and_absent_from_the_upload():
     ctx = exp.client(0)
     start = method.trainer.params_of(inst)
     plan = method.sharing.plan(start, inst, ctx, 1)
-    kept = plan["kept"]
+    kept = plan.own["kept"]
     assert len(kept) == 4  # of 2 layers x 4 heads
     alpha = method.sharing.importance(start, ctx)
     assert set(kept) == set(sorted(range(8), key=lambda h: (-float(alpha[h]), h))[:4])  # one global threshold
@@ -340,7 +340,7 @@ def test_scoring_variants_keep_other_heads_than_the_papers(variant):
         inst = method.configure_round(method.server_init(), 1, [0])[0]
         client = exp.client(0)
         start = method.sharing.client_params(method.trainer.params_of(inst), {})
-        kept[name] = method.sharing.plan(start, inst, client, 1)["kept"]
+        kept[name] = method.sharing.plan(start, inst, client, 1).own["kept"]
         assert len(kept[name]) == method.sharing.keep
     assert kept["paper"] != kept["variant"]
     if variant.get("quota") == "per_layer":
@@ -361,7 +361,7 @@ def test_fixed_random_heads_are_one_draw_for_every_client_and_round():
         for rnd, cid in ((1, 0), (1, 1), (2, 0), (3, 2)):
             inst = method.configure_round(method.server_init(), rnd, [cid])[cid]
             start = method.sharing.client_params(method.trainer.params_of(inst), {})
-            out[rnd, cid] = tuple(method.sharing.plan(start, inst, exp.client(cid), rnd)["kept"])
+            out[rnd, cid] = tuple(method.sharing.plan(start, inst, exp.client(cid), rnd).own["kept"])
         return out
 
     fixed, redrawn = kept("random_fixed"), kept("random")

@@ -72,11 +72,11 @@ def test_ffa_lora_clients_train_b_with_a_held_at_its_initialisation():
     client = exp.client(0)
     start = method.sharing.client_params(method.trainer.params_of(method._decode_down(inst, client)), {})
     plan = method.sharing.plan(start, inst, client, 1)
-    assert sorted(plan["frozen"]) == sorted(k for k in start if k.endswith(A))
-    assert all(bool(m.all()) for m in plan["frozen"].values())
-    update, _ = method.trainer.fit(start, inst, client, 1, {}, frozen=plan["frozen"])
+    assert sorted(plan.frozen) == sorted(k for k in start if k.endswith(A))
+    assert all(bool(m.all()) for m in plan.frozen.values())
+    update, _ = method.trainer.fit(start, inst, client, 1, {}, frozen=plan.frozen)
     trained = update.tensors
-    assert all(torch.equal(trained[k], start[k]) for k in plan["frozen"])
+    assert all(torch.equal(trained[k], start[k]) for k in plan.frozen)
     assert any(not torch.equal(trained[k], start[k]) for k in start if k.endswith(B))
 
 

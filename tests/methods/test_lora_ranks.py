@@ -187,7 +187,7 @@ def test_the_padding_beyond_a_clients_rank_stays_zero_while_it_trains():
     client = exp.client(c)
     start = method.sharing.client_params(method.trainer.params_of(inst[c]), {})
     plan = method.sharing.plan(start, inst[c], client, 1)
-    update, _ = method.trainer.fit(start, inst[c], client, 1, {}, frozen=plan["frozen"])
+    update, _ = method.trainer.fit(start, inst[c], client, 1, {}, frozen=plan.frozen)
     for k, v in update.tensors.items():
         if k.endswith(A):
             assert not v[2:].any() and v[:2].ne(start[k][:2]).any()
@@ -283,7 +283,7 @@ def test_flora_clients_train_a_fresh_lora_over_the_frozen_stack_and_upload_it_al
         start = method.sharing.client_params(method.trainer.params_of(inst[c]), {})
         plan = method.sharing.plan(start, inst[c], client, 1)
         rank = exp.profiles[c].rank
-        update, _ = method.trainer.fit(plan["params"], inst[c], client, 1, {}, frozen=plan["frozen"])
+        update, _ = method.trainer.fit(plan.params, inst[c], client, 1, {}, frozen=plan.frozen)
         for k, v in update.tensors.items():  # the stack is frozen, the fresh block (A drawn anew, B = 0) trained
             if k.endswith(A):
                 assert torch.equal(v[:8], glob[k]) and v.shape == (8 + rank, 32) and v[8:].ne(0).any()

@@ -24,6 +24,7 @@ from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
 from fedpeft.exchange.capabilities import Capabilities
+from fedpeft.sharing.base import ClientPlan
 
 
 def _sub(state: Message, i: int) -> Message:
@@ -37,24 +38,26 @@ def _join(states: Sequence[Message]) -> Message:
     return Message(tensors, {str(i): dict(s.scalars) for i, s in enumerate(states)})
 
 
-def merge_plans(plans: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+def merge_plans(plans: Sequence[ClientPlan], names: Sequence[str]) -> ClientPlan:
     """One plan for the trainer from the stages' plans: frozen masks OR-ed entry by entry (a tensor frozen by any
-    stage stays frozen), penalties summed; ``params`` and ``static`` from the one stage that sets them."""
-    out: dict[str, Any] = {}
+    stage stays frozen), penalties summed; ``params`` and ``static`` from the one stage that sets them; each
+    stage's own plan kept under ``own["stages"]``."""
+    out = ClientPlan(own={"stages": list(plans)})
     for key in ("params", "static"):
-        setters = [n for n, p in zip(names, plans) if p.get(key) is not None]
+        setters = [n for n, p in zip(names, plans) if getattr(p, key) is not None]
         if len(setters) > 1:
             raise ValueError(f"method.exchange: stages {setters} both set the client's '{key}'")
-        out |= {key: p[key] for p in plans if p.get(key) is not None}
+        for p in plans:
+            if getattr(p, key) is not None:
+                setattr(out, key, getattr(p, key))
     frozen: dict[str, Any] = {}
     for p in plans:
-        for k, m in (p.get("frozen") or {}).items():
+        for k, m in (p.frozen or {}).items():
             frozen[k] = m if k not in frozen else frozen[k] | m
-    if frozen:
-        out["frozen"] = frozen
-    penalties = [p["penalty"] for p in plans if p.get("penalty") is not None]
+    out.frozen = frozen or None
+    penalties = [p.penalty for p in plans if p.penalty is not None]
     if penalties:
-        out["penalty"] = penalties[0] if len(penalties) == 1 else (lambda work: sum(f(work) for f in penalties))
+        out.penalty = penalties[0] if len(penalties) == 1 else (lambda work: sum(f(work) for f in penalties))
     return out
 
 
@@ -158,19 +161,18 @@ class Pipeline:
             received = s.client_params(received, private)
         return received
 
-    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> dict[str, Any]:
-        own = [p if isinstance(p, dict) else {} for p in (s.plan(start, instruction, client, round)
-                                                          for s in self.stages)]
-        return merge_plans(own, self.caps.names) | {"stages": own}
+    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> ClientPlan:
+        own = [s.plan(start, instruction, client, round) or ClientPlan() for s in self.stages]
+        return merge_plans(own, self.caps.names)
 
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
-               round: int, plan: Any) -> Update:
-        for s, own in zip(self.stages, plan["stages"]):
+               round: int, plan: ClientPlan) -> Update:
+        for s, own in zip(self.stages, plan.own["stages"]):
             update = s.finish(update, start, trained, instruction, client, round, own)
         return update
 
-    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
-        for s, own in zip(self.stages, plan["stages"]):
+    def upload_start(self, start: Params, update: Update, plan: ClientPlan) -> Params:
+        for s, own in zip(self.stages, plan.own["stages"]):
             start = s.upload_start(start, update, own)
         return start
 

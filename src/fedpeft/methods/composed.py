@@ -32,6 +32,7 @@ from fedpeft.methods.assembly import Components, RunFacts
 from fedpeft.methods.evaluation import Evaluation
 from fedpeft.methods.state import DOWN, OPT, POST_TUNE, PRIVATE, ServerState
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
+from fedpeft.sharing.base import ClientPlan
 from fedpeft.trainers.base import floats
 
 torch = lazy("torch")
@@ -268,18 +269,17 @@ class ComposedMethod:
         round = int(instruction.scalars["round"])
         received = self.trainer.params_of(self._decode_down(instruction, client))
         start = self.sharing.client_params(received, sub_state(client.state, PRIVATE))
-        plan = self.sharing.plan(start, instruction, client, round)
-        plan = plan if isinstance(plan, dict) else {}  # "params": what to train, "frozen", "static" (see sharing)
-        update, trainer_state = self.trainer.fit(plan.get("params", start), instruction, client, round,
-                                                 sub_state(client.state, OPT), frozen=plan.get("frozen"),
-                                                 static=plan.get("static"), penalty=plan.get("penalty"))
+        plan = self.sharing.plan(start, instruction, client, round) or ClientPlan()
+        begin = start if plan.params is None else plan.params
+        update, trainer_state = self.trainer.fit(begin, instruction, client, round, sub_state(client.state, OPT),
+                                                 frozen=plan.frozen, static=plan.static, penalty=plan.penalty)
         trained = update.tensors
         private = set(start) - set(received)  # kept on the device, never uploaded
         update = update.with_tensors({k: v for k, v in trained.items() if k not in private})
         update = self.sharing.finish(update, start, trained, instruction, client, round, plan)
         attacks = self.attacker_transforms if client.malicious else []
         if self.transforms or attacks:  # they take the delta from the uploaded tensors' start, cut as they were
-            base = self.sharing.upload_start(plan.get("params", start), update, plan)
+            base = self.sharing.upload_start(begin, update, plan)
         for i, (name, t) in enumerate(self.transforms):
             update = t.apply(update, base, round, torch_rng(client.seed, round, client.client_id,
                                                             f"transform:{i}:{name}"))

@@ -4,11 +4,11 @@ The default shares everything. A policy may share a subset that changes over rou
 layers), keep the rest private on each client (personalisation), freeze and withhold parts of the update per
 client (head pruning), ask clients for extra reports (layer scores, head importances) and act on them after
 aggregation. The method calls it at fixed points of the round: server ``init`` / ``shared`` /
-``instruction_scalars`` / ``for_client`` (what one client receives) / ``report_schema`` / ``wire_shapes`` / ``check``
-/ ``expand`` / ``after_aggregate`` / ``fold`` (global tensors it sets after aggregation);
-client ``client_params`` / ``plan`` (before training: which entries stay frozen) / ``finish`` (after training:
-reports, compression) / ``upload_start`` (what the uploaded tensors started from) / ``private_state``; and
-``record`` (what a reply adds to its client's round record).
+``instruction_scalars`` / ``for_client`` (what one client receives) / ``report_schema`` / ``wire_shapes`` /
+``check`` / ``expand`` / ``after_aggregate`` / ``fold`` (global tensors it sets after aggregation); client
+``client_params`` / ``plan`` (before training: a ``ClientPlan``, what to train and what stays frozen) / ``finish``
+(after training: reports, compression) / ``upload_start`` (what the uploaded tensors started from) /
+``private_state``; and ``record`` (what a reply adds to its client's round record).
 """
 
 from __future__ import annotations
@@ -27,6 +27,19 @@ from fedpeft.registry import Registry
 Shapes = dict[str, tuple[int, ...]]
 # the aspects of the round's exchange a stage may decide (``ShareAll.decides``; ``exchange.capabilities``)
 WHICH, SHAPE, FOLD = "which", "shape", "fold"  # which tensors travel; their shape; what the server folds in
+
+
+@dataclass
+class ClientPlan:
+    """What the exchange tells a client's training step, decided before it trains: the tensors to train instead of
+    the start, entries that stay frozen, backbone weights that replace the frozen ones in its forwards, a penalty
+    added to its loss; and ``own``, what the stage itself needs again after training (kept heads, a rank)."""
+
+    params: Params | None = None                        # what to train (None: the tensors the client starts from)
+    frozen: dict[str, Any] | None = None                # name -> bool mask: True entries keep their values
+    static: Params | None = None                        # backbone weights for this client's forwards
+    penalty: Callable[[Params], Any] | None = None      # a differentiable term of the trained tensors
+    own: dict[str, Any] = field(default_factory=dict)   # the stage's record for ``finish`` and ``upload_start``
 
 
 @dataclass(frozen=True)
@@ -75,16 +88,16 @@ class SharingPolicy(Protocol):
 
     def client_params(self, received: Params, private: Params) -> Params: ...
 
-    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> Any:
+    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> ClientPlan | None:
         """Before training, a dict: optional ``params`` (the tensors to train instead of ``start``), ``frozen``
         (name -> bool mask the trainer must not change) and ``static`` (backbone weights for this client's
         forwards)."""
         ...
 
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
-               round: int, plan: Any) -> Update: ...
+               round: int, plan: ClientPlan) -> Update: ...
 
-    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
+    def upload_start(self, start: Params, update: Update, plan: ClientPlan) -> Params:
         """The values the tensors of ``finish``'s update started from (``start``: what the client trained from), cut
         as ``finish`` cut them: the base client-side transforms take the client's delta w^k − w^t from."""
         ...
@@ -169,13 +182,13 @@ class ShareAll:
     def client_params(self, received: Params, private: Params) -> Params:
         return received
 
-    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> Any:
+    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> ClientPlan | None:
         return None
 
     def finish(self, update, start, trained, instruction, client, round, plan) -> Update:
         return update
 
-    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
+    def upload_start(self, start: Params, update: Update, plan: ClientPlan) -> Params:
         return start
 
     def private_state(self, trained: Params) -> Params:

@@ -18,14 +18,13 @@ forward's ``static`` weights; no gradient reaches R). The residual is exact in f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.lora_pairs import RESIDUAL, A, pairs
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy
-from fedpeft.sharing.base import FOLD, SHARING, Shapes, ShareAll
+from fedpeft.sharing.base import FOLD, SHARING, ClientPlan, Shapes, ShareAll
 
 torch = lazy("torch")
 
@@ -58,13 +57,13 @@ class FoldResidual(ShareAll):
         """The residual is sent, never uploaded."""
         return {k: v for k, v in update.items() if not k.endswith(RESIDUAL)}
 
-    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> dict[str, Any]:
+    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> ClientPlan | None:
         """Train the factors (and a head) on the base weights W₀ + s·R; R itself is no parameter of the step."""
         residual = {k: v for k, v in start.items() if k.endswith(RESIDUAL)}
         if not residual:
-            return {}
-        return {"params": {k: v for k, v in start.items() if k not in residual},
-                "static": self.ctx.classifier.adapter.overrides(residual)}
+            return None
+        return ClientPlan(params={k: v for k, v in start.items() if k not in residual},
+                          static=self.ctx.classifier.adapter.overrides(residual))
 
     def fold(self, glob: Params, before: Params, updates: Sequence[Update], weights: Sequence[float]) -> Params:
         if not updates:

@@ -33,7 +33,7 @@ from fedpeft.comm.update import Params, Update
 from fedpeft.costs import client_ops
 from fedpeft.lazy import lazy, lazy_dict
 from fedpeft.rng import SHARED, torch_rng
-from fedpeft.sharing.base import SHAPE, SHARING, Shapes, ShareAll, SharingContext
+from fedpeft.sharing.base import SHAPE, SHARING, ClientPlan, Shapes, ShareAll, SharingContext
 from fedpeft.sharing.head_importance import head_confidence, key_token_ids
 
 torch = lazy("torch")
@@ -159,7 +159,7 @@ class HeadPruning(ShareAll):
             seen += batch["input_ids"].shape[0]
         return total / max(seen, 1)
 
-    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> dict[str, Any]:
+    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> ClientPlan:
         """Eq. 7 before training: the kept heads, their importances, and the frozen mask of pruned slices."""
         s = self.settings
         if s.scoring in ("importance", "lowest"):
@@ -184,29 +184,29 @@ class HeadPruning(ShareAll):
                 _, dim, a, b = spec[i]
                 mask.narrow(dim, a, b - a).fill_(False)
             frozen[name] = mask
-        plan = {"kept": kept, "alpha": alpha[kept].float(), "frozen": frozen}
+        plan = ClientPlan(frozen=frozen, own={"kept": kept, "alpha": alpha[kept].float()})
         if s.mode != "lora_only":
-            plan["static"] = head_overrides(self.ctx.classifier.backbone, kept, s.mode)
+            plan.static = head_overrides(self.ctx.classifier.backbone, kept, s.mode)
         if s.mode == "pruned":  # train the kept slices only, compressed as they travel
             idx = kept_slices(self.slices, keep_set)
-            plan["params"] = {k: _take(v, self.slices[k], idx[k]).clone() if k in self.slices else v
-                              for k, v in start.items()}
-            plan["frozen"] = None
+            plan.params = {k: _take(v, self.slices[k], idx[k]).clone() if k in self.slices else v
+                           for k, v in start.items()}
+            plan.frozen = None
         return plan
 
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
-               round: int, plan: Any) -> Update:
+               round: int, plan: ClientPlan) -> Update:
         """Upload only the kept slices (+ ids and importances) and report the step's analytic OPs."""
-        kept = plan["kept"]
+        kept = plan.own["kept"]
         update = update.with_tensors(self._wire_form(update.tensors, kept))
-        update.aux_tensors |= {HEADS: torch.tensor(kept, dtype=torch.int32), ALPHA: plan["alpha"]}
+        update.aux_tensors |= {HEADS: torch.tensor(kept, dtype=torch.int32), ALPHA: plan.own["alpha"]}
         ops = client_ops(self.ctx.classifier, len(kept) / self.num_heads, client.train,
                          int(update.scalars.get("steps", 0)), int(getattr(self.ctx.trainer, "batch_size", 1)))
         update.scalars |= {"kept_heads": len(kept), **ops}
         return update
 
-    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
-        return self._wire_form(start, plan["kept"])
+    def upload_start(self, start: Params, update: Update, plan: ClientPlan) -> Params:
+        return self._wire_form(start, plan.own["kept"])
 
     def _wire_form(self, params: Params, kept: list[int]) -> Params:
         """Only the kept heads' slices of the head-assignable tensors (a pruned step trained them in that form)."""

@@ -24,7 +24,7 @@ from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy, no_grad
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
-from fedpeft.sharing.base import SHARING, Shapes
+from fedpeft.sharing.base import SHARING, ClientPlan, Shapes
 from fedpeft.sharing.hessian_ratio import RATIO_ESTIMATORS, RatioSettings
 from fedpeft.sharing.layer_orders import LAYER_ORDERS, select_layers
 from fedpeft.sharing.layer_scores import aggregate_weighted, layer_scores
@@ -138,7 +138,7 @@ class LayerSelection(PrivateLayers):
     # ---------------------------------------------------------------- client
 
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
-               round: int, plan: Any) -> Update:
+               round: int, plan: ClientPlan) -> Update:
         """In the selection round: ζ_{i,l} (Eq. 2–3) and r_i (Alg. 1 l.3–10) added to the update."""
         if bool(instruction.scalars.get("select", False)):
             tensors, scalars = self.report(start if self.settings.score_at == "global" else trained, client, round)

@@ -24,7 +24,7 @@ from fedpeft.comm.codec import Message
 from fedpeft.comm.lora_pairs import A, B
 from fedpeft.comm.update import Params
 from fedpeft.lazy import lazy
-from fedpeft.sharing.base import SHARING, ShareAll, WHICH
+from fedpeft.sharing.base import SHARING, WHICH, ClientPlan, ShareAll
 
 torch = lazy("torch")
 
@@ -42,8 +42,8 @@ class FrozenA(ShareAll):
     def client_params(self, received: Params, private: Params) -> Params:
         return self.ctx.initial_params() | received
 
-    def plan(self, start: Params, instruction: Message, client: Any, round: int) -> Any:
-        return {"frozen": {k: torch.ones_like(v, dtype=torch.bool) for k, v in start.items() if k.endswith(A)}}
+    def plan(self, start: Params, instruction: Message, client: Any, round: int) -> ClientPlan:
+        return ClientPlan(frozen={k: torch.ones_like(v, dtype=torch.bool) for k, v in start.items() if k.endswith(A)})
 
 
 class PersonalBSettings(BaseModel):

@@ -18,7 +18,6 @@ is not public.)
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +26,7 @@ from fedpeft.comm.codec import Message
 from fedpeft.comm.lora_pairs import RANK_DIM, factor, pad, pairs, rank_mask, rank_of, truncate
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy
-from fedpeft.sharing.base import SHAPE, SHARING, Shapes, ShareAll, SharingContext
+from fedpeft.sharing.base import SHAPE, SHARING, ClientPlan, Shapes, ShareAll, SharingContext
 
 torch = lazy("torch")
 
@@ -114,32 +113,33 @@ class RankTiers(ShareAll):
         """The rank a self-pruning client of rank r drops to: max(r_min, ⌊γ r⌋)."""
         return max(self.settings.min_rank, math.floor(self.settings.prune_gamma * r))
 
-    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> dict[str, Any]:
+    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> ClientPlan:
         r = rank_of({k: v for k, v in instruction.tensors.items() if factor(k)}) or self.r_max
-        plan: dict[str, Any] = {RANK: r, "frozen": rank_mask(start, r)}
+        plan = ClientPlan(frozen=rank_mask(start, r), own={RANK: r})
         s = self.settings
         keep = self.pruned_rank(r)
         if s.self_prune and keep < r:
             lam, modules = s.prune_lambda, list(pairs(start).values())
-            plan |= {"keep": keep, "before": float(tail_score(start, modules, keep, r)),
-                     "penalty": lambda work: lam * tail_score(work, modules, keep, r)}
+            plan.own |= {"keep": keep, "before": float(tail_score(start, modules, keep, r))}
+            plan.penalty = lambda work: lam * tail_score(work, modules, keep, r)
         return plan
 
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
-               round: int, plan: Any) -> Update:
+               round: int, plan: ClientPlan) -> Update:
         """Upload at the client's rank, or at ⌊γ r⌋ when self-pruning finds the tail's norm fell this round."""
-        r = plan[RANK]
+        own = plan.own
+        r = own[RANK]
         scalars = {}
-        if "keep" in plan:
-            after = float(tail_score(trained, list(pairs(trained).values()), plan["keep"], r))
+        if "keep" in own:
+            after = float(tail_score(trained, list(pairs(trained).values()), own["keep"], r))
             scalars[TAIL] = after
-            if after < plan["before"]:
-                r = plan["keep"]
+            if after < own["before"]:
+                r = own["keep"]
         update = update.with_tensors(truncate(update.tensors, r))
         update.scalars |= {RANK: r, **scalars}
         return update
 
-    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
+    def upload_start(self, start: Params, update: Update, plan: ClientPlan) -> Params:
         return truncate(start, int(update.scalars[RANK]))
 
 

@@ -24,7 +24,7 @@ from fedpeft.comm.lora_pairs import RANK_DIM, factor, pairs
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy
 from fedpeft.rng import torch_rng
-from fedpeft.sharing.base import SHAPE, SHARING, Shapes, ShareAll, SharingContext, WHICH
+from fedpeft.sharing.base import SHAPE, SHARING, WHICH, ClientPlan, Shapes, ShareAll, SharingContext
 from fedpeft.sharing.lora_ranks import RANK, check_rank, rank_wire_shapes
 
 torch = lazy("torch")
@@ -64,7 +64,7 @@ class FreshLora(ShareAll):
 
     # ---------------------------------------------------------------- client
 
-    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> dict[str, Any]:
+    def plan(self, start: Params, instruction: Message, client: ClientContext, round: int) -> ClientPlan:
         """The received stack, frozen, followed by a fresh rank-r_k LoRA: A ~ U(±1/√d_in), B = 0 (Sec. 3.3)."""
         r = self.tier_rank(client.client_id)
         gen = torch_rng(client.seed, round, client.client_id, "flora-fresh-lora")
@@ -76,18 +76,18 @@ class FreshLora(ShareAll):
             params[b] = torch.cat([start[b].float(), torch.zeros(d_out, r)], dim=1)
             frozen[a] = torch.arange(params[a].shape[0])[:, None].expand_as(params[a]) < start[a].shape[0]
             frozen[b] = torch.arange(params[b].shape[1])[None, :].expand_as(params[b]) < start[b].shape[1]
-        return {"params": params, "frozen": frozen, RANK: r}
+        return ClientPlan(params=params, frozen=frozen, own={RANK: r})
 
     def finish(self, update: Update, start: Params, trained: Params, instruction: Message, client: ClientContext,
-               round: int, plan: Any) -> Update:
+               round: int, plan: ClientPlan) -> Update:
         """Upload the fresh block only: the last r_k rows of every A and columns of every B."""
-        update = update.with_tensors(fresh_block(update.tensors, plan[RANK]))
-        update.scalars |= {RANK: plan[RANK]}
+        update = update.with_tensors(fresh_block(update.tensors, plan.own[RANK]))
+        update.scalars |= {RANK: plan.own[RANK]}
         return update
 
-    def upload_start(self, start: Params, update: Update, plan: Any) -> Params:
+    def upload_start(self, start: Params, update: Update, plan: ClientPlan) -> Params:
         """The fresh block as drawn (A) and zero (B): ``start`` is the plan's stack + fresh block."""
-        return fresh_block(start, plan[RANK])
+        return fresh_block(start, plan.own[RANK])
 
     # ---------------------------------------------------------------- server
 
