@@ -29,7 +29,7 @@ def _message(tmp_path, **extra):
     thread in both processes: bit-equal replies need the same thread count)."""
     cfg = load_config(None, tiny_overrides(runtime__threads=1, **extra))
     b = build(cfg)
-    driver = RoundDriver(cfg, b.method)
+    driver = RoundDriver(cfg.federation, b.method)
     state = b.method.server_init()
     plan = driver.plan_round(state, 1)
     settings = {"config_yaml": dump_config(cfg), "run_key": "k", "state_dir": str(tmp_path / "unused"),

@@ -325,7 +325,7 @@ def test_upload_is_t_uint16_indices_and_the_server_decodes_the_clients_prompt(mo
 def test_a_reply_with_an_index_above_the_sentinel_is_rejected_in_the_round():
     cfg, exp, method = _setup()
     vocab_size = method.trainer.vocabulary().table.shape[0]
-    driver = RoundDriver(cfg, method)
+    driver = RoundDriver(cfg.federation, method)
     state = method.server_init()
     plan = driver.plan_round(state, 1)
     results = {c: handle_train(method, payload, exp.client(c)) for c, payload in plan.instructions.items()}

@@ -78,7 +78,7 @@ def test_post_tuning_lossy_download_and_float16_wire_evaluate_on_the_clients(tin
         b = build(cfg)
         state = b.method.server_init()
         final = cfg.federation.rounds
-        once = RoundDriver(cfg, b.method).evaluate_once(state, final, [0, 1, 2])
+        once = RoundDriver(cfg.federation, b.method).evaluate_once(state, final, [0, 1, 2])
         assert once is None, extra
 
 

@@ -110,7 +110,7 @@ def make_round_one(**extra):
 
     cfg = load_config(None, tiny_overrides(federation__max_message_bytes=1 << 16, **extra))
     b = build(cfg)
-    driver = RoundDriver(cfg, b.method, weights=b.exp.client_weights())
+    driver = RoundDriver(cfg.federation, b.method, weights=b.exp.client_weights())
     state = b.method.server_init()
     plan = driver.plan_round(state, 1)
     valid = {}

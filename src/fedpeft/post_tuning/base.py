@@ -19,7 +19,7 @@ from fedpeft.registry import Registry
 
 @dataclass(frozen=True)
 class PostTuningContext:
-    classifier: Classifier
+    objective: Classifier  # or a LanguageModel: what the forward pass is scored by
     eval_batch: int = 64
 
 

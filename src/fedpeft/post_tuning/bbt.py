@@ -47,7 +47,7 @@ class BBTPostTuning(PostTuningBase):
         key = "z" if "z" in params else "prompt"
         base = params[key].float()
         train, dev = few_shot_split(data, s.shots, s.select == "dev", rng)
-        box = BlackBox(self.ctx.classifier, max_rows=s.max_rows, param_name=key, param_dims=base.dim())
+        box = BlackBox(self.ctx.objective, max_rows=s.max_rows, param_name=key, param_dims=base.dim())
         d = base.numel() if key == "z" else s.intrinsic_dim
         proj = None
         if key != "z":

@@ -43,7 +43,7 @@ class GradientPostTuning(PostTuningBase):
 
     def tune(self, params: Params, data: Encoded, rng: np.random.Generator) -> tuple[Params, dict[str, float]]:
         s = self.settings
-        clf = self.ctx.classifier
+        clf = self.ctx.objective
         train, dev = (data, None) if s.shots is None else few_shot_split(data, s.shots, s.select == "dev", rng)
         cfg = GradientSettings(lr=s.lr, batch_size=s.batch_size, local_epochs=1e6, max_steps=s.steps)
         seed = int(rng.integers(2**62))

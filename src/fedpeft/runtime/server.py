@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedpeft.comm.codec import Message, decode, encode
-from fedpeft.config import ExperimentConfig
+from fedpeft.config import FederationConfig
 from fedpeft.methods.base import Method
 from fedpeft.runtime.validation import InvalidReply, validate_metrics, validate_reply
 
@@ -41,9 +41,9 @@ class RoundPlan:
 
 
 class RoundDriver:
-    def __init__(self, cfg: ExperimentConfig, method: Method, name: Callable[[int], str] | None = None,
+    def __init__(self, federation: FederationConfig, method: Method, name: Callable[[int], str] | None = None,
                  weights: dict[int, int] | None = None) -> None:
-        self.cfg, self.method = cfg, method
+        self.federation, self.method = federation, method  # its own section: clients, quorum, message cap
         self.name = name or (lambda cid: f"client {cid}")  # how logs name a client (natural clients by their value)
         # each client's weight (its examples), which the server knows from the partition: a reply claiming another
         # is refused (its weight would decide how much of the aggregate it takes)
@@ -54,7 +54,7 @@ class RoundDriver:
     def plan_round(self, state: Message, round: int) -> RoundPlan:
         """Each selected client's encoded instruction; equal instructions share one bytes object (most methods
         send every client the same global tensors), so a round's plan holds one copy, not one per client."""
-        msgs = self.method.configure_round(state, round, list(range(self.cfg.federation.num_clients)))
+        msgs = self.method.configure_round(state, round, list(range(self.federation.num_clients)))
         shared: dict[bytes, bytes] = {}
         encoded = {}
         for cid, m in msgs.items():
@@ -78,7 +78,7 @@ class RoundDriver:
             else:
                 rec["bytes_up"] = len(res) if isinstance(res, (bytes, bytearray)) else 0
                 try:
-                    reply = decode(res, self.cfg.federation.max_message_bytes)
+                    reply = decode(res, self.federation.max_message_bytes)
                     validate_reply(reply, schema, cid)
                     self._check_weight(cid, reply.scalars.get("num_examples"))
                 except Exception as e:  # noqa: BLE001 - untrusted bytes: whatever fails, the reply is not used
@@ -94,7 +94,7 @@ class RoundDriver:
         if accepted:
             self.last_tensor_bytes = sum(sum(t.numel() * t.element_size() for t in r.tensors.values())
                                          for r in accepted.values()) / len(accepted)
-        need = self.cfg.federation.min_clients
+        need = self.federation.min_clients
         if len(accepted) < need:
             raise RoundFailed(f"round {plan.round}: {len(accepted)} valid replies, "
                               f"federation.min_clients is {need}", records)
@@ -116,7 +116,7 @@ class RoundDriver:
         if 1e-6 < outcome.clipped <= 1 + WRAP_TOLERANCE:
             log.warning("round %d: uploads of %.0f %% of the weight exceeded secure_aggregation.clipping_range (%g) "
                         "and were clipped before the sum", plan.round, 100 * outcome.clipped,
-                        self.cfg.federation.secure_aggregation.clipping_range)
+                        self.federation.secure_aggregation.clipping_range)
         records = []
         for cid, scalars in list(outcome.scalars.items()):
             try:
@@ -143,7 +143,7 @@ class RoundDriver:
             raise RoundFailed(f"round {plan.round}: the securely aggregated clipped share is {outcome.clipped:.4g}, "
                               "outside [0, 1]: the masked sum wrapped around the field (check secure_aggregation's "
                               "max_weight, quantization_range and modulus_range); nothing applied", records)
-        need = self.cfg.federation.min_clients
+        need = self.federation.min_clients
         if len(outcome.scalars) < need:
             raise RoundFailed(f"round {plan.round}: {len(outcome.scalars)} clients survived secure aggregation, "
                               f"federation.min_clients is {need}", records)
@@ -159,7 +159,7 @@ class RoundDriver:
                                           schema), records
 
     def plan_evaluate(self, state: Message, round: int) -> dict[int, bytes]:
-        ids = list(range(self.cfg.federation.num_clients))
+        ids = list(range(self.federation.num_clients))
         msgs = self.method.configure_evaluate(state, round, ids)
         return {cid: encode(m, self.method.wire) for cid, m in msgs.items()}
 
@@ -182,7 +182,7 @@ class RoundDriver:
             try:
                 if isinstance(res, BaseException):
                     raise res
-                out[cid] = validate_metrics(decode(res, self.cfg.federation.max_message_bytes)) | {"bytes_up": len(res)}
+                out[cid] = validate_metrics(decode(res, self.federation.max_message_bytes)) | {"bytes_up": len(res)}
             except Exception as e:  # noqa: BLE001 - a client's evaluation never stops the run
                 log.warning("round %d: evaluation on %s failed: %s", round, self.name(cid), e)
         return out

@@ -217,7 +217,7 @@ def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Meth
 def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Method, transport: Transport,
                 resume: bool, stop_after_round: int | None, bar: Progress | None, tracker: Tracker,
                 threads: int) -> dict[str, Any]:
-    driver = RoundDriver(cfg, method, exp.client_label, exp.client_weights())
+    driver = RoundDriver(cfg.federation, method, exp.client_label, exp.client_weights())
     checksum = exp.backbone.checksum()
     run_id = keep_record(run, exp, resume, cfg)
     commit_config(run, cfg)

@@ -44,7 +44,7 @@ class ClientPlan:
 
 @dataclass(frozen=True)
 class SharingContext:
-    classifier: Classifier
+    objective: Classifier                 # or a LanguageModel: what the forward pass is scored by
     seed: int
     initial_params: Callable[[], Params]  # the adapter's initial tensors, identical on every process
     head_slices: HeadSlices = field(default_factory=dict)  # the adapter's head-assignable slices

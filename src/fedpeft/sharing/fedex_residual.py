@@ -63,7 +63,7 @@ class FoldResidual(ShareAll):
         if not residual:
             return None
         return ClientPlan(params={k: v for k, v in start.items() if k not in residual},
-                          static=self.ctx.classifier.adapter.overrides(residual))
+                          static=self.ctx.objective.adapter.overrides(residual))
 
     def fold(self, glob: Params, before: Params, updates: Sequence[Update], weights: Sequence[float]) -> Params:
         if not updates:

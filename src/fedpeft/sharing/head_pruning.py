@@ -127,12 +127,12 @@ class HeadPruning(ShareAll):
                              "(lora, deep_prompt)")
         self.num_heads = 1 + max(h for v in self.slices.values() for heads, *_ in v for h in heads)
         if settings.mode == "pruned":
-            cfg = ctx.classifier.backbone.model.config
+            cfg = ctx.objective.backbone.model.config
             heads = int(cfg.num_attention_heads)
             if int(getattr(cfg, "num_key_value_heads", None) or heads) != heads:
                 raise ValueError("method.sharing.mode: 'pruned' cannot cut heads out of grouped-query attention "
                                  "(key/value heads are shared); use 'masked'")
-            if ctx.classifier.adapter.name != "lora":
+            if ctx.objective.adapter.name != "lora":
                 raise ValueError("method.sharing.mode: 'pruned' trains LoRA's kept rows in their cut form; it needs "
                                  "the lora adapter (use 'masked' for other adapters)")
         self.keep = n_keep(settings.sparsity, self.num_heads) if settings.scoring != "none" else self.num_heads
@@ -141,7 +141,7 @@ class HeadPruning(ShareAll):
 
     def importance(self, params: Params, client: ClientContext) -> torch.Tensor:
         """alpha_c (Eq. 6): mean confidence of every head over the client's local data (or the first batches)."""
-        clf, data = self.ctx.classifier, client.train
+        clf, data = self.ctx.objective, client.train
         tok = clf.backbone.tokenizer
         eos = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
         first = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
@@ -174,7 +174,7 @@ class HeadPruning(ShareAll):
         else:
             alpha = torch.ones(self.num_heads, dtype=torch.float64)
             order = list(range(self.num_heads))
-        per_layer = int(self.ctx.classifier.backbone.model.config.num_attention_heads) if s.quota == "per_layer" else None
+        per_layer = int(self.ctx.objective.backbone.model.config.num_attention_heads) if s.quota == "per_layer" else None
         kept = kept_heads(order, self.keep, per_layer)
         frozen = {}
         keep_set = set(kept)
@@ -186,7 +186,7 @@ class HeadPruning(ShareAll):
             frozen[name] = mask
         plan = ClientPlan(frozen=frozen, own={"kept": kept, "alpha": alpha[kept].float()})
         if s.mode != "lora_only":
-            plan.static = head_overrides(self.ctx.classifier.backbone, kept, s.mode)
+            plan.static = head_overrides(self.ctx.objective.backbone, kept, s.mode)
         if s.mode == "pruned":  # train the kept slices only, compressed as they travel
             idx = kept_slices(self.slices, keep_set)
             plan.params = {k: _take(v, self.slices[k], idx[k]).clone() if k in self.slices else v
@@ -200,7 +200,7 @@ class HeadPruning(ShareAll):
         kept = plan.own["kept"]
         update = update.with_tensors(self._wire_form(update.tensors, kept))
         update.aux_tensors |= {HEADS: torch.tensor(kept, dtype=torch.int32), ALPHA: plan.own["alpha"]}
-        ops = client_ops(self.ctx.classifier, len(kept) / self.num_heads, client.train,
+        ops = client_ops(self.ctx.objective, len(kept) / self.num_heads, client.train,
                          int(update.scalars.get("steps", 0)), int(getattr(self.ctx.trainer, "batch_size", 1)))
         update.scalars |= {"kept_heads": len(kept), **ops}
         return update

@@ -151,7 +151,7 @@ class LayerSelection(PrivateLayers):
         want_scores, want_ratio = self._reports()
         n = len(client.train)
         idx = torch.randperm(n, generator=torch_rng(client.seed, round, client.client_id, "peptao-batch"))
-        clf = self.ctx.classifier
+        clf = self.ctx.objective
         batch = clf.batch(client.train, idx[: min(self.settings.score_batch, n)].tolist())
         tensors, scalars = {}, {}
         if want_scores:
@@ -167,14 +167,14 @@ class LayerSelection(PrivateLayers):
     @no_grad
     def layer_scores(self, params: Params, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-layer scores of one batch: hidden states of every layer's output with the prompts attached."""
-        hidden = self.ctx.classifier.hidden_states(params, batch)
+        hidden = self.ctx.objective.hidden_states(params, batch)
         s = self.settings
         mask = batch["attention_mask"] if s.score_tokens == "nonpad" else None
         return layer_scores(hidden, s.score_eps, s.score_reduce, s.score_last_layer, mask)
 
     def estimate_ratio(self, params: Params, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """r_i from the Hessian of F_i with respect to all layers' prompts (the estimator named in settings)."""
-        clf = self.ctx.classifier
+        clf = self.ctx.objective
         keys = sorted(k for k in params if k.startswith(PREFIX))
         shapes = [params[k].shape for k in keys]
         rest = {k: v.to(clf.device) for k, v in params.items() if not k.startswith(PREFIX)}

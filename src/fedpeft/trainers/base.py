@@ -36,10 +36,10 @@ Shapes = dict[str, tuple[int, ...]]
 
 @dataclass(frozen=True)
 class TrainerContext:
-    """What a trainer may use: the shared objective (a ``Classifier`` or a ``LanguageModel``; the field keeps its
-    name), the adapter's settings, the task's token budget, and what the aggregator reads."""
+    """What a trainer may use: the shared objective (a ``Classifier`` or a ``LanguageModel``), the adapter's
+    settings, the task's token budget, and what the aggregator reads."""
 
-    classifier: Classifier
+    objective: Classifier                 # or a LanguageModel: what the forward pass is scored by
     adapter_settings: Any
     max_length: int = 128                 # task.max_length: the tokens of an encoded text
     needs: frozenset[str] = frozenset()   # auxiliary values the aggregator reads from every update
@@ -141,7 +141,7 @@ class TrainerBase:
 
     def __init__(self, settings: Any, ctx: TrainerContext) -> None:
         self.settings, self.ctx = settings, ctx
-        self.clf = ctx.classifier
+        self.clf = ctx.objective
 
     def downlink(self, shared: Params, broadcast: Message) -> Message:
         return Message(tensors=dict(shared) | broadcast.tensors, scalars=dict(broadcast.scalars))
