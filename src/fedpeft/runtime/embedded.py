@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from rich.progress import Progress
 from fedpeft.model.gather import ForwardGather
 from fedpeft.build import build
 from fedpeft.comm.codec import Message, decode
-from fedpeft.config import ExperimentConfig
+from fedpeft.config import ExperimentConfig, FaultConfig, FederationConfig, RuntimeConfig
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.runtime.client import handle_evaluate, handle_train
@@ -51,6 +52,17 @@ def _copy(state: Message) -> Message:
     return Message({k: v.clone() for k, v in state.tensors.items()}, dict(state.scalars))
 
 
+@dataclass(frozen=True)
+class InProcessSettings:
+    """What the in-process transport reads of the run: the seed and injected faults (which client fails when), the
+    federation's round timeout and secure aggregation, the runtime's client groups."""
+
+    seed: int
+    faults: FaultConfig
+    federation: FederationConfig
+    runtime: RuntimeConfig
+
+
 class InProcessTransport:
     """Delivers each instruction by calling the client handlers directly; keeps client states in memory.
 
@@ -59,9 +71,9 @@ class InProcessTransport:
     calls (``runtime.client_batch``, ``backbones.gather``); with ``federation.round_timeout`` each is held to the deadline
     by its own elapsed time, as if they ran side by side: a later reply is ignored and logged, its state not kept."""
 
-    def __init__(self, cfg: ExperimentConfig, method: Method, exp: Experiment, bar: Progress,
+    def __init__(self, settings: InProcessSettings, method: Method, exp: Experiment, bar: Progress,
                  reply_hook: ReplyHook | None, workers: ClientWorkers | None = None) -> None:
-        self.cfg, self.method, self.exp, self.bar, self.reply_hook = cfg, method, exp, bar, reply_hook
+        self.settings, self.method, self.exp, self.bar, self.reply_hook = settings, method, exp, bar, reply_hook
         self.workers = workers
         self.states: dict[int, Message] = {}
         self.shared = {"backbone_calls": 0, "forward_requests": 0}  # this round's, with client groups
@@ -69,8 +81,9 @@ class InProcessTransport:
         self.clients_task = bar.add_task("clients", total=0)
         # client groups only where their calls are stacked: on CPU a group's calls would each run their own
         # forward anyway, and the threads cost time (benchmarks/results/perf.md, figure 2)
-        self.together = cfg.runtime.client_batch > 1 and exp.classifier.stacks_calls(cfg.runtime.client_batch_passes)
-        if cfg.runtime.client_batch > 1 and not self.together:
+        runtime = settings.runtime
+        self.together = runtime.client_batch > 1 and exp.classifier.stacks_calls(runtime.client_batch_passes)
+        if runtime.client_batch > 1 and not self.together:
             log.warning("runtime.client_batch on CPU: clients run one after another (the same results; stacking their "
                         "model calls is no faster on CPU); runtime.client_batch_passes stacks them anyway, "
                         "runtime.client_workers uses the cores")
@@ -85,7 +98,7 @@ class InProcessTransport:
         else:
             done = (self._here(round, cid, payload) for cid, payload in instructions.items())
         results: dict[int, bytes | BaseException] = {}
-        timeout = self.cfg.federation.round_timeout
+        timeout = self.settings.federation.round_timeout
         for cid, outcome, state, took in done:
             if not isinstance(outcome, BaseException) and self.reply_hook is not None:
                 try:
@@ -112,7 +125,7 @@ class InProcessTransport:
         ctx.forward = group
         t0 = time.monotonic()
         try:
-            inject(self.cfg.faults, self.cfg.seed, round, cid)
+            inject(self.settings.faults, self.settings.seed, round, cid)
             reply: bytes | BaseException = handle_train(self.method, payload, ctx)
         except Exception as e:  # one failing client must not kill the round
             log.exception("round %d: client %d raised", round, cid)
@@ -126,12 +139,12 @@ class InProcessTransport:
                   instructions: dict[int, bytes]) -> Iterator[tuple[int, bytes | BaseException, Message, float]]:
         """The round's clients in groups of ``runtime.client_batch``, each client in a thread, a group's model
         calls run together (``ForwardGather``); results in client order."""
-        ids, k = list(instructions), self.cfg.runtime.client_batch
+        ids, k = list(instructions), self.settings.runtime.client_batch
         for start in range(0, len(ids), k):
             group = ids[start:start + k]
             for cid in group:
                 self.exp.client(cid)  # data encoded (and cached) here, not by racing threads
-            gather = ForwardGather(self.exp.classifier, len(group), self.cfg.runtime.client_batch_passes)
+            gather = ForwardGather(self.exp.classifier, len(group), self.settings.runtime.client_batch_passes)
             with ThreadPoolExecutor(len(group), thread_name_prefix="client") as pool:
                 futures = [pool.submit(self._here, round, cid, instructions[cid], gather) for cid in group]
                 yield from (f.result() for f in futures)
@@ -161,7 +174,7 @@ class InProcessTransport:
                 ctx = self.exp.client(cid)
                 ctx.state = _copy(self.states.get(cid, Message()))
                 try:
-                    inject(self.cfg.faults, self.cfg.seed, round, cid)
+                    inject(self.settings.faults, self.settings.seed, round, cid)
                     replies[cid] = handle_train(self.method, payload, ctx)
                     new_states[cid] = ctx.state
                 except Exception as e:  # noqa: BLE001 - the client drops out of the protocol
@@ -171,14 +184,14 @@ class InProcessTransport:
             return replies, errors
 
         handlers = {node_id(c): node_handler(run_node, node_id(c)) for c in instructions}
-        faults, client_of = self.cfg.faults, {node_id(c): c for c in instructions}
+        faults, client_of = self.settings.faults, {node_id(c): c for c in instructions}
 
         def drop(node: int, stage: str) -> bool:  # ``faults.secure_stage``: a failing client drops at that stage
-            return stage == faults.secure_stage and fails(faults, self.cfg.seed, round, client_of[node])
+            return stage == faults.secure_stage and fails(faults, self.settings.seed, round, client_of[node])
 
         grid = grid_class()(handlers, drop if faults.secure_stage is not None else None)
         with task_identity():
-            outcome = secure_round(self.cfg.federation.secure_aggregation, self.cfg.seed, round,
+            outcome = secure_round(self.settings.federation.secure_aggregation, self.settings.seed, round,
                                    {node_id(c): {c: p} for c, p in instructions.items()}, grid,
                                    uniform=self.method.aggregator.uniform_weights)
         outcome.bytes_down = {client_of[n]: b for n, b in grid.bytes_down.items()}
@@ -229,7 +242,8 @@ def run_embedded(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fals
             workers = None
             if cfg.runtime.client_workers > 1:
                 b.exp.client(0)  # encode the data once, before the fork, so the workers share it too
-                workers = stack.enter_context(ClientWorkers(cfg.runtime.client_workers, cfg, b.method, b.exp,
-                                                            threads))
-            transport = InProcessTransport(cfg, b.method, b.exp, bar, reply_hook, workers)
+                workers = stack.enter_context(ClientWorkers(cfg.runtime.client_workers, cfg.faults, cfg.seed,
+                                                            b.method, b.exp, threads))
+            settings = InProcessSettings(cfg.seed, cfg.faults, cfg.federation, cfg.runtime)
+            transport = InProcessTransport(settings, b.method, b.exp, bar, reply_hook, workers)
             return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar, threads)

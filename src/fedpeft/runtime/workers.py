@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from fedpeft.comm.codec import Message, decode, encode, own_dtypes
-from fedpeft.config import ExperimentConfig
+from fedpeft.config import FaultConfig
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.runtime.client import handle_train
@@ -43,14 +43,15 @@ class Done:
 class _Worker:
     """What a forked worker holds: the built method and experiment, inherited from the parent at fork."""
 
-    cfg: ExperimentConfig
+    faults: FaultConfig
+    seed: int
     method: Method
     exp: Experiment
 
 
-def _init(cfg: ExperimentConfig, method: Method, exp: Experiment, threads: int) -> None:
+def _init(faults: FaultConfig, seed: int, method: Method, exp: Experiment, threads: int) -> None:
     torch.set_num_threads(threads)
-    _Worker.cfg, _Worker.method, _Worker.exp = cfg, method, exp
+    _Worker.faults, _Worker.seed, _Worker.method, _Worker.exp = faults, seed, method, exp
 
 
 def encode_state(state: Message) -> bytes:
@@ -63,7 +64,7 @@ def _train(round: int, client: int, payload: bytes, state: bytes) -> Done:
     ctx = _Worker.exp.client(client)
     ctx.state = decode(state)
     try:
-        inject(_Worker.cfg.faults, _Worker.cfg.seed, round, client)
+        inject(_Worker.faults, _Worker.seed, round, client)
         reply = handle_train(_Worker.method, payload, ctx)
     except Exception as e:  # noqa: BLE001 - reported to the server as this client's failure
         log.exception("round %d: client %d raised", round, client)
@@ -75,10 +76,10 @@ class ClientWorkers:
     """A pool of ``n`` forked workers, each computing with ``threads`` torch threads (the run's); ``train`` runs one
     round's clients on it, results in client order."""
 
-    def __init__(self, n: int, cfg: ExperimentConfig, method: Method, exp: Experiment, threads: int) -> None:
+    def __init__(self, n: int, faults: FaultConfig, seed: int, method: Method, exp: Experiment, threads: int) -> None:
         # fork: the workers inherit the built objects (no pickling, no second load); initargs are not pickled
         self.pool = multiprocessing.get_context("fork").Pool(n, initializer=_init,
-                                                             initargs=(cfg, method, exp, threads))
+                                                             initargs=(faults, seed, method, exp, threads))
 
     def train(self, round: int, jobs: list[tuple[int, bytes, bytes]]) -> list[Done]:
         return self.pool.starmap(_train, [(round, cid, payload, state) for cid, payload, state in jobs], chunksize=1)
