@@ -13,7 +13,7 @@ from fedpeft.adapters import ADAPTERS
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS, AggregatorContext
 from fedpeft.comm.codec import WireSpec
 from fedpeft.comm.update import Params
-from fedpeft.config import ExperimentConfig
+from fedpeft.config import EvaluationConfig, ExperimentConfig
 from fedpeft.downlink import DOWNLINKS, DownlinkContext
 from fedpeft.lazy import lazy
 from fedpeft.post_tuning import POST_TUNING, PostTuningContext
@@ -57,7 +57,7 @@ class RunFacts:
 
     seed: int
     rounds: int
-    evaluation: Any  # config.EvaluationConfig
+    evaluation: EvaluationConfig
 
 
 def run_facts(cfg: ExperimentConfig) -> RunFacts:
