@@ -128,7 +128,7 @@ def score_local_unseen(out: Path) -> Path:
     from fedpeft.predict import adapter_params
     from fedpeft.resolve import load_config
     from fedpeft.tracking.rundir import RunDir
-    from fedpeft.trainers.base import floats
+    from fedpeft.formats.base import floats
 
     cfg = load_config(out / "config.yaml")
     b = build(cfg)

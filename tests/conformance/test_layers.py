@@ -12,7 +12,7 @@ LAYERS = [  # lowest first; a module may import from its own layer and those bel
     {"data", "backbones", "perturbation"},
     {"adapters", "prediction_files"},
     {"model", "clients", "attacks", "generation_eval"},
-    {"trainers", "aggregators", "selection", "sharing", "downlink", "transforms", "post_tuning"},  # the axes
+    {"trainers", "formats", "aggregators", "selection", "sharing", "downlink", "transforms", "post_tuning"},  # axes
     {"components", "exchange", "methods", "experiment", "tracking", "plugins"},
     {"build", "dryrun", "predict", "export", "report", "resolve", "runtime", "catalogue"},
     {"cli"},

@@ -254,7 +254,7 @@ def test_candidate_evaluations_and_forwards_per_client_round(mode):
             assert n == 19
             s = reply.scalars
             # the reported training loss is the uploaded prompt's on the whole local set
-            prompt = method.trainer.decode(unpack(reply, schema, c), {"prompt": prev}).tensors["prompt"]
+            prompt = method.format.decode(unpack(reply, schema, c), {"prompt": prev}).tensors["prompt"]
             assert s["train_loss"] == pytest.approx(float(box.losses(prompt, exp.client(c).train)[0]), abs=1e-6)
             assert s["rows_changed"] == int((reply.tensors["tokens"].to(torch.int64) != vocab_size).sum())
             if mode == "whole":
@@ -303,7 +303,7 @@ def test_upload_is_t_uint16_indices_and_the_server_decodes_the_clients_prompt(mo
         assert torch.equal(idx[changed], tokens[changed])
         sentinels += int((~changed).sum())
         validate_reply(reply, schema, 0)
-        server = method.trainer.decode(unpack(reply, schema, c), {"prompt": sent})
+        server = method.format.decode(unpack(reply, schema, c), {"prompt": sent})
         assert torch.equal(server.tensors["prompt"], prompt)  # bit for bit
     assert sentinels > 0  # some rows travelled as the sentinel
     assert schema.dtype_of("tokens") == torch.uint16 and schema.tensors == {"tokens": (T,)}
@@ -357,7 +357,7 @@ def test_dense_download_global_is_the_uniform_mean_and_the_residual_is_token_dif
         for inst in instructions.values():  # dense: the global prompt itself, in float32
             assert torch.equal(inst.tensors["prompt"], prev)
         schema = method.reply_schema(method.server_init())
-        decoded = [method.trainer.decode(unpack(replies[c], schema, c), {"prompt": prev}).tensors["prompt"]
+        decoded = [method.format.decode(unpack(replies[c], schema, c), {"prompt": prev}).tensors["prompt"]
                    for c in sorted(replies)]
         glob = state.tensors["prompt"]
         M = len(decoded)

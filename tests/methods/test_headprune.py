@@ -68,7 +68,7 @@ def test_pruned_rows_are_frozen_and_absent_from_the_upload():
     inst.tensors = {k: (v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1)))
                     for k, v in inst.tensors.items()}
     ctx = exp.client(0)
-    start = method.trainer.params_of(inst)
+    start = method.format.start(inst)
     plan = method.sharing.plan(start, inst, ctx, 1)
     kept = plan.own["kept"]
     assert len(kept) == 4  # of 2 layers x 4 heads
@@ -339,7 +339,7 @@ def test_scoring_variants_keep_other_heads_than_the_papers(variant):
         method = build_method(cfg, exp)
         inst = method.configure_round(method.server_init(), 1, [0])[0]
         client = exp.client(0)
-        start = method.sharing.client_params(method.trainer.params_of(inst), {})
+        start = method.sharing.client_params(method.format.start(inst), {})
         kept[name] = method.sharing.plan(start, inst, client, 1).own["kept"]
         assert len(kept[name]) == method.sharing.keep
     assert kept["paper"] != kept["variant"]
@@ -360,7 +360,7 @@ def test_fixed_random_heads_are_one_draw_for_every_client_and_round():
         out = {}
         for rnd, cid in ((1, 0), (1, 1), (2, 0), (3, 2)):
             inst = method.configure_round(method.server_init(), rnd, [cid])[cid]
-            start = method.sharing.client_params(method.trainer.params_of(inst), {})
+            start = method.sharing.client_params(method.format.start(inst), {})
             out[rnd, cid] = tuple(method.sharing.plan(start, inst, exp.client(cid), rnd).own["kept"])
         return out
 

@@ -70,7 +70,7 @@ def test_ffa_lora_clients_train_b_with_a_held_at_its_initialisation():
     method = build_method(cfg, exp)
     inst = method.configure_round(method.server_init(), 1, [0])[0]
     client = exp.client(0)
-    start = method.sharing.client_params(method.trainer.params_of(method._decode_down(inst, client)), {})
+    start = method.sharing.client_params(method.format.start(method._decode_down(inst, client)), {})
     plan = method.sharing.plan(start, inst, client, 1)
     assert sorted(plan.frozen) == sorted(k for k in start if k.endswith(A))
     assert all(bool(m.all()) for m in plan.frozen.values())
@@ -107,7 +107,7 @@ def test_fedsa_lora_averages_a_and_keeps_each_clients_b():
     assert not torch.equal(g[a_keys[0]], init[a_keys[0]])  # the shared A moved
     # round 2: each client starts from the new A and its own B
     inst2 = method.configure_round(new, 2, [0, 1])
-    start = {c: method.sharing.client_params(method.trainer.params_of(method._decode_down(inst2[c], ctxs[c])),
+    start = {c: method.sharing.client_params(method.format.start(method._decode_down(inst2[c], ctxs[c])),
                                              sub_state(ctxs[c].state, PRIVATE)) for c in (0, 1)}
     for c in (0, 1):
         assert torch.equal(start[c][a_keys[0]], g[a_keys[0]])

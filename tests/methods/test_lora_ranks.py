@@ -185,7 +185,7 @@ def test_the_padding_beyond_a_clients_rank_stays_zero_while_it_trains():
     exp, method, state, inst = _round_one(_cfg("flexlora", **{"method.trainer.weight_decay": 0.1}))
     c = next(c for c in range(4) if exp.profiles[c].rank == 2)
     client = exp.client(c)
-    start = method.sharing.client_params(method.trainer.params_of(inst[c]), {})
+    start = method.sharing.client_params(method.format.start(inst[c]), {})
     plan = method.sharing.plan(start, inst[c], client, 1)
     update, _ = method.trainer.fit(start, inst[c], client, 1, {}, frozen=plan.frozen)
     for k, v in update.tensors.items():
@@ -280,7 +280,7 @@ def test_flora_clients_train_a_fresh_lora_over_the_frozen_stack_and_upload_it_al
     replies = {}
     for c in range(4):
         client = exp.client(c)
-        start = method.sharing.client_params(method.trainer.params_of(inst[c]), {})
+        start = method.sharing.client_params(method.format.start(inst[c]), {})
         plan = method.sharing.plan(start, inst[c], client, 1)
         rank = exp.profiles[c].rank
         update, _ = method.trainer.fit(plan.params, inst[c], client, 1, {}, frozen=plan.frozen)

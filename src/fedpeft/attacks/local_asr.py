@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpeft.comm.update import Params, Update
+from fedpeft.comm.update import Params
 
 
 def local_asr(trainer: Any, start: Params, trained: Params, client: Any) -> dict[str, float]:
-    """``{"local_asr": ASR}`` of ``start`` with the trained tensors in place, on the client's triggered test inputs
-    (empty when the client has none, or the trainer cannot score them)."""
+    """``{"local_asr": ASR}`` of ``start`` with the trained tensors (the trainer's result, before its update format
+    cuts the reply) in place, on the client's triggered test inputs (empty when the client has none, or the trainer
+    cannot score them)."""
     if client.asr_test is None:
         return {}
-    local = start | trainer.decode(Update(client.client_id, trained, 0), start).tensors
+    local = start | trained
     asr = trainer.evaluate(local, client.asr_test).get("accuracy")
     return {"local_asr": asr} if asr is not None else {}

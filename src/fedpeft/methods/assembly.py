@@ -77,6 +77,7 @@ class Components:
     downlink: Any
     post_tuning: Any
     wire: WireSpec
+    update_format: Any  # the trainer's (``fedpeft.formats``): the innermost stage of the exchange
     initial_params: Callable[[], Params]
     embedding_table: Callable[[], Any]
 
@@ -110,4 +111,5 @@ def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
     post_tuning = POST_TUNING.get(m.post_tuning.name)(POST_TUNING.settings_of(m.post_tuning),
                                                       PostTuningContext(clf, cfg.evaluation.batch_size))
     return Components(aggregator, trainer, selector, sharing, transforms, attacker, downlink, post_tuning,
-                      WireSpec(m.codec.dtype, downlink.wire_overrides()), shared.initial_params, shared.embedding_table)
+                      WireSpec(m.codec.dtype, downlink.wire_overrides()), trainer.update_format(),
+                      shared.initial_params, shared.embedding_table)

@@ -1,7 +1,7 @@
 """The one generic method: the pure contract of ``methods.base.Method`` over the four axes.
 
 - adapter (through the shared ``Classifier``): the initial tensors and how they enter the frozen model;
-- local trainer: the exchange format of its update and how a client trains (``trainers``);
+- local trainer: how a client trains (``trainers``), and the format its update travels in (``formats``);
 - aggregator with its own state, wrapped by server-side wrappers (``aggregators``);
 - selector: which clients train (``selection``); the sharing policy: which tensors are exchanged
   (``sharing``); client-side update transforms (``transforms``).
@@ -33,7 +33,7 @@ from fedpeft.methods.evaluation import Evaluation
 from fedpeft.methods.state import DOWN, OPT, POST_TUNE, PRIVATE, ServerState
 from fedpeft.rng import SERVER, numpy_rng, torch_rng
 from fedpeft.sharing.base import ClientPlan
-from fedpeft.trainers.base import floats
+from fedpeft.formats.base import floats
 
 torch = lazy("torch")
 
@@ -54,6 +54,7 @@ class ComposedMethod:
         self.sharing, self.transforms, self.downlink = parts.sharing, parts.transforms, parts.downlink
         self.attacker_transforms = parts.attacker_transforms
         self.post_tuning, self.wire = parts.post_tuning, parts.wire
+        self.format = parts.update_format
         self.initial_params, self.embedding_table = parts.initial_params, parts.embedding_table
         self.evaluation = Evaluation(self.trainer, experiment, facts.evaluation, facts.seed, facts.rounds)
 
@@ -71,7 +72,7 @@ class ComposedMethod:
         st = ServerState.from_message(state)
         eligible = sorted(c for c in clients if c not in self.non_participants)
         selected = self.selector.select(eligible, round, st.history, numpy_rng(self.seed, round, SERVER, "select"))
-        msg = self.trainer.downlink(self._shared(st, round), self.aggregator.broadcast(st.agg))
+        msg = self.format.send(self._shared(st, round), self.aggregator.broadcast(st.agg))
         msg.scalars = {"round": round, **msg.scalars, **self.sharing.instruction_scalars(st.sharing, round)}
         return {c: self._encode_down(self._for_client(msg, st, c), st, c, round - 1) for c in selected}
 
@@ -107,22 +108,22 @@ class ComposedMethod:
         st = ServerState.from_message(state)
         round = st.round + 1
         shapes = {k: tuple(v.shape) for k, v in self._shared(st, round).items()}
-        update, aux = self.trainer.update_shapes(shapes)
+        reply = self.format.reply(shapes)
         report, report_scalars = self.sharing.report_schema(st.sharing, round)
-        return ReplySchema(self.sharing.wire_shapes(update) | aux | report, WIRE_DTYPES[self.wire.default],
-                           (WEIGHT, *self.trainer.scalars, *report_scalars), frozenset(update),
-                           dtypes=dict(self.sharing.dtypes) | self.trainer.wire_dtypes(),
+        return ReplySchema(self.sharing.wire_shapes(reply.update) | reply.aux | report, WIRE_DTYPES[self.wire.default],
+                           (WEIGHT, *self.trainer.scalars, *report_scalars), frozenset(reply.update),
+                           dtypes=dict(self.sharing.dtypes) | reply.dtypes,
                            check=lambda reply, client: self._check(reply, client, st.sharing))
 
     def _check(self, reply: Message, client: int, sharing: Message) -> None:
         self.sharing.check(reply, client, sharing)
-        self.trainer.check(reply)
+        self.format.check(reply)
 
     def aggregate(self, state: Message, round: int, replies: dict[int, Message]) -> Message:
         st = ServerState.from_message(state)
         schema = self.reply_schema(state)
         shared = self._shared(st, round)
-        updates = [self.trainer.decode(self.sharing.expand(unpack(replies[c], schema, c), shared), shared)
+        updates = [self.format.decode(self.sharing.expand(unpack(replies[c], schema, c), shared), shared)
                    for c in sorted(replies)]
         return self._apply(st, round, shared, updates, {u.client: u.scalars for u in updates})
 
@@ -136,7 +137,7 @@ class ComposedMethod:
         shared = self._shared(st, round)
         upd = {k: v.float() for k, v in mean.items() if schema.is_update(k)}
         aux = {k: v.float() for k, v in mean.items() if not schema.is_update(k)}
-        update = self.trainer.decode(Update(-1, upd, weight, aux, scalars={CLIENTS: len(scalars)}), shared)
+        update = self.format.decode(Update(-1, upd, weight, aux, scalars={CLIENTS: len(scalars)}), shared)
         return self._apply(st, round, shared, [update], scalars)
 
     def _apply(self, st: ServerState, round: int, shared: Params, updates: list[Update],
@@ -209,8 +210,7 @@ class ComposedMethod:
         nothing the wire changes (a float16 wire rounds them), and the same tensors for every client."""
         if self._post_tunes(round) or self.downlink.keys or self.sharing.per_client:
             return False
-        received = self.trainer.params_of(decode(encode(self.trainer.eval_downlink(self._shared(st, round + 1)),
-                                                        self.wire)))
+        received = self.format.start(decode(encode(self.format.send(self._shared(st, round + 1), None), self.wire)))
         if set(self.sharing.private_state(st.glob)) - set(received):
             return False
         view, glob = floats(self.sharing.client_params(received, {})), floats(st.glob)
@@ -225,8 +225,8 @@ class ComposedMethod:
         """Client ``client``'s personalised tensors after the last round: what it would be sent for evaluation, as
         it sees it, with the tensors it keeps to itself (``client_state``)."""
         st = ServerState.from_message(state)
-        sent = self._for_client(self.trainer.eval_downlink(self._shared(st, st.round + 1)), st, client)
-        return self.sharing.client_params(self.trainer.params_of(sent), sub_state(client_state, PRIVATE))
+        sent = self._for_client(self.format.send(self._shared(st, st.round + 1), None), st, client)
+        return self.sharing.client_params(self.format.start(sent), sub_state(client_state, PRIVATE))
 
     def _post_tunes(self, round: int) -> bool:
         """Clients adapt the global tensors before they are scored (after the last round, with post-tuning)."""
@@ -267,12 +267,13 @@ class ComposedMethod:
 
     def client_update(self, instruction: Message, client: ClientContext) -> Message:
         round = int(instruction.scalars["round"])
-        received = self.trainer.params_of(self._decode_down(instruction, client))
+        received = self.format.start(self._decode_down(instruction, client))
         start = self.sharing.client_params(received, sub_state(client.state, PRIVATE))
         plan = self.sharing.plan(start, instruction, client, round) or ClientPlan()
         begin = start if plan.params is None else plan.params
-        update, trainer_state = self.trainer.fit(begin, instruction, client, round, sub_state(client.state, OPT),
+        result, trainer_state = self.trainer.fit(begin, instruction, client, round, sub_state(client.state, OPT),
                                                  frozen=plan.frozen, static=plan.static, penalty=plan.penalty)
+        update = self.format.upload(result)
         trained = update.tensors
         private = set(start) - set(received)  # kept on the device, never uploaded
         update = update.with_tensors({k: v for k, v in trained.items() if k not in private})
@@ -286,7 +287,7 @@ class ComposedMethod:
         for i, (name, t) in enumerate(attacks):
             update = t.apply(update, base, round, torch_rng(client.seed, round, client.client_id,
                                                             f"attack:{i}:{name}"))
-        update = replace(update, scalars=update.scalars | local_asr(self.trainer, start, trained, client))
+        update = replace(update, scalars=update.scalars | local_asr(self.trainer, start, result.tensors, client))
         state = with_sub_state(client.state, PRIVATE, self.sharing.private_state(trained))
         client.state = with_sub_state(state, OPT, trainer_state)
         return pack(update)
@@ -296,7 +297,7 @@ class ComposedMethod:
     def configure_evaluate(self, state: Message, round: int, clients: list[int]) -> dict[int, Message]:
         """After the last round, clients post-tune (when the method has post-tuning) before they are scored."""
         st = ServerState.from_message(state)
-        msg = self.trainer.eval_downlink(self._shared(st, round + 1))
+        msg = self.format.send(self._shared(st, round + 1), None)
         msg.scalars = {"round": round, **msg.scalars, **({POST_TUNE: True} if self._post_tunes(round) else {})}
         return {c: self._encode_down(self._for_client(msg, st, c), st, c, round) for c in clients}
 
@@ -304,7 +305,7 @@ class ComposedMethod:
         """Personalised where the sharing policy keeps private tensors (FedPepTAO) or by post-tuning on a few
         shots of the client's data (then ``accuracy`` is after and ``accuracy_global`` before it)."""
         instruction = self._decode_down(instruction, client)
-        params = self.sharing.client_params(self.trainer.params_of(instruction), sub_state(client.state, PRIVATE))
+        params = self.sharing.client_params(self.format.start(instruction), sub_state(client.state, PRIVATE))
         if not instruction.scalars.get(POST_TUNE):
             metrics = self.trainer.evaluate(params, client.test)
             round = int(instruction.scalars["round"])

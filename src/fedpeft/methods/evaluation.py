@@ -13,7 +13,7 @@ from fedpeft.comm.update import Params
 from fedpeft.generation_eval import by_group, generation_metrics, sample_rows
 from fedpeft.methods.state import GEN
 from fedpeft.metrics import class_metrics
-from fedpeft.trainers.base import floats
+from fedpeft.formats.base import floats
 
 
 class Evaluation:

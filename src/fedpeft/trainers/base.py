@@ -1,12 +1,11 @@
 """The local-trainer axis: how a client improves its adapter from what the server sent.
 
-A trainer owns the exchange format of its kind of update: ``downlink`` builds the instruction from the
-shared global tensors (and what the aggregator broadcasts), ``params_of`` reads the starting tensors back
-out of it, ``fit`` trains and returns an ``Update``, ``update_shapes`` (with ``wire_dtypes`` and ``check``) tells
-the server what a valid reply holds, ``decode`` turns a received update into tensors named like the global
-state (token indices into prompt rows), and ``evaluate`` scores tensors on data the way this trainer may touch the model (gradient
+A trainer keeps what is training: ``fit`` trains from the tensors a client starts from and returns its whole
+result as an ``Update``; ``evaluate`` scores tensors on data the way this trainer may touch the model (gradient
 trainers through the classifier, black-box trainers through the forward-only ``BlackBox``); ``evaluate_parts``
-scores a set and subsets of it from one pass (the global test set and the clients' shards).
+scores a set and subsets of it from one pass (the global test set and the clients' shards); ``diagnostics`` reads
+the global state. What its kind of update looks like on the wire (the instruction, the reply cut from the result,
+the server's check and decoding) is its update format, ``update_format()`` (``fedpeft.formats``).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from fedpeft.model.classifier import Classifier
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
+from fedpeft.formats.base import TensorFormat, UpdateFormat, floats
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy, no_grad
 from fedpeft.registry import Registry
@@ -31,7 +31,6 @@ Penalty = Callable[[Params], "torch.Tensor"]  # a differentiable term of the tra
 F = lazy("torch.nn.functional")
 
 PARAMS, DISTRIBUTION, NONE = "params", "distribution", "none"
-Shapes = dict[str, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -52,34 +51,17 @@ class LocalTrainer(Protocol):
     scalars: ClassVar[tuple[str, ...]]         # auxiliary scalars every reply carries
     provides: ClassVar[frozenset[str]]         # auxiliary values (scalars and tensors) an aggregator may read
 
-    def downlink(self, shared: Params, broadcast: Message) -> Message: ...
-
-    def eval_downlink(self, shared: Params) -> Message: ...
-
-    def params_of(self, instruction: Message) -> Params: ...
+    def update_format(self) -> UpdateFormat:
+        """What its updates look like on the wire (built once per method)."""
+        ...
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
             state: Params, frozen: dict[str, torch.Tensor] | None = None,
             static: Params | None = None, penalty: Penalty | None = None) -> tuple[Update, Params]:
         """Train from ``params`` (entries where ``frozen`` is True keep their values; ``static`` backbone weights
         replace the frozen ones in this client's forwards; ``penalty`` of the trained tensors is added to the loss);
-        returns the update and the trainer's new client state."""
-        ...
-
-    def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:
-        """(update tensor shapes, auxiliary tensor shapes) of a valid reply."""
-        ...
-
-    def wire_dtypes(self) -> dict[str, torch.dtype]:
-        """Reply tensors that do not travel in the float wire dtype (e.g. uint16 token indices)."""
-        ...
-
-    def check(self, reply: Message) -> None:
-        """Trainer-specific validity of a reply (raise ValueError to reject it before aggregation)."""
-        ...
-
-    def decode(self, update: Update, shared: Params) -> Update:
-        """Server side: the update with tensors named and shaped like the shared global tensors."""
+        returns the whole result (the update format's ``upload`` cuts the reply from it) and the trainer's new
+        client state."""
         ...
 
     def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
@@ -94,11 +76,6 @@ class LocalTrainer(Protocol):
         ...
 
     def diagnostics(self, glob: Params) -> dict[str, float]: ...
-
-
-def floats(p: Params) -> Params:
-    """Floating tensors as float32 (wire float16 upcast); integer tensors (token ids) unchanged."""
-    return {k: v.float() if v.is_floating_point() else v for k, v in p.items()}
 
 
 @no_grad
@@ -143,26 +120,8 @@ class TrainerBase:
         self.settings, self.ctx = settings, ctx
         self.clf = ctx.objective
 
-    def downlink(self, shared: Params, broadcast: Message) -> Message:
-        return Message(tensors=dict(shared) | broadcast.tensors, scalars=dict(broadcast.scalars))
-
-    def eval_downlink(self, shared: Params) -> Message:
-        return Message(tensors=dict(shared))
-
-    def params_of(self, instruction: Message) -> Params:
-        return floats(instruction.tensors)
-
-    def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:
-        return dict(shared), {}
-
-    def wire_dtypes(self) -> dict[str, torch.dtype]:
-        return {}
-
-    def check(self, reply: Message) -> None:
-        pass
-
-    def decode(self, update: Update, shared: Params) -> Update:
-        return update
+    def update_format(self) -> UpdateFormat:
+        return TensorFormat()
 
     def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
         if len(data) == 0:

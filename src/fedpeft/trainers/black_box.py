@@ -1,11 +1,11 @@
 """BBT / FedBPT clients as a local trainer: CMA-ES over the projected prompt z, forward passes only.
 
-The exchange is a search distribution: the instruction carries the mean z_t (as ``mean``), the step size
-sigma_t and C_t (full, diagonal or none, ``covariance``); the client runs I local iterations (FedBPT Alg. 1
-C1-C10, ``trainers.cmaes.local_cmaes``) through the forward-only ``BlackBox`` and uploads z^k plus its loss.
-Against the server-level CMA-ES (an aggregator that ``needs`` the step sizes) it also uploads the I step
-sizes it used (spec §2.5 S7); against FedAvg it uploads its whole local distribution (z, sigma, C), which
-the server averages (FedAvg-BBT, spec §2.7).
+The exchange is a search distribution (``formats.distribution``): the instruction carries the mean z_t,
+the step size sigma_t and C_t; the client runs I local iterations (FedBPT Alg. 1 C1-C10,
+``trainers.cmaes.local_cmaes``) through the forward-only ``BlackBox`` and returns its final (z^k, sigma^k, C^k),
+its loss and the I step sizes it used; the format uploads z^k with the loss and, against the server-level CMA-ES
+(an aggregator that ``needs`` the step sizes), the step sizes (spec §2.5 S7), against FedAvg the distribution,
+which the server averages (FedAvg-BBT, spec §2.7).
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from fedpeft.backbones.encoding import Encoded
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
+from fedpeft.formats.distribution import Z, DistributionFormat, cov_from
 from fedpeft.lazy import lazy
 from fedpeft.perturbation import prompt_span, replacement_vocab, text_span
 from fedpeft.rng import SHARED, numpy_rng
-from fedpeft.trainers.base import DISTRIBUTION, TRAINERS, Shapes, TrainerBase, TrainerContext
+from fedpeft.trainers.base import DISTRIBUTION, TRAINERS, TrainerBase, TrainerContext
 from fedpeft.trainers.cmaes import CMAESSettings, CMAState, Covariance, LocalResult, local_cmaes
 
 torch = lazy("torch")
 
 Noise = Literal["independent", "shared", "shared_round"]
-Z = "z"  # the projected prompt's tensor
 
 
 class CMAESTrainerSettings(CMAESSettings):
@@ -87,24 +87,6 @@ def _f64(t: torch.Tensor) -> np.ndarray:
     return t.double().cpu().numpy()
 
 
-def cov_tensors(cov: np.ndarray | torch.Tensor, mode: Covariance) -> dict[str, torch.Tensor]:
-    """C as it travels: ``cov`` (full), ``cov_diag`` (its diagonal) or nothing."""
-    cov = torch.as_tensor(cov)
-    if mode == "full":
-        return {"cov": cov}
-    if mode == "diagonal":
-        return {"cov_diag": (cov if cov.dim() == 1 else torch.diagonal(cov)).contiguous()}
-    return {}
-
-
-def cov_from(tensors: dict[str, torch.Tensor], d: int) -> np.ndarray:
-    if "cov" in tensors:
-        return _f64(tensors["cov"])
-    if "cov_diag" in tensors:
-        return np.diag(_f64(tensors["cov_diag"]))
-    return np.eye(d)
-
-
 @TRAINERS.register("cmaes", "local CMA-ES on a projected prompt, forward passes only (BBT / FedBPT)",
                    CMAESTrainerSettings)
 class CMAESTrainer(TrainerBase):
@@ -122,34 +104,10 @@ class CMAESTrainer(TrainerBase):
         self.upload_distribution = "sigmas" not in ctx.needs  # the server CMA-ES keeps C itself
         self._perturb_data: tuple[np.ndarray, object] | None = None
 
-    # ---------------------------------------------------------------- exchange format
-
-    def downlink(self, shared: Params, broadcast: Message) -> Message:
-        """S5: (z_t, sigma_t, C_t) from the global tensors or the aggregator's broadcast; sigma_0, I at first."""
-        source = shared | broadcast.tensors
-        if "sigma" in broadcast.scalars:
-            sigma = float(broadcast.scalars["sigma"])
-        elif "sigma" in shared:
-            sigma = float(shared["sigma"][0])
-        else:
-            sigma = self.sigma0
-        cov = {k: source[k] for k in ("cov", "cov_diag") if k in source} or {"cov": torch.eye(self.d,
-                                                                                           dtype=torch.float64)}
-        tensors = {"mean": shared[Z]} | cov_tensors(next(iter(cov.values())), self.settings.covariance)
-        return Message(tensors=tensors, scalars={"sigma": sigma})
-
-    def eval_downlink(self, shared: Params) -> Message:
-        return Message(tensors={"mean": shared[Z]})
-
-    def params_of(self, instruction: Message) -> Params:
-        return {Z: instruction.tensors["mean"]}
-
-    def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:
-        d = self.d
-        if self.upload_distribution:
-            cov = {"full": {"cov": (d, d)}, "diagonal": {"cov_diag": (d,)}, "none": {}}[self.settings.covariance]
-            return {Z: (d,), "sigma": (1,), **cov}, {"loss": (1,)}
-        return {Z: (d,)}, {"sigmas": (self.settings.iterations,), "loss": (1,)}
+    def update_format(self) -> DistributionFormat:
+        """The search distribution down, z^k with its loss and (sigma^k, C^k) or its step sizes up."""
+        return DistributionFormat(self.d, self.sigma0, self.settings.covariance, self.settings.iterations,
+                                  self.upload_distribution)
 
     # ---------------------------------------------------------------- local training
 
@@ -180,13 +138,9 @@ class CMAESTrainer(TrainerBase):
             scalars |= {"ratio_loss": res.ratio_loss, "replaced_share": res.replaced_share}
         if s.evaluate_start:
             scalars["start_loss"] = res.first_loss
-        tensors = {Z: torch.from_numpy(res.state.mean)}
-        aux = {"loss": torch.tensor([upload], dtype=torch.float64)}
-        if self.upload_distribution:
-            tensors |= {"sigma": torch.tensor([res.state.sigma], dtype=torch.float64),
-                        **cov_tensors(res.state.cov, s.covariance)}
-        else:
-            aux["sigmas"] = torch.from_numpy(res.sigmas)
+        tensors = {Z: torch.from_numpy(res.state.mean), "sigma": torch.tensor([res.state.sigma], dtype=torch.float64),
+                   "cov": torch.as_tensor(res.state.cov)}
+        aux = {"loss": torch.tensor([upload], dtype=torch.float64), "sigmas": torch.from_numpy(res.sigmas)}
         return Update(client.client_id, tensors, client.num_examples, aux, scalars), {}
 
     # ---------------------------------------------------------------- evaluation through the black box

@@ -6,11 +6,12 @@ scores all K candidate prompts in ONE batched forward through the ``BlackBox``; 
 Keep-current rule (spec §7.1, default): a candidate replaces the row only if its loss is strictly below the
 current prompt's on the same data, so the local loss never increases; ``literal_eq6`` always replaces.
 
-Upload (Alg. 4): one index per position, the token a changed row now holds or the sentinel |V| for rows left
-as received (``fedpeft.comm.token_index``): T x 16 bits. The server decodes it against the prompt it sent.
-``upload: rows`` sends the decoded rows instead (T x d floats, the same prompt): the server's FedAvg of the rows is
-then a weighted sum, which secure aggregation can compute without seeing one client's tokens (an index is not
-summed; one-hot vote counts would be, at T x |V| values against T x d).
+Upload (Alg. 4, ``formats.token_indices``): one index per position, the token a changed row now holds or
+the sentinel |V| for rows left as received (``fedpeft.comm.token_index``): T x 16 bits. The server decodes it against
+the prompt it sent. ``upload: rows`` sends the decoded rows instead (T x d floats, the same prompt): the server's
+FedAvg of the rows is then a weighted sum, which secure aggregation can compute without seeing one client's tokens
+(an index is not summed; one-hot vote counts would be, at T x |V| values against T x d). The trainer returns the
+searched prompt with its token ids and changed rows; the format cuts the reply.
 """
 
 from __future__ import annotations
@@ -24,16 +25,13 @@ from fedpeft.model.blackbox import BlackBox
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
-from fedpeft.comm.token_index import decode_tokens, encode_tokens, index_dtype
 from fedpeft.comm.update import Params, Update
+from fedpeft.formats.token_indices import CHANGED, PROMPT, TOKEN_IDS, TokenIndexFormat
 from fedpeft.lazy import lazy
 from fedpeft.rng import numpy_rng
-from fedpeft.trainers.base import PARAMS, TRAINERS, Shapes, TrainerBase, TrainerContext
+from fedpeft.trainers.base import PARAMS, TRAINERS, TrainerBase, TrainerContext
 
 torch = lazy("torch")
-
-PROMPT, TOKENS = "prompt", "tokens"
-
 
 class DiscreteSearchSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -138,35 +136,9 @@ class DiscreteSearchTrainer(TrainerBase):
         """With ``upload: rows`` the reply is the prompt's rows, whose weighted mean is the server's FedAvg."""
         return settings.upload == "rows"
 
-    # ---------------------------------------------------------------- exchange format (Alg. 4)
-
-    def update_shapes(self, shared: Shapes) -> tuple[Shapes, Shapes]:
-        if self.settings.upload == "rows":
-            return {PROMPT: tuple(shared[PROMPT])}, {}
-        return {TOKENS: (shared[PROMPT][0],)}, {}
-
-    def wire_dtypes(self) -> dict[str, torch.dtype]:
-        if self.settings.upload == "rows":
-            return {}
-        return {TOKENS: index_dtype(self.vocabulary().table.shape[0])}
-
-    def check(self, reply: Message) -> None:
-        if self.settings.upload == "rows":
-            return  # the schema fixed the shape; non-finite rows are rejected with every float reply
-        vocab = self.vocabulary()
-        size = vocab.table.shape[0]
-        idx = reply.tensors[TOKENS].long()
-        if int(idx.max()) > size:
-            raise ValueError(f"'{TOKENS}' holds an index above the sentinel {size}")
-        if bool(torch.isin(idx, vocab.special).any()):
-            raise ValueError(f"'{TOKENS}' holds a special-token id, which the search never picks")
-
-    def decode(self, update: Update, shared: Params) -> Update:
-        """Rows of the sender's prompt: e(V)[index], or the prompt the server sent for the sentinel."""
-        if self.settings.upload == "rows":
-            return update
-        prompt = decode_tokens(update.tensors[TOKENS], shared[PROMPT].float(), self.vocabulary().table)
-        return update.with_tensors({PROMPT: prompt})
+    def update_format(self) -> TokenIndexFormat:
+        """The prompt down; one token index per row (Alg. 4), or the rows with ``upload: rows``, up."""
+        return TokenIndexFormat(self.settings.upload, self.vocabulary)
 
     # ---------------------------------------------------------------- local search
 
@@ -183,9 +155,8 @@ class DiscreteSearchTrainer(TrainerBase):
         else:  # the trace holds minibatch losses: report the whole local set (not counted as search queries)
             loss = float(self._box(self.settings.max_rows, client).losses(prompt, client.train)[0])
         scalars = {"train_loss": loss, "rows_changed": int(changed.sum()), **box.usage.as_dict()}
-        upload = ({PROMPT: prompt} if self.settings.upload == "rows"
-                  else {TOKENS: encode_tokens(tokens, changed, vocab.table.shape[0])})
-        return Update(client.client_id, upload, client.num_examples, {}, scalars), {}
+        return Update(client.client_id, {PROMPT: prompt}, client.num_examples,
+                      {TOKEN_IDS: tokens, CHANGED: changed}, scalars), {}
 
     # ---------------------------------------------------------------- evaluation through the black box
 
