@@ -370,6 +370,15 @@ class AttackConfig(_Strict):
         return self.active or self.asr
 
 
+class SuiteSpec(_Strict):
+    name: str = Field(description="a standard evaluation suite (`fedpeft suites`; lmeval:TASK for lm-eval)")
+    limit: int | None = Field(None, ge=1, description="a subset: on MMLU, this many items of every subject (a fixed "
+                                                      "stratified draw); elsewhere the first this many items")
+    settings: dict[str, Any] = Field(default_factory=dict, description="the suite's own settings "
+                                                                       "(`fedpeft components` does not list them: "
+                                                                       "see the suite's module)")
+
+
 class EvaluationConfig(_Strict):
     batch_size: int = Field(64, ge=1, description="examples per evaluation forward pass")
     local: bool = Field(True, description="also evaluate on each client's local test shard")
@@ -403,6 +412,16 @@ class EvaluationConfig(_Strict):
                                                 "standard errors of BLEU, chrF, ROUGE-L and exact match (0: none)")
     show_examples: int = Field(3, ge=0, description="generation tasks: fixed test prompts whose generations are "
                                                     "kept at each generating round (report.html table)")
+    suites: list[SuiteSpec] = Field(default_factory=list, description="generation tasks: standard suites scored "
+                                                                      "on the final global adapter (e.g. "
+                                                                      "[flowertune-general-nlp]); scores in "
+                                                                      "summary.json, items in suites/")
+
+    @field_validator("suites", mode="before")
+    @classmethod
+    def _suite_names(cls, v: Any) -> Any:
+        """A bare name stands for ``{name: NAME}``."""
+        return [{"name": x} if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
 
 
 class RuntimeConfig(_Strict):

@@ -283,3 +283,32 @@ def predict(run_dir: str | Path, texts: Sequence[str], client: int | str | None 
     probs = model.probabilities(inputs.examples(model.classifier.task.is_pair))
     return prediction_rows(inputs, model.class_names, probs.argmax(-1).tolist(), probs.tolist())
 
+
+
+@dataclass
+class BareModel:
+    """A backbone with no adapter, as a language model (the zero-shot row of a standard evaluation)."""
+
+    name: str
+    classifier: Any  # a ``LanguageModel`` with the ``template_only`` adapter
+    params: Params
+
+    def describe(self, with_warning: bool = True) -> str:
+        return f"the bare backbone '{self.name}' (no adapter)"
+
+
+def bare_model(name: str, device: str = "auto") -> BareModel:
+    """The registered backbone ``name`` alone, on ``device``: a causal LM scored and decoded as a run's would be."""
+    from fedpeft.adapters import ADAPTERS
+    from fedpeft.adapters.base import AdapterContext
+    from fedpeft.backbones.loading import load_backbone, resolve_device
+    from fedpeft.data.types import TaskData
+    from fedpeft.model.language_model import LanguageModel
+
+    backbone = load_backbone(name).to(resolve_device(device))
+    task = TaskData(name="bare", class_names=[], train=[], test=[], label_words=[], label_descriptions=[],
+                    kind="generation")
+    adapter = ADAPTERS.get("template_only")(None)  # it has no settings
+    lm = LanguageModel(backbone, adapter, task)
+    adapter.bind(AdapterContext(0, task, lm.readout, backbone))
+    return BareModel(name, lm, {})

@@ -11,7 +11,7 @@ LAYERS = [  # lowest first; a module may import from its own layer and those bel
     {"lazy", "rng", "registry", "comm", "config", "text_metrics", "metrics", "costs", "privacy", "outputs"},
     {"data", "backbones", "perturbation"},
     {"adapters", "prediction_files"},
-    {"model", "clients", "attacks", "generation_eval"},
+    {"model", "clients", "attacks", "generation_eval", "suites"},
     {"trainers", "formats", "aggregators", "selection", "sharing", "downlink", "transforms", "post_tuning"},  # axes
     {"components", "exchange", "methods", "experiment", "tracking", "plugins"},
     {"build", "dryrun", "predict", "export", "report", "resolve", "runtime", "catalogue"},

@@ -1,4 +1,4 @@
-"""Listings and the schema: ``methods``, ``components [NAME]``, ``tasks``, ``models``, ``config``."""
+"""Listings and the schema: ``methods``, ``components [NAME]``, ``tasks``, ``models``, ``suites``, ``config``."""
 
 from __future__ import annotations
 
@@ -59,6 +59,14 @@ def models() -> None:
 
     list_rows("models", [(e.name, e.description) for e in BACKBONES.entries()]
           + [("<hf id or path>", "any Hugging Face encoder, masked LM or causal LM")])
+
+
+def suites() -> None:
+    """List the standard evaluation suites (``fedpeft evaluate RUN_DIR --suite NAME``; ``lmeval:TASK`` runs
+    lm-evaluation-harness on TASK)."""
+    from fedpeft.suites import SUITES
+
+    list_rows("evaluation suites", [(e.name, e.description) for e in SUITES.entries()])
 
 
 def config(

@@ -1,5 +1,6 @@
 """Using a trained run: ``export`` (PEFT), ``predict``, ``generate`` and ``evaluate`` (a labelled file: class
-metrics for a classifier, the generation metrics for a generation run)."""
+metrics for a classifier, the generation metrics for a generation run; or a standard suite, ``fedpeft.suites``, of
+a run or a bare backbone)."""
 
 from __future__ import annotations
 
@@ -190,14 +191,28 @@ def _print_generations(examples: list, cuts: list[bool], texts: list[str], max_l
 
 
 def evaluate(
-    run_dir: Annotated[Path, typer.Argument(help="a finished (or checkpointed) run directory")],
-    file: Annotated[Path, typer.Option("--file", help="a labelled .csv/.tsv/.jsonl/.parquet file: a classifier's "
-                                       "text and label columns (labels are class names or class indices); a "
-                                       "generation run's instruction, input, response and references columns (as "
-                                       "the run reads its data)")],
+    run_dir: Annotated[Optional[Path], typer.Argument(help="a finished (or checkpointed) run directory (or --model "
+                                                           "for a bare backbone)")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", help="a labelled .csv/.tsv/.jsonl/.parquet file: a "
+                                                 "classifier's text and label columns (labels are class names or "
+                                                 "class indices); a generation run's instruction, input, response "
+                                                 "and references columns (as the run reads its data)")] = None,
+    suite: Annotated[Optional[str], typer.Option(help="a standard evaluation suite instead of a file: "
+                                                      "flowertune-general-nlp (FlowerTune's leaderboard, general "
+                                                      "NLP), mmlu, lmeval:boolq, ...; `fedpeft suites` lists "
+                                                      "them")] = None,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="--suite: a subset: on MMLU, a fixed stratified "
+                                                             "draw of this many items of every subject; elsewhere "
+                                                             "the first this many items (default: all)")] = None,
+    model: Annotated[Optional[str], typer.Option(help="--suite on a bare registered backbone (no run, no "
+                                                      "adapter: the zero-shot row), e.g. smollm2")] = None,
+    device: Annotated[str, typer.Option(help="--model: where the backbone runs (auto, cpu, cuda)")] = "auto",
+    batch_size: Annotated[int, typer.Option(min=1, help="--suite: prompts scored or decoded together")] = 16,
     client: Annotated[Optional[str], _CLIENT] = None,
     out: Annotated[Optional[Path], typer.Option(help="also write the metrics as JSON (a generation run: with each "
-                                                     "example's generation, references and scores)")] = None,
+                                                     "example's generation, references and scores; a suite: its "
+                                                     "scores, and every item's prediction in <out>.items.jsonl)")]
+    = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(min=1, help="generation runs: most tokens per "
                                                                       "completion (default: the run's "
                                                                       "evaluation.max_new_tokens)")] = None,
@@ -205,15 +220,28 @@ def evaluate(
 ) -> None:
     """Score a labelled file: a classifier's accuracy, macro-F1, per-class precision/recall/F1 and confusion
     matrix, or, as a generation run scores its test set, the loss and perplexity per response token
-    (teacher-forced) and BLEU, chrF, ROUGE-L and exact match of its greedy completions."""
+    (teacher-forced) and BLEU, chrF, ROUGE-L and exact match of its greedy completions. With --suite, a standard
+    evaluation suite's scores of the run's adapter (or of a bare backbone, --model) by that benchmark's protocol."""
     from fedpeft.outputs import check_output_file, os_error_line
 
+    if (file is None) == (suite is None):
+        fail("evaluate: give either --file FILE or --suite NAME")
+    if (run_dir is None) == (model is None) and suite is not None:
+        fail("evaluate --suite: give a RUN_DIR or --model NAME (a bare backbone), not both")
+    if run_dir is None and suite is None:
+        fail("evaluate --file: give the RUN_DIR whose adapter scores the file")
+    if suite is None and (model is not None or limit is not None):
+        fail("evaluate: --model and --limit go with --suite")
     try:
         if out is not None:
             check_output_file(out, "--out")
-        model = _open_model(run_dir, client, best, "evaluating")
-        generation = model.classifier.kind == "generation"
-        result = _generation_scores(model, file, max_new_tokens) if generation else _class_scores(model, file)
+        if suite is not None:
+            _suite_scores(run_dir, model, device, suite, limit, batch_size, client, best, out)
+            return
+        trained = _open_model(run_dir, client, best, "evaluating")
+        generation = trained.classifier.kind == "generation"
+        result = (_generation_scores(trained, file, max_new_tokens) if generation
+                  else _class_scores(trained, file))
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -225,9 +253,37 @@ def evaluate(
     if generation:
         print_generation_table(result, title)
     else:
-        print_class_table(result, model.class_names, title)
+        print_class_table(result, trained.class_names, title)
     if out is not None:
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
+
+
+def _suite_scores(run_dir: Optional[Path], model: Optional[str], device: str, suite: str, limit: Optional[int],
+                  batch_size: int, client: Optional[str], best: bool, out: Optional[Path]) -> None:
+    """A standard suite's scores of a run's adapter or a bare backbone, printed (and written with ``out``)."""
+    from fedpeft.predict import bare_model
+    from fedpeft.suites import build_suite
+
+    scorer = build_suite(suite, limit)
+    if model is not None:
+        setup_logging(False)
+        trained = bare_model(model, device)
+        Console(stderr=True).print(f"evaluating {trained.describe()}", highlight=False, markup=False)
+    else:
+        trained = _open_model(run_dir, client, best, "evaluating")
+    if trained.classifier.kind != "generation":
+        raise ValueError(f"--suite {suite}: scores a causal language model's generations; this run is a classifier")
+    result = scorer.run(trained.classifier, trained.params, batch_size, progress=console.is_terminal)
+    result.protocol["adapter"] = trained.describe()
+    table = Table(title=f"{suite}: {result.protocol.get('items', len(result.items)):,} items")
+    table.add_column("score")
+    table.add_column("value", justify="right")
+    for k, v in result.scores.items():
+        table.add_row(k, f"{v:.2f}" if isinstance(v, float) else str(v))
+    console.print(table)
+    if out is not None:
+        scores, items = result.write(out)
+        console.print(f"wrote {scores} and {items}", highlight=False, soft_wrap=True)
 
 
 def _class_scores(model, file: Path) -> dict:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from fedpeft.adapters.base import Params
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.lazy import lazy, no_grad
-from fedpeft.backbones.weights import call_with
+from fedpeft.backbones.weights import call_with, swapped
 
 torch = lazy("torch")
 
@@ -42,6 +42,26 @@ def to_left_padding(embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Ten
     j = torch.arange(w, device=mask.device).unsqueeze(0)
     src = (j - shift.unsqueeze(1)) % w
     return embeds.gather(1, src.unsqueeze(-1).expand(-1, -1, embeds.shape[-1])), mask.gather(1, src)
+
+
+@contextlib.contextmanager
+def weights_in_place(lm: LanguageModel, params: Params):
+    """The backbone's HF model with the adapter as plain weights while inside (LoRA merged, W + s·B A, its branch
+    bypassed; other weight adapters' overrides), for code that calls the HF model itself (lm-eval's ``HFLM``).
+    ValueError for an adapter that is not weights: rows or a key/value cache put before the tokens (prompts)."""
+    backbone = lm.backbone
+    params = {k: (v.float() if v.is_floating_point() else v).to(lm.device) for k, v in params.items()}
+    probe = torch.ones(1, 2, dtype=torch.long, device=lm.device)
+    prep = lm.adapter.prepare(backbone, params, probe, probe, 0)
+    if prep.inserted or prep.extra or prep.text is not None:
+        raise ValueError(f"adapter '{lm.adapter.name}' puts rows or a key/value cache before the tokens: it is not "
+                         "a set of weights that another library's model call can use; score it with a native suite")
+    merge = getattr(lm.adapter, "merged", None)
+    merged = merge(backbone, params) if merge else None
+    over = merged if merged is not None else (lm.adapter.overrides(params) or {})
+    with lm.adapter.bypassed(backbone) if merged is not None else contextlib.nullcontext():
+        with swapped(backbone.model, over):
+            yield backbone.model
 
 
 @no_grad

@@ -234,6 +234,23 @@ class LanguageModel(AdaptedModel):
             np.add.at(right, rows, (s.logits.argmax(-1) == s.targets).cpu().numpy().astype(np.int64))
         return {"nll": nll, "tokens": count, "correct": right}
 
+    @no_grad
+    def next_token_logprobs(self, params: Params, enc: Encoded, tokens: list[list[int]],
+                            batch_size: int = 64) -> list[tuple[np.ndarray, int]]:
+        """For each row, the log-probabilities of the candidates ``tokens[row]`` as the token at its response start
+        and the greedy token there (one forward scores every candidate: single-token choices sharing a context)."""
+        out: list[tuple[np.ndarray, int]] = [(np.zeros(0), -1)] * len(enc)
+        params = {k: v.float() if v.is_floating_point() else v for k, v in params.items()}
+        for start in range(0, len(enc), batch_size):
+            idx = list(range(start, min(start + batch_size, len(enc))))
+            s = self._scores(params, self.batch(enc, idx), None, pack=False).float()
+            first = torch.ones_like(s.row, dtype=torch.bool)
+            first[1:] = s.row[1:] != s.row[:-1]  # each row's first scored position: its response start
+            logp = F.log_softmax(s.logits[first], -1)
+            for j, r in enumerate(s.row[first].tolist()):
+                out[start + r] = (logp[j, tokens[start + r]].double().cpu().numpy(), int(logp[j].argmax()))
+        return out
+
     @staticmethod
     def summarise(stats: dict[str, np.ndarray], rows: np.ndarray | None = None) -> dict[str, Any]:
         """Loss (mean per response token), perplexity = exp(loss), next-token accuracy and counts over ``rows``."""

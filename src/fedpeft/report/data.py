@@ -338,3 +338,20 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(d, dict) and d:
         return {k: v for key, val in d.items() for k, v in flatten(val, f"{prefix}{key}.").items()}
     return {prefix.rstrip("."): d}
+
+
+FLOWERTUNE_BUDGET_MB = 200_000  # FlowerTune LLM leaderboard: the communication budget of a run
+
+
+def leaderboard_row(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A run's row in FlowerTune's general-NLP board, or None where the run was not scored by
+    ``flowertune-general-nlp`` (``evaluation.suites``): the three categories and their average (percent), the
+    communication in MiB by FlowerTune's rule (every array the run sent, both directions: ``bytes_up_total +
+    bytes_down_total`` / 2^20) and whether that is within the board's 200,000 MB budget."""
+    scores = ((summary or {}).get("suites") or {}).get("flowertune-general-nlp")
+    if not scores:
+        return None
+    mib = (summary["bytes_up_total"] + summary["bytes_down_total"]) / 2 ** 20
+    return {"stem": scores.get("stem"), "social_sciences": scores.get("social_sciences"),
+            "humanities": scores.get("humanities"), "average": scores.get("average"), "items": scores.get("items"),
+            "communication_mib": mib, "within_budget": mib <= FLOWERTUNE_BUDGET_MB}

@@ -8,9 +8,9 @@ import statistics
 from html import escape
 from typing import Any
 
-from fedpeft.report.data import (ClassReport, Group, Run, _num, best_accuracy, bytes_to_target, class_report,
-                                 final_accuracy, final_generation, final_macro_f1, flatten, is_generation,
-                                 training_rounds, wall_seconds)
+from fedpeft.report.data import (FLOWERTUNE_BUDGET_MB, ClassReport, Group, Run, _num, best_accuracy, bytes_to_target,
+                                 class_report, final_accuracy, final_generation, final_macro_f1, flatten,
+                                 is_generation, leaderboard_row, training_rounds, wall_seconds)
 from fedpeft.report.plots import confusion
 from fedpeft.report.svg import fmt_bytes
 
@@ -263,6 +263,22 @@ def generation_samples(runs: list[Run]) -> str:
             + _table("generations", header, rows))
 
 
+def leaderboard(runs: list[Run]) -> str:
+    """FlowerTune's general-NLP columns for the runs scored by ``flowertune-general-nlp``, or nothing."""
+    rows = [(r, row) for r in runs if (row := leaderboard_row(r.summary)) is not None]
+    if not rows:
+        return ""
+    body = [[r.path.name, f"{row['stem']:.2f}", f"{row['social_sciences']:.2f}", f"{row['humanities']:.2f}",
+             f"{row['average']:.2f}", row["items"], f"{row['communication_mib']:,.1f}",
+             "yes" if row["within_budget"] else "no"] for r, row in rows]
+    return ("<h2>FlowerTune LLM leaderboard, general NLP</h2>\n<p class=\"meta\">Flower's generative MMLU "
+            "(evaluation.suites: flowertune-general-nlp), accuracy in percent; communication: every array sent, "
+            f"both directions, in MiB, against the board's budget of {FLOWERTUNE_BUDGET_MB:,} MB. A subset "
+            "(fewer than 10,935 items) is not the board's number.</p>\n"
+            + _table("leaderboard", ["run", "STEM", "social sciences", "humanities", "average", "items",
+                                     "communication (MiB)", "within budget"], body))
+
+
 def config_tables(runs: list[Run]) -> str:
     flat = [flatten(r.config) for r in runs]
     keys = list(dict.fromkeys(k for f in flat for k in f))
@@ -311,7 +327,7 @@ def page(groups: list[Group], target: float, plots: list[str]) -> str:
 <div class="plots">
 {chr(10).join(plots)}
 </div>
-{per_class_sections(groups)}{generation_samples(runs)}<h2>Summary (summary.json)</h2>
+{leaderboard(runs)}{per_class_sections(groups)}{generation_samples(runs)}<h2>Summary (summary.json)</h2>
 {summary_table(runs)}
 <h2>Resolved config (config.yaml)</h2>
 {config_tables(runs)}

@@ -31,6 +31,7 @@ from fedpeft.methods.base import Method
 from fedpeft.methods.state import ServerState
 from fedpeft.resolve import generation_task, preset_differences, resolve
 from fedpeft.runtime.server import RoundDriver, RoundFailed
+from fedpeft.runtime.suites import check_suites, score_suites
 from fedpeft.tracking.rundir import CheckpointError, RunDir
 from fedpeft.tracking.summary import build_summary, round_record, validation_score
 from fedpeft.tracking.tracker import Tracker, check_sinks
@@ -218,6 +219,7 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
                 resume: bool, stop_after_round: int | None, bar: Progress | None, tracker: Tracker,
                 threads: int) -> dict[str, Any]:
     driver = RoundDriver(cfg.federation, method, exp.client_label, exp.client_weights())
+    check_suites(cfg.evaluation.suites, exp.task.kind)
     checksum = exp.backbone.checksum()
     run_id = keep_record(run, exp, resume, cfg)
     commit_config(run, cfg)
@@ -336,6 +338,8 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
         if stop_after_round is not None and rnd >= stop_after_round and rnd < cfg.federation.rounds:
             raise StopAfterRound(f"stopped after round {rnd}")
 
+    suites = (score_suites(cfg.evaluation.suites, exp.classifier, state, run.root, cfg.evaluation.batch_size)
+              if cfg.evaluation.suites else {})
     unchanged = exp.backbone.checksum() == checksum
     if not unchanged:  # would mean a method wrote into the shared frozen model
         log.error("backbone weights changed during the run")
@@ -353,6 +357,7 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
         "preset_overrides": sorted(preset_differences(cfg)),
         **payload_split(method, state, driver),
         **transport.summary_extra(),
+        **({"suites": suites} if suites else {}),  # evaluation.suites: each suite's scores of the final adapter
     })
     run.write_summary(summary)
     if cfg.evaluation.report:
