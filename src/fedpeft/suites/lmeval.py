@@ -150,3 +150,9 @@ class LMEval:
                     "items": len(records), "num_fewshot": s.num_fewshot, "limit": s.limit,
                     "n_shot": out.get("n-shot", {}), "versions": out.get("versions", {}), "scores_in": "percent"}
         return SuiteResult(f"lmeval:{s.task}", scores_of(out, task), records, protocol)
+
+
+if __name__ == "__main__":  # python -m fedpeft.suites.lmeval DEST [DATA_DIR]: the YAMLs, for the lm_eval command
+    import sys
+
+    print(write_tasks(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None))
