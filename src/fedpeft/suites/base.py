@@ -34,6 +34,27 @@ class SuiteResult:
         return out, items
 
 
+def json_lines(path: Path | str) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every non-blank line of a JSON-lines file (gzip where it ends .gz); ValueError
+    naming the file and line of one that is not a JSON object."""
+    import gzip
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    rows = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: not a JSON object")
+            rows.append((n, row))
+    return rows
+
+
 def standard_error(p: float, n: int) -> float:
     """The binomial standard error of a proportion ``p`` over ``n`` items."""
     return math.sqrt(p * (1 - p) / n) if n else float("nan")

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,7 +20,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.data.paths import DataNotFoundError, shared_data_dir
-from fedpeft.suites.base import SUITES, SuiteResult, standard_error
+from fedpeft.suites.base import SUITES, SuiteResult, json_lines, standard_error
 from fedpeft.suites.completion import encode_texts, generate
 
 STOPS = ("Question:", "</s>", "<|im_end|>")
@@ -46,15 +45,8 @@ def read_jsonl(path: Path) -> list[dict[str, str]]:
     if not path.is_file():
         raise DataNotFoundError(f"{path}: GSM8K's file is missing (shared/data/GSM8K holds it)")
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or "####" not in str(
-                row.get("answer", "")):
+    for n, row in json_lines(path):
+        if not isinstance(row.get("question"), str) or "####" not in str(row.get("answer", "")):
             raise ValueError(f"{path}:{n}: a GSM8K row has a question and an answer ending '#### <number>'")
         rows.append(row)
     return rows

