@@ -109,6 +109,9 @@ def test_the_cli_scores_a_bare_backbone_and_names_a_missing_choice(tmp_path, mon
     assert json.loads(out.read_text())["protocol"]["items"] == 6
     res = runner.invoke(app, ["evaluate", "--suite", "flowertune-general-nlp"])
     assert res.exit_code != 0 and "RUN_DIR or --model" in res.output
+    res = runner.invoke(app, ["evaluate", "--model", "tiny-llama", "--suite", "flowertune-general-nlp",
+                              "--option", "per_subject=0"])
+    assert res.exit_code != 0 and "--option per_subject" in res.output
     res = runner.invoke(app, ["evaluate", "--model", "tiny-llama", "--suite", "no-such-suite"])
     assert res.exit_code != 0 and "flowertune-general-nlp" in res.output
 
@@ -197,6 +200,10 @@ def test_evaluation_suites_score_the_final_adapter_into_the_summary_and_the_repo
     summary = run_embedded(resolve(raw), tmp_path / "run")
     assert set(summary["suites"]) == {"flowertune-general-nlp", "mmlu"}
     assert summary["suites"]["mmlu"]["items"] == 3
+    from fedpeft.tracking.sinks.base import summary_scalars
+
+    scalars = summary_scalars(summary)  # what every tracking sink logs at the end
+    assert scalars["suite/mmlu/accuracy"] == summary["suites"]["mmlu"]["accuracy"]
     assert (tmp_path / "run" / "suites" / "flowertune-general-nlp.items.jsonl").is_file()
     row = leaderboard_row(summary)
     assert "FlowerTune LLM leaderboard" in (tmp_path / "run" / "report.html").read_text()

@@ -204,6 +204,8 @@ def evaluate(
     limit: Annotated[Optional[int], typer.Option(min=1, help="--suite: a subset: on MMLU, a fixed stratified "
                                                              "draw of this many items of every subject; elsewhere "
                                                              "the first this many items (default: all)")] = None,
+    option: Annotated[list[str], typer.Option("--option", help="--suite: one of the suite's settings, KEY=VALUE "
+                                                               "(repeatable; e.g. shots=0 for mmlu)")] = [],
     model: Annotated[Optional[str], typer.Option(help="--suite on a bare registered backbone (no run, no "
                                                       "adapter: the zero-shot row), e.g. smollm2")] = None,
     device: Annotated[str, typer.Option(help="--model: where the backbone runs (auto, cpu, cuda)")] = "auto",
@@ -230,13 +232,13 @@ def evaluate(
         fail("evaluate --suite: give a RUN_DIR or --model NAME (a bare backbone), not both")
     if run_dir is None and suite is None:
         fail("evaluate --file: give the RUN_DIR whose adapter scores the file")
-    if suite is None and (model is not None or limit is not None):
-        fail("evaluate: --model and --limit go with --suite")
+    if suite is None and (model is not None or limit is not None or option):
+        fail("evaluate: --model, --limit and --option go with --suite")
     try:
         if out is not None:
             check_output_file(out, "--out")
         if suite is not None:
-            _suite_scores(run_dir, model, device, suite, limit, batch_size, client, best, out)
+            _suite_scores(run_dir, model, device, suite, limit, option, batch_size, client, best, out)
             return
         trained = _open_model(run_dir, client, best, "evaluating")
         generation = trained.classifier.kind == "generation"
@@ -259,12 +261,25 @@ def evaluate(
 
 
 def _suite_scores(run_dir: Optional[Path], model: Optional[str], device: str, suite: str, limit: Optional[int],
-                  batch_size: int, client: Optional[str], best: bool, out: Optional[Path]) -> None:
+                  options: list[str], batch_size: int, client: Optional[str], best: bool, out: Optional[Path]) -> None:
     """A standard suite's scores of a run's adapter or a bare backbone, printed (and written with ``out``)."""
+    import yaml
+    from pydantic import ValidationError
+
     from fedpeft.predict import bare_model
     from fedpeft.suites import build_suite
 
-    scorer = build_suite(suite, limit)
+    fields = {}
+    for opt in options:
+        key, eq, value = opt.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--option {opt!r}: write KEY=VALUE")
+        fields[key.strip()] = yaml.safe_load(value)
+    try:
+        scorer = build_suite(suite, limit, **fields)
+    except ValidationError as e:
+        raise ValueError(f"--suite {suite}: " + "; ".join(f"--option {'.'.join(map(str, err['loc']))}: {err['msg']}"
+                                                          for err in e.errors())) from None
     if model is not None:
         setup_logging(False)
         trained = bare_model(model, device)

@@ -37,8 +37,10 @@ def round_scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 def summary_scalars(summary: dict[str, Any]) -> dict[str, float]:
-    """The numbers of ``summary.json`` at its top level (totals, final and best metrics, byte counts)."""
-    return {k: v for key, value in summary.items() if not isinstance(value, dict) for k, v in _numbers(value, key)}
+    """The numbers of ``summary.json`` at its top level (totals, final and best metrics, byte counts), and each
+    standard suite's scores (``evaluation.suites``) as ``suite/<name>/<score>``."""
+    top = {k: v for key, value in summary.items() if not isinstance(value, dict) for k, v in _numbers(value, key)}
+    return top | dict(_numbers(summary.get("suites") or {}, "suite"))
 
 
 def flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
