@@ -221,6 +221,8 @@ def main() -> None:
     p.add_argument("--checkout", type=Path, default=Path("runs/flower-general-nlp"))
     p.add_argument("--out", type=Path, default=RESULTS / "standard_eval.md")
     p.add_argument("--boolq-limit", type=int, default=200, help="BoolQ documents of the lm-eval check (0: none)")
+    p.add_argument("--no-bare", action="store_true", help="only the --run adapters; the rows already in the JSON "
+                                                          "(the bare model's) are kept")
     p.add_argument("--render-only", action="store_true", help="rewrite the table from the saved JSON")
     a = p.parse_args()
     if a.render_only:
@@ -237,11 +239,18 @@ def main() -> None:
     checkout = flower_checkout(a.checkout)
     settings = FlowerTuneSettings(per_subject=a.per_subject, seed=a.seed)
     bare = bare_model("smollm2", a.device)
-    rows = [compare("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params, bare.classifier.backbone.model,
-                    settings, checkout, a.batch_size)]
     source = bare.classifier.backbone.source
-    lmeval = ([lmeval_parity("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params, source, None,
-                             a.boolq_limit, a.batch_size, a.device)] if a.boolq_limit else [])
+    saved = a.out.with_suffix(".json")
+    if a.no_bare and saved.exists():
+        kept = json.loads(saved.read_text())
+        names = {Path(r).name for r in a.run}
+        rows = [r for r in kept["flowertune"] if r["label"].split(" (")[0] not in names]
+        lmeval = [r for r in kept["lmeval"] if r["label"].split(" (")[0] not in names]
+    else:
+        rows = [compare("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params,
+                        bare.classifier.backbone.model, settings, checkout, a.batch_size)]
+        lmeval = ([lmeval_parity("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params, source, None,
+                                 a.boolq_limit, a.batch_size, a.device)] if a.boolq_limit else [])
     for run in a.run:
         from fedpeft.export import export_peft
         from fedpeft.model.decoding import weights_in_place

@@ -105,7 +105,7 @@ def render(runs_dir: Path, out: Path, runs: dict[str, str | None]) -> None:
         lines.append(f"| {arm} | {budget} | {device} | " + " | ".join(cells) + " |")
         base = data.get("zero-shot")
         if base is not None and arm != "zero-shot":
-            lines.append(f"| − zero-shot | | | " + " | ".join(
+            lines.append("| − zero-shot | | | " + " | ".join(
                 paired(by_suite[s]["items"], base[s]["items"], s) if s in by_suite and s in base else "–"
                 for s in suites) + " |")
     lines += ["", "The board's row for this backbone (FlowerTune LLM leaderboard, general NLP, all 10,935 items, bf16 "
