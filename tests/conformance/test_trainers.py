@@ -18,8 +18,9 @@ from tests.conformance.cases import least, trainer_case
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.mark.parametrize("name", TRAINERS.names())
-def test_backward_only_where_declared_and_never_into_the_backbone(name, monkeypatch):
+def _one_round_method(name: str):
+    """The experiment and method of a one-round tiny run that trains with trainer ``name`` (its conformance case's
+    adapter and aggregator, at their least settings)."""
     from conftest import tiny_overrides
 
     adapter, aggregator = trainer_case(name)
@@ -31,6 +32,12 @@ def test_backward_only_where_declared_and_never_into_the_backbone(name, monkeypa
     cfg = load_config(None, tiny_overrides(**{k.replace(".", "__"): v for k, v in over.items()}))
     exp = build_experiment(cfg)
     method = build_method(cfg, exp)
+    return exp, method
+
+
+@pytest.mark.parametrize("name", TRAINERS.names())
+def test_backward_only_where_declared_and_never_into_the_backbone(name, monkeypatch):
+    exp, method = _one_round_method(name)
     calls = []
     real = torch.autograd.backward
     monkeypatch.setattr(torch.autograd, "backward", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -45,20 +52,10 @@ def test_the_update_format_carries_a_valid_reply_and_an_unchanged_start_decodes_
     """The trainer's update format (``formats``): a client's reply to a real instruction passes the schema
     the format declares, decodes to tensors named and shaped like the global ones, and the trainer's start itself,
     cut by ``upload`` and decoded, is the start again (a zero update stays zero)."""
-    from conftest import tiny_overrides
-
     from fedpeft.comm.update import Update, unpack
     from fedpeft.runtime.validation import validate_reply
 
-    adapter, aggregator = trainer_case(name)
-    over = {"method.adapter.name": adapter, "method.trainer.name": name, "method.aggregator.name": aggregator,
-            "method.adapter.num_tokens": None, "method.trainer.max_steps": None, "method.trainer.batch_size": None,
-            "federation.rounds": 1, "task.num_examples": 60}
-    over |= {f"method.adapter.{k}": v for k, v in least("adapter", adapter).items()}
-    over |= {f"method.trainer.{k}": v for k, v in least("trainer", name).items()}
-    cfg = load_config(None, tiny_overrides(**{k.replace(".", "__"): v for k, v in over.items()}))
-    exp = build_experiment(cfg)
-    method = build_method(cfg, exp)
+    exp, method = _one_round_method(name)
     state = method.server_init()
     inst = decode(encode(method.configure_round(state, 1, [0])[0], method.wire))
     reply = decode(encode(method.client_update(inst, exp.client(0)), method.wire))
