@@ -211,6 +211,16 @@ def test_evaluation_suites_score_the_final_adapter_into_the_summary_and_the_repo
     assert row["communication_mib"] == pytest.approx((summary["bytes_up_total"] + summary["bytes_down_total"])
                                                      / 2 ** 20)
     assert row["within_budget"] is True
+    from typer.testing import CliRunner
+
+    from fedpeft.cli import app
+
+    (tmp_path / "run" / "suites" / "flowertune-general-nlp.json").unlink()  # scored afterwards instead
+    res = CliRunner().invoke(app, ["evaluate", str(tmp_path / "run"), "--suite", "flowertune-general-nlp",
+                                   "--limit", "1"])
+    assert res.exit_code == 0, res.output
+    bare = {k: v for k, v in summary.items() if k != "suites"}
+    assert leaderboard_row(bare, tmp_path / "run")["items"] == 3
     raw["evaluation"]["suites"] = ["no-such-suite"]
     with pytest.raises(ValueError, match=r"evaluation.suites\[0\] \(no-such-suite\)"):
         run_embedded(resolve(raw), tmp_path / "run2")

@@ -299,6 +299,9 @@ def _suite_scores(run_dir: Optional[Path], model: Optional[str], device: str, su
     if out is not None:
         scores, items = result.write(out)
         console.print(f"wrote {scores} and {items}", highlight=False, soft_wrap=True)
+    if run_dir is not None and client is None and not best:  # the global adapter's: fedpeft report shows it
+        scores, _ = result.write(Path(run_dir) / "suites" / f"{suite.replace(':', '-')}.json")
+        console.print(f"kept in {scores}", highlight=False, soft_wrap=True)
 
 
 def _class_scores(model, file: Path) -> dict:

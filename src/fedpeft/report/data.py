@@ -343,13 +343,18 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 FLOWERTUNE_BUDGET_MB = 200_000  # FlowerTune LLM leaderboard: the communication budget of a run
 
 
-def leaderboard_row(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+def leaderboard_row(summary: dict[str, Any] | None, run_dir: Path | None = None) -> dict[str, Any] | None:
     """A run's row in FlowerTune's general-NLP board, or None where the run was not scored by
-    ``flowertune-general-nlp`` (``evaluation.suites``): the three categories and their average (percent), the
-    communication in MiB by FlowerTune's rule (every array the run sent, both directions: ``bytes_up_total +
-    bytes_down_total`` / 2^20) and whether that is within the board's 200,000 MB budget."""
+    ``flowertune-general-nlp`` (``evaluation.suites``, or ``fedpeft evaluate RUN_DIR --suite``, which keeps the global
+    adapter's scores in ``suites/``): the three categories and their average (percent), the communication in MiB by
+    FlowerTune's rule (every array the run sent, both directions: ``bytes_up_total + bytes_down_total`` / 2^20) and
+    whether that is within the board's 200,000 MB budget."""
     scores = ((summary or {}).get("suites") or {}).get("flowertune-general-nlp")
-    if not scores:
+    kept = None if run_dir is None else Path(run_dir) / "suites" / "flowertune-general-nlp.json"
+    if not scores and kept is not None and kept.is_file():
+        saved = json.loads(kept.read_text(encoding="utf-8"))
+        scores = saved["scores"] | {"items": saved.get("protocol", {}).get("items")}
+    if not scores or summary is None:
         return None
     mib = (summary["bytes_up_total"] + summary["bytes_down_total"]) / 2 ** 20
     return {"stem": scores.get("stem"), "social_sciences": scores.get("social_sciences"),

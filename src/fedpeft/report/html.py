@@ -265,7 +265,7 @@ def generation_samples(runs: list[Run]) -> str:
 
 def leaderboard(runs: list[Run]) -> str:
     """FlowerTune's general-NLP columns for the runs scored by ``flowertune-general-nlp``, or nothing."""
-    rows = [(r, row) for r in runs if (row := leaderboard_row(r.summary)) is not None]
+    rows = [(r, row) for r in runs if (row := leaderboard_row(r.summary, r.path)) is not None]
     if not rows:
         return ""
     body = [[r.path.name, f"{row['stem']:.2f}", f"{row['social_sciences']:.2f}", f"{row['humanities']:.2f}",
