@@ -156,10 +156,10 @@ def lmeval_parity(label: str, objective, params, pretrained: str, peft_dir: Path
     differ, max_gap = [], 0.0
     for rec in ours.items:
         other = by_doc[rec["doc_id"]]
-        lls = [r[0] for r in other["filtered_resps"]]
+        lls = [float(r[0]) for r in other["filtered_resps"]]  # the command's samples file writes them as text
         gap = max(abs(a - b) for a, b in zip(rec["loglikelihoods"], lls))
         max_gap = max(max_gap, gap)
-        if bool(rec["acc"]) != bool(other["acc"]):
+        if float(rec["acc"]) != float(other["acc"]):
             differ.append({"doc_id": rec["doc_id"], "fedpeft": rec["loglikelihoods"], "lm_eval": lls})
     return {"label": label, "documents": len(ours.items), "fedpeft_acc": ours.scores["acc"],
             "lm_eval_acc": theirs_acc, "max_loglikelihood_gap": max_gap, "differ": differ,
@@ -241,16 +241,25 @@ def main() -> None:
     bare = bare_model("smollm2", a.device)
     source = bare.classifier.backbone.source
     saved = a.out.with_suffix(".json")
+    rows: list[dict] = []
+    lmeval: list[dict] = []
+
+    def save() -> None:  # after every row: a crash later loses nothing already measured
+        saved.write_text(json.dumps({"flowertune": rows, "lmeval": lmeval}, indent=1) + "\n")
+
     if a.no_bare and saved.exists():
         kept = json.loads(saved.read_text())
         names = {Path(r).name for r in a.run}
-        rows = [r for r in kept["flowertune"] if r["label"].split(" (")[0] not in names]
-        lmeval = [r for r in kept["lmeval"] if r["label"].split(" (")[0] not in names]
+        rows += [r for r in kept["flowertune"] if r["label"].split(" (")[0] not in names]
+        lmeval += [r for r in kept["lmeval"] if r["label"].split(" (")[0] not in names]
     else:
-        rows = [compare("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params,
-                        bare.classifier.backbone.model, settings, checkout, a.batch_size)]
-        lmeval = ([lmeval_parity("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params, source, None,
-                                 a.boolq_limit, a.batch_size, a.device)] if a.boolq_limit else [])
+        rows.append(compare("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params,
+                            bare.classifier.backbone.model, settings, checkout, a.batch_size))
+        save()
+        if a.boolq_limit:
+            lmeval.append(lmeval_parity("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params, source,
+                                        None, a.boolq_limit, a.batch_size, a.device))
+    save()
     for run in a.run:
         from fedpeft.export import export_peft
         from fedpeft.model.decoding import weights_in_place
@@ -259,12 +268,13 @@ def main() -> None:
         with weights_in_place(trained.classifier, trained.params) as merged:  # W + s·BA, as PEFT's merged model
             rows.append(compare(f"{Path(run).name} (global adapter)", trained.classifier, trained.params, merged,
                                 settings, checkout, a.batch_size))
+        save()
         with tempfile.TemporaryDirectory() as tmp:
             export_peft(run, Path(tmp) / "adapter")
             if a.boolq_limit:
                 lmeval.append(lmeval_parity(f"{Path(run).name} (global adapter)", trained.classifier, trained.params,
                                             source, Path(tmp) / "adapter", a.boolq_limit, a.batch_size, a.device))
-    (a.out.with_suffix(".json")).write_text(json.dumps({"flowertune": rows, "lmeval": lmeval}, indent=1) + "\n")
+    save()
     render(rows, a.out, a.device, lmeval)
     print(a.out.read_text())
 
