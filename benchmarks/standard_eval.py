@@ -29,6 +29,7 @@ decimals and the documents whose log-likelihoods or predictions differ.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -100,7 +101,8 @@ def run_flower(module, work: Path, model, tokenizer, categories, batch_size: int
     return acc, outputs, seconds
 
 
-def compare(label: str, objective, params, peft_model, settings, checkout: Path, batch_size: int) -> dict:
+def compare(label: str, objective, params, flower_model, settings, checkout: Path, batch_size: int) -> dict:
+    """fedpeft's suite, then Flower's code inside ``flower_model()`` (a context giving the HF model to call)."""
     from fedpeft.suites.flowertune import FlowerTuneGeneralNLP, INSTRUCTION, format_example, load_items
 
     items = load_items(settings)
@@ -111,8 +113,9 @@ def compare(label: str, objective, params, peft_model, settings, checkout: Path,
     ours = FlowerTuneGeneralNLP(settings).run(objective, params, batch_size)
     ours_s = time.perf_counter() - t0
     module, work = load_flower(checkout, by_subject)
-    theirs_acc, theirs_out, theirs_s = run_flower(module, work, peft_model, objective.backbone.tokenizer,
-                                                  settings.categories, batch_size)
+    with flower_model() as model:
+        theirs_acc, theirs_out, theirs_s = run_flower(module, work, model, objective.backbone.tokenizer,
+                                                      settings.categories, batch_size)
     same, differ = 0, []
     for item, rec in zip(items, ours.items):
         prompt = f"{INSTRUCTION}\n{format_example(item.question, item.options)}\nThe answer is:\n"
@@ -254,7 +257,8 @@ def main() -> None:
         lmeval += [r for r in kept["lmeval"] if r["label"].split(" (")[0] not in names]
     else:
         rows.append(compare("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params,
-                            bare.classifier.backbone.model, settings, checkout, a.batch_size))
+                            lambda: contextlib.nullcontext(bare.classifier.backbone.model), settings, checkout,
+                            a.batch_size))
         save()
         if a.boolq_limit:
             lmeval.append(lmeval_parity("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params, source,
@@ -265,9 +269,9 @@ def main() -> None:
         from fedpeft.model.decoding import weights_in_place
 
         trained = open_model(run)
-        with weights_in_place(trained.classifier, trained.params) as merged:  # W + s·BA, as PEFT's merged model
-            rows.append(compare(f"{Path(run).name} (global adapter)", trained.classifier, trained.params, merged,
-                                settings, checkout, a.batch_size))
+        rows.append(compare(f"{Path(run).name} (global adapter)", trained.classifier, trained.params,
+                            lambda: weights_in_place(trained.classifier, trained.params),  # W + s·BA, merged
+                            settings, checkout, a.batch_size))
         save()
         with tempfile.TemporaryDirectory() as tmp:
             export_peft(run, Path(tmp) / "adapter")
