@@ -24,6 +24,9 @@ def encode_texts(tokenizer: Any, texts: list[str]) -> Encoded:
                    np.array([len(r) for r in ids], dtype=np.int64))
 
 
+CALL = 8  # batches per decoding call
+
+
 def cut_at(text: str, stops: tuple[str, ...]) -> str:
     """``text`` up to the first of ``stops`` (lm-eval's ``until``)."""
     for stop in stops:
@@ -35,19 +38,20 @@ def cut_at(text: str, stops: tuple[str, ...]) -> str:
 def generate(objective: Any, params: dict[str, Any], enc: Encoded, max_new: list[int], batch_size: int,
              stops: tuple[str, ...] = (), progress: bool = False, label: str = "decoding") -> list[str]:
     """Greedy completions of the encoded prompts (each with its own token budget), decoded with
-    ``skip_special_tokens`` and cut at ``stops``."""
+    ``skip_special_tokens`` and cut at ``stops``. Prompts of one budget go longest first, ``CALL`` batches to a
+    decoding call (LoRA's update is merged into the weights once per call: once per batch would cost a merge of
+    every adapted matrix for every 16 prompts), one step of the progress bar each."""
     from rich.progress import track
 
     tok = objective.backbone.tokenizer
-    order = sorted(range(len(enc)), key=lambda i: (max_new[i], -len(enc.input_ids[i])))
+    groups: dict[int, list[int]] = {}
+    for i in sorted(range(len(enc)), key=lambda i: -len(enc.input_ids[i])):
+        groups.setdefault(max_new[i], []).append(i)
+    calls = [(budget, idx[s:s + CALL * batch_size]) for budget, idx in sorted(groups.items())
+             for s in range(0, len(idx), CALL * batch_size)]
     out: list[str] = [""] * len(enc)
-    starts = list(range(0, len(order), batch_size))
-    for s in track(starts, description=label, disable=not progress, transient=True):
-        groups: dict[int, list[int]] = {}
-        for i in order[s:s + batch_size]:
-            groups.setdefault(max_new[i], []).append(i)
-        for budget, idx in groups.items():
-            ids = objective.generate(params, enc.subset(idx), budget, batch_size=len(idx))
-            for i, t in zip(idx, ids):
-                out[i] = cut_at(tok.decode(t, skip_special_tokens=True), stops)
+    for budget, idx in track(calls, description=label, disable=not progress, transient=True):
+        ids = objective.generate(params, enc.subset(idx), budget, batch_size=batch_size)
+        for i, t in zip(idx, ids):
+            out[i] = cut_at(tok.decode(t, skip_special_tokens=True), stops)
     return out
