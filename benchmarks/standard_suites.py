@@ -86,7 +86,7 @@ def render(runs_dir: Path, out: Path, runs: dict[str, str | None]) -> None:
              "zero-shot on the same items with a 95 % interval over items.", ""]
     head = ["arm", "training budget per client-round (rounds)", "device"] + [LABEL[s] for s in suites]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for arm, by_suite in data.items():
+    for arm, by_suite in sorted(data.items(), key=lambda kv: kv[0] != "zero-shot"):  # zero-shot first
         run = runs.get(arm) or next((v["protocol"].get("run") for v in by_suite.values()), None)
         budget = "– (no training)"
         if run and Path(run).is_dir():
