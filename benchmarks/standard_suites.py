@@ -22,6 +22,8 @@ import platform
 import statistics
 from pathlib import Path
 
+import yaml
+
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_SUITES = ["flowertune-general-nlp:10", "mmlu:10", "gsm8k:100", "humaneval:40", "advbench:104"]
 HEADLINE = {"flowertune-general-nlp": ("average", "correct"), "mmlu": ("accuracy", "correct"),
@@ -90,7 +92,7 @@ def render(runs_dir: Path, out: Path, runs: dict[str, str | None]) -> None:
         run = runs.get(arm) or next((v["protocol"].get("run") for v in by_suite.values()), None)
         budget = "– (no training)"
         if run and Path(run).is_dir():
-            cfg = json.loads(json.dumps(__import__("yaml").safe_load((Path(run) / "config.yaml").read_text())))
+            cfg = yaml.safe_load((Path(run) / "config.yaml").read_text())
             budget = f"{budget_cell([measured(run)])} ({cfg['federation']['rounds']})"
         device = next(iter(by_suite.values()))["protocol"].get("device", "cpu")
         cells = []

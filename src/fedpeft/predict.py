@@ -284,7 +284,6 @@ def predict(run_dir: str | Path, texts: Sequence[str], client: int | str | None 
     return prediction_rows(inputs, model.class_names, probs.argmax(-1).tolist(), probs.tolist())
 
 
-
 @dataclass
 class BareModel:
     """A backbone with no adapter, as a language model (the zero-shot row of a standard evaluation)."""

@@ -195,10 +195,12 @@ def test_evaluation_suites_score_the_final_adapter_into_the_summary_and_the_repo
     _mmlu(tmp_path)
     monkeypatch.setenv("FEDPEFT_DATA_DIR", str(tmp_path))
     raw = _config(task) | {"evaluation": {"generate_every": 0, "suites": [
-        "flowertune-general-nlp", {"name": "mmlu", "limit": 1, "settings": {"shots": 0}}]}}
+        "flowertune-general-nlp", {"name": "mmlu", "limit": 1, "settings": {"shots": 0}},
+        {"name": "gsm8k", "settings": {"data_dir": str(tmp_path / "gone")}}]}}
     raw["federation"]["rounds"] = 1
     summary = run_embedded(resolve(raw), tmp_path / "run")
-    assert set(summary["suites"]) == {"flowertune-general-nlp", "mmlu"}
+    assert set(summary["suites"]) == {"flowertune-general-nlp", "mmlu", "gsm8k"}
+    assert "GSM8K's file is missing" in summary["suites"]["gsm8k"]["error"]  # logged; the summary is still written
     assert summary["suites"]["mmlu"]["items"] == 3
     from fedpeft.tracking.sinks.base import summary_scalars
 

@@ -268,13 +268,18 @@ def _suite_scores(run_dir: Optional[Path], model: Optional[str], device: str, su
 
     from fedpeft.predict import bare_model
     from fedpeft.suites import build_suite
+    from fedpeft.suites.base import kept_result
 
     fields = {}
     for opt in options:
         key, eq, value = opt.partition("=")
         if not eq or not key:
             raise ValueError(f"--option {opt!r}: write KEY=VALUE")
-        fields[key.strip()] = yaml.safe_load(value)
+        try:
+            fields[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ValueError(f"--option {key.strip()}: the value is not valid YAML ({getattr(e, 'problem', e)})") \
+                from None
     try:
         scorer = build_suite(suite, limit, **fields)
     except ValidationError as e:
@@ -300,7 +305,7 @@ def _suite_scores(run_dir: Optional[Path], model: Optional[str], device: str, su
         scores, items = result.write(out)
         console.print(f"wrote {scores} and {items}", highlight=False, soft_wrap=True)
     if run_dir is not None and client is None and not best:  # the global adapter's: fedpeft report shows it
-        scores, _ = result.write(Path(run_dir) / "suites" / f"{suite.replace(':', '-')}.json")
+        scores, _ = result.write(kept_result(run_dir, suite))
         console.print(f"kept in {scores}", highlight=False, soft_wrap=True)
 
 

@@ -50,29 +50,34 @@ def weights_in_place(lm: LanguageModel, params: Params):
     bypassed; other weight adapters' overrides), for code that calls the HF model itself (lm-eval's ``HFLM``).
     ValueError for an adapter that is not weights: rows or a key/value cache put before the tokens (prompts)."""
     backbone = lm.backbone
-    params = {k: (v.float() if v.is_floating_point() else v).to(lm.device) for k, v in params.items()}
+    params, over, bypass = _decoding_weights(lm, params)
     probe = torch.ones(1, 2, dtype=torch.long, device=lm.device)
     prep = lm.adapter.prepare(backbone, params, probe, probe, 0)
     if prep.inserted or prep.extra or prep.text is not None:
         raise ValueError(f"adapter '{lm.adapter.name}' puts rows or a key/value cache before the tokens: it is not "
                          "a set of weights that another library's model call can use; score it with a native suite")
+    with bypass, swapped(backbone.model, over):
+        yield backbone.model
+
+
+def _decoding_weights(lm: LanguageModel, params: Params) -> tuple[Params, Params, contextlib.AbstractContextManager]:
+    """(params as float32 on the device, the weights to put in the model's place, the context to run them in):
+    LoRA's update merged into its base weights (W + s·B A) with the LoRA branch bypassed, else the adapter's
+    overrides."""
+    params = {k: (v.float() if v.is_floating_point() else v).to(lm.device) for k, v in params.items()}
     merge = getattr(lm.adapter, "merged", None)
-    merged = merge(backbone, params) if merge else None
-    over = merged if merged is not None else (lm.adapter.overrides(params) or {})
-    with lm.adapter.bypassed(backbone) if merged is not None else contextlib.nullcontext():
-        with swapped(backbone.model, over):
-            yield backbone.model
+    merged = merge(lm.backbone, params) if merge else None
+    if merged is not None:
+        return params, merged, lm.adapter.bypassed(lm.backbone)
+    return params, lm.adapter.overrides(params) or {}, contextlib.nullcontext()
 
 
 @no_grad
 def greedy(lm: LanguageModel, params: Params, prompts: Encoded, max_new_tokens: int, batch_size: int = 16,
            static: Params | None = None) -> list[list[int]]:
     """Greedy completions of every prompt row, stopping at the end token (excluded) or ``max_new_tokens``."""
-    backbone, model = lm.backbone, lm.backbone.model
-    params = {k: (v.float() if v.is_floating_point() else v).to(lm.device) for k, v in params.items()}
-    merge = getattr(lm.adapter, "merged", None)  # LoRA: decode with W + s·BA and the LoRA branch bypassed
-    merged = merge(backbone, params) if merge else None
-    over = merged if merged is not None else (lm.adapter.overrides(params) or {})
+    model = lm.backbone.model
+    params, over, bypass = _decoding_weights(lm, params)  # LoRA: W + s·BA, the LoRA branch bypassed
     over = over | {k: v.to(lm.device) for k, v in (static or {}).items()}
 
     def call(**kwargs):
@@ -80,7 +85,7 @@ def greedy(lm: LanguageModel, params: Params, prompts: Encoded, max_new_tokens: 
         with lm._autocast():
             return call_with(model, over, **kwargs)
 
-    with lm.adapter.bypassed(backbone) if merged is not None else contextlib.nullcontext():
+    with bypass:
         return _decode(lm, params, prompts, max_new_tokens, batch_size, call)
 
 

@@ -21,6 +21,7 @@ import yaml
 
 from fedpeft.metrics import per_class as per_class_of
 from fedpeft.tracking.rundir import RunDir
+from fedpeft.suites.base import kept_result
 
 Record = dict[str, Any]
 
@@ -350,11 +351,11 @@ def leaderboard_row(summary: dict[str, Any] | None, run_dir: Path | None = None)
     FlowerTune's rule (every array the run sent, both directions: ``bytes_up_total + bytes_down_total`` / 2^20) and
     whether that is within the board's 200,000 MB budget."""
     scores = ((summary or {}).get("suites") or {}).get("flowertune-general-nlp")
-    kept = None if run_dir is None else Path(run_dir) / "suites" / "flowertune-general-nlp.json"
+    kept = None if run_dir is None else kept_result(run_dir, "flowertune-general-nlp")
     if not scores and kept is not None and kept.is_file():
         saved = json.loads(kept.read_text(encoding="utf-8"))
         scores = saved["scores"] | {"items": saved.get("protocol", {}).get("items")}
-    if not scores or summary is None:
+    if not scores or "average" not in scores or summary is None:  # not scored, or its scoring failed
         return None
     mib = (summary["bytes_up_total"] + summary["bytes_down_total"]) / 2 ** 20
     return {"stem": scores.get("stem"), "social_sciences": scores.get("social_sciences"),

@@ -32,15 +32,23 @@ def check_suites(specs: list[SuiteSpec], kind: str) -> None:
 
 def score_suites(specs: list[SuiteSpec], objective: Any, state: Message, root: Path,
                  batch_size: int) -> dict[str, dict[str, Any]]:
-    """Each suite's scores of the global adapter in ``state`` (written under ``root / "suites"``)."""
+    """Each suite's scores of the global adapter in ``state`` (written under ``root / "suites"``). A suite that
+    fails (its data gone since the run started, say) is logged and recorded as ``{"error": ...}``: the run's
+    summary is still written, and ``fedpeft evaluate RUN_DIR --suite NAME`` scores it afterwards."""
     from fedpeft.suites import build_suite
+    from fedpeft.suites.base import kept_result
 
     params = ServerState.from_message(state).glob
     out: dict[str, dict[str, Any]] = {}
     for spec in specs:
-        result = build_suite(spec.name, spec.limit, **spec.settings).run(objective, params, batch_size)
+        try:
+            result = build_suite(spec.name, spec.limit, **spec.settings).run(objective, params, batch_size)
+        except (OSError, ValueError, ImportError) as e:  # DataNotFoundError is an OSError
+            log.error("suite %s failed, not scored: %s", spec.name, e)
+            out[spec.name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
         result.protocol["adapter"] = f"global adapter, round {ServerState.from_message(state).round}"
-        result.write(root / "suites" / f"{spec.name.replace(':', '-')}.json")
+        result.write(kept_result(root, spec.name))
         out[spec.name] = result.scores | {"items": result.protocol.get("items", len(result.items))}
         log.info("suite %s: %s", spec.name, ", ".join(f"{k} {v:.2f}" for k, v in result.scores.items()
                                                       if isinstance(v, float) and not k.endswith("_se")))

@@ -34,6 +34,12 @@ class SuiteResult:
         return out, items
 
 
+def kept_result(run_dir: Path | str, name: str) -> Path:
+    """Where a run directory keeps its global adapter's result of suite ``name`` (``suites/<name>.json``, with
+    ``lmeval:TASK`` written ``lmeval-TASK``)."""
+    return Path(run_dir) / "suites" / f"{name.replace(':', '-')}.json"
+
+
 def json_lines(path: Path | str) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) of every non-blank line of a JSON-lines file (gzip where it ends .gz); ValueError
     naming the file and line of one that is not a JSON object."""
