@@ -72,13 +72,14 @@ def finished(out, overrides: list[str]) -> bool:
     """Whether run directory ``out`` holds a finished run of the config the overrides give, on any device and
     thread count (a grid's GPU rows and CPU rows side by side), with or without round 0 scored; a finished run of
     another config (other rounds, budget, ...) is an error naming the directory, never silently reused."""
+    from fedpeft.build import run_plan
     from fedpeft.resolve import load_config
     from fedpeft.runtime.session import config_changes
 
     out = Path(out)
     if not (out / "summary.json").exists():
         return False
-    changes = config_changes((out / "config.yaml").read_text(), load_config(None, overrides))
+    changes = config_changes((out / "config.yaml").read_text(), run_plan(load_config(None, overrides)))
     if [key for key, _, _ in changes if key not in COUNTS_ANYWAY]:
         raise ValueError(f"{out} finished with another config than this benchmark's; use another --runs-dir")
     return True

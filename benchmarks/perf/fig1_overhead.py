@@ -78,7 +78,7 @@ def bare_epoch(forward, model, params: dict[str, torch.Tensor], anchors: torch.T
 def client_batches(b, cid: int, round: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The batches fedpeft's client ``cid`` trains on in ``round`` (its shuffling stream), pre-collated."""
     data, s = b.exp.client(cid).train, b.method.trainer.settings
-    gen, n = torch_rng(b.cfg.seed, round, cid, "local-train"), len(data)
+    gen, n = torch_rng(b.plan.seed, round, cid, "local-train"), len(data)
     order, out = torch.empty(0, dtype=torch.long), []
     for _ in range(num_steps(n, s)):
         if len(order) < s.batch_size:
@@ -108,7 +108,7 @@ class BareClient:
         else:
             self.params = {k: v.clone() for k, v in start.items()}
         self.anchors = b.exp.classifier.anchors
-        self.scale = b.cfg.model.similarity_scale
+        self.scale = b.exp.classifier.scale
 
     def reset(self) -> None:
         with torch.no_grad():
@@ -130,7 +130,7 @@ def figure_1(args) -> list[Figure]:
         # stay in the process's shared backbone
         b = local_work(args, adapter)
         state = b.method.server_init()
-        plan = RoundDriver(b.cfg, b.method).plan_round(state, 1)
+        plan = RoundDriver(b.plan.federation, b.method).plan_round(state, 1)
         cid = min(plan.instructions)
         payload = plan.instructions[cid]
         bare = BareClient(b, adapter, ServerState.from_message(state).glob)
@@ -152,8 +152,8 @@ def figure_1(args) -> list[Figure]:
 def round_figure(args, b, state, bare: BareClient) -> Figure:
     """A whole round of ``--round-clients`` clients against the sum of their bare epochs (both arms warm from
     figure 1a)."""
-    driver = RoundDriver(b.cfg, b.method)
-    transport = InProcessTransport(b.cfg, b.method, b.exp, progress(False), None)
+    driver = RoundDriver(b.plan.federation, b.method)
+    transport = InProcessTransport(b.plan, b.method, b.exp, progress(False), None)
     selected = sorted(driver.plan_round(state, 1).instructions)
     batches = {c: client_batches(b, c, 1) for c in selected}
 

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from fedpeft.build import build
+from fedpeft.build import build, run_plan
 from fedpeft.comm.codec import decode
 from fedpeft.resolve import load_config
 from fedpeft.runtime.server import RoundDriver
@@ -46,11 +46,11 @@ def figure_2(args, key: str = "2") -> list[Figure]:
                 f"federation.num_clients={k}", "runtime.progress=false", *over,
                 *([f"method.trainer.batch_size={batch}"] if sub == "c" else [])]  # a and b score all examples
         b = build(load_config(None, base))
-        vec_cfg = load_config(None, base + [f"runtime.client_batch={k}", f"runtime.client_batch_passes={k}"])
+        vec = run_plan(load_config(None, base + [f"runtime.client_batch={k}", f"runtime.client_batch_passes={k}"]))
         state = b.method.server_init()
-        plan = RoundDriver(b.cfg, b.method).plan_round(state, 1)
+        plan = RoundDriver(b.plan.federation, b.method).plan_round(state, 1)
         arms = {n: InProcessTransport(c, b.method, b.exp, progress(False), None)
-                for n, c in (("sequential", b.cfg), ("together", vec_cfg))}
+                for n, c in (("sequential", b.plan), ("together", vec))}
         replies = {}
 
         def run(name):

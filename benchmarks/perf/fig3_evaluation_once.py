@@ -11,8 +11,8 @@ from benchmarks.perf.common import Figure, alternate, figure, local_work
 
 def figure_3(args) -> list[Figure]:
     b = local_work(args, "soft prompt", f"task.max_test={args.eval_examples}")
-    driver = RoundDriver(b.cfg, b.method)
-    transport = InProcessTransport(b.cfg, b.method, b.exp, progress(False), None)
+    driver = RoundDriver(b.plan.federation, b.method)
+    transport = InProcessTransport(b.plan, b.method, b.exp, progress(False), None)
     state, rnd = b.method.server_init(), 1
 
     got = {}

@@ -23,8 +23,8 @@ from fedpeft.runtime.server import RoundDriver
 from fedpeft.runtime.session import progress
 from fedpeft.runtime.workers import encode_state
 b = build(load_config(None, sys.argv[1:]))
-driver = RoundDriver(b.cfg, b.method)
-transport = InProcessTransport(b.cfg, b.method, b.exp, progress(False), None)
+driver = RoundDriver(b.plan.federation, b.method)
+transport = InProcessTransport(b.plan, b.method, b.exp, progress(False), None)
 state = b.method.server_init()
 seconds = []
 for rnd in (1, 2):

@@ -18,13 +18,13 @@ from fedpeft.attacks.backdoor import asr_examples, malicious_ids, poisoned_copie
 from fedpeft.backbones.encoding import Encoded, concat, text_budget
 from fedpeft.backbones.loading import Backbone, check_model_name, load_backbone, resolve_device
 from fedpeft.clients import ClientContext
-from fedpeft.config import ClientProfile, ConfigError, ExperimentConfig
+from fedpeft.config import AttackConfig, ClientProfile, ConfigError, ExperimentConfig
 from fedpeft.data import groups_of, label_histogram, load_task, partition, pool_small_groups, split_by_group, split_like
 from fedpeft.data.fingerprint import data_fingerprint
 from fedpeft.data.participants import non_participants, profile_of_clients
 from fedpeft.data.tasks.base import plain_split, stratified_split
 from fedpeft.data.types import Example, TaskData
-from fedpeft.model import OBJECTIVES, Classifier, LanguageModel
+from fedpeft.model import OBJECTIVES, Classifier, LanguageModel, ObjectiveSettings
 from fedpeft.rng import SERVER, numpy_rng
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Experiment:
-    cfg: ExperimentConfig
+    seed: int  # the run's seed (``seed``): every client's and the attack's random streams derive from it
+    attack: AttackConfig  # the backdoor (``attack``), inactive by default
+    model_name: str  # ``model.name`` as configured (model.json records it)
     task: TaskData
     backbone: Backbone
     classifier: Classifier | LanguageModel  # the objective: what the forward pass is scored by (task.kind)
@@ -98,15 +100,15 @@ class Experiment:
         weight = None
         if client_id in self.malicious:
             poison = self._poisoned(client_id)
-            weight = len(train) if self.cfg.attack.weight == "honest" else len(train) + len(poison)
+            weight = len(train) if self.attack.weight == "honest" else len(train) + len(poison)
             train = concat(train, poison)
         return ClientContext(
             client_id=client_id,
             train=train,
             test=self.test_encoded.subset(self.test_parts[client_id]),
-            seed=self.cfg.seed,
+            seed=self.seed,
             weight=weight,
-            asr_test=self._client_asr_test(client_id) if self.cfg.attack.measured else None,
+            asr_test=self._client_asr_test(client_id) if self.attack.measured else None,
             malicious=client_id in self.malicious,
             profile=self.profiles[client_id] if self.profiles else None,
         )
@@ -114,28 +116,28 @@ class Experiment:
     # ---------------------------------------------------------------- backdoor attack (``attack``)
 
     def _trigger_args(self) -> tuple:
-        a, tok = self.cfg.attack, self.backbone.tokenizer
-        budget = text_budget(self.backbone, self.task, self.cfg.task.max_length, self.classifier.readout)
+        a, tok = self.attack, self.backbone.tokenizer
+        budget = text_budget(self.backbone, self.task, self.classifier.max_length, self.classifier.readout)
         return a.trigger, a.insertions, lambda text: len(tok(text, add_special_tokens=False)["input_ids"]), budget
 
     def _poisoned(self, client_id: int) -> Encoded:
         key = f"poison:{client_id}"
         if key not in self._encoded:
-            a = self.cfg.attack
+            a = self.attack
             clean = [self.task.train[i] for i in self.train_parts[client_id]]
             copies = poisoned_copies(clean, a.target, a.poison_rate, *self._trigger_args(),
-                                     numpy_rng(self.cfg.seed, 0, client_id, "poison"))
+                                     numpy_rng(self.seed, 0, client_id, "poison"))
             self._encoded[key] = self.classifier.encode(copies)
         return self._encoded[key]
 
     @property
     def asr_test(self) -> Encoded | None:
         """The triggered non-target test inputs labelled as the target (accuracy on them = ASR), or None."""
-        if not self.cfg.attack.measured:
+        if not self.attack.measured:
             return None
         if "asr" not in self._encoded:
-            idx, triggered = asr_examples(self.task.test, self.cfg.attack.target, *self._trigger_args(),
-                                          numpy_rng(self.cfg.seed, 0, SERVER, "asr-test"))
+            idx, triggered = asr_examples(self.task.test, self.attack.target, *self._trigger_args(),
+                                          numpy_rng(self.seed, 0, SERVER, "asr-test"))
             self._encoded["asr"] = self.classifier.encode(triggered)
             self._encoded["asr-index"] = idx  # type: ignore[assignment]
         return self._encoded["asr"]
@@ -178,7 +180,7 @@ class Experiment:
         the data: the task without examples, the readout, the backbone's identity, the clients, the data's
         fingerprint."""
         return {"task": self.task.spec(), "readout": self.classifier.readout,
-                "backbone": {"name": self.cfg.model.name, "source": self.backbone.source,
+                "backbone": {"name": self.model_name, "source": self.backbone.source,
                              "family": self.backbone.family, "sha256": backbone_sha256},
                 "clients": {"count": self.num_clients, "groups": self.groups, "names": self.client_names()},
                 "data": data_fingerprint(self.task)}
@@ -261,7 +263,8 @@ def build_experiment(cfg: ExperimentConfig, saved: TaskOnly | None = None) -> Ex
     device = resolve_device(cfg.runtime.device)
     backbone = load_backbone(cfg.model.name, cfg.model.trust_remote_code, cfg.model.quantization).to(device)
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
-    clf = OBJECTIVES.get(task.kind)(backbone, adapter, task, cfg)
+    clf = OBJECTIVES.get(task.kind)(backbone, adapter, task, ObjectiveSettings(
+        cfg.model, cfg.task.max_length, cfg.task.max_response_length, cfg.runtime.autocast, cfg.runtime.padding_free))
     if cfg.runtime.gradient_checkpointing:
         clf.checkpoint_activations()
     adapter.bind(AdapterContext(cfg.seed, task, clf.readout, backbone))
@@ -273,7 +276,8 @@ def build_experiment(cfg: ExperimentConfig, saved: TaskOnly | None = None) -> Ex
     if cfg.federation.client_profiles:
         log.info("client tiers: %s", {p.name: [c for c, q in enumerate(profiles) if q is p]
                                       for p in cfg.federation.client_profiles})
-    return Experiment(cfg, task, backbone, clf, train_parts, test_parts, groups, idle, bad, validation, profiles)
+    return Experiment(cfg.seed, cfg.attack, cfg.model.name, task, backbone, clf, train_parts, test_parts, groups, idle,
+                      bad, validation, profiles)
 
 
 # option -> (the readouts that read it, on which backbone families; None: any)

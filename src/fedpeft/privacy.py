@@ -9,7 +9,10 @@ both answer ∞ for LaplaceDpEvent at δ = 0, and for pure DP the sum is the sta
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedpeft.config import Component, FederationConfig
 
 
 def gaussian_epsilon(rounds: int, noise_multiplier: float, q: float = 1.0, delta: float = 1e-5) -> float:
@@ -55,10 +58,10 @@ def epsilon_after(rounds: int, mechanism: str, *, noise_multiplier: float | None
     raise ValueError(f"unknown mechanism {mechanism!r} (laplace or gaussian)")
 
 
-def sampling_rate(cfg: Any) -> float:
+def sampling_rate(fed: FederationConfig, sel: Component) -> float:
     """q = clients_per_round / num_clients for the uniform selector over all clients; 1 otherwise (a
-    selector that is not uniformly random, a fraction or non-participants: no amplification is claimed)."""
-    fed, sel = cfg.federation, cfg.method.selector
+    selector that is not uniformly random, a fraction or non-participants: no amplification is claimed).
+    ``fed``: the ``federation`` section; ``sel``: ``method.selector``."""
     np_cfg = fed.non_participants
     if sel.name != "uniform" or sel.settings().get("fraction") or np_cfg.fraction > 0 or np_cfg.fold is not None:
         return 1.0

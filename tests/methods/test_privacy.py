@@ -118,10 +118,13 @@ def test_laplace_pure_epsilon_composes_additively():
 
 
 def test_sampling_rate_only_for_uniform_random_selection(tiny_cfg):
-    assert sampling_rate(tiny_cfg(federation__num_clients=10, federation__clients_per_round=2)) == 0.2
-    assert sampling_rate(tiny_cfg()) == 1.0
-    assert sampling_rate(tiny_cfg(federation__num_clients=10, federation__clients_per_round=2,
-                                  method__selector__name="loss_difference")) == 1.0
+    def q(cfg):
+        return sampling_rate(cfg.federation, cfg.method.selector)
+
+    assert q(tiny_cfg(federation__num_clients=10, federation__clients_per_round=2)) == 0.2
+    assert q(tiny_cfg()) == 1.0
+    assert q(tiny_cfg(federation__num_clients=10, federation__clients_per_round=2,
+                      method__selector__name="loss_difference")) == 1.0
 
 
 # ---------------------------------------------------------------- outlier filter

@@ -132,10 +132,10 @@ def test_the_node_policy_refuses_remote_code_and_unlisted_models():
 
     cfg = resolve({"model": {"name": "some/hub-model", "trust_remote_code": True}})
     with pytest.raises(PolicyError, match="trust_remote_code"):
-        NodePolicy().check_config(cfg)
-    NodePolicy(trust_remote_code=True).check_config(cfg)
+        NodePolicy().check_model(cfg.model)
+    NodePolicy(trust_remote_code=True).check_model(cfg.model)
     with pytest.raises(PolicyError, match="not among the node's models"):
-        NodePolicy(models=["minilm"]).check_config(resolve({"model": {"name": "smollm2"}}))
+        NodePolicy(models=["minilm"]).check_model(resolve({"model": {"name": "smollm2"}}).model)
 
 
 @pytest.mark.parametrize("key", ["../../etc", "a/b", "..", "", "x" * 65])

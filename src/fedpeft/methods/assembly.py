@@ -90,7 +90,7 @@ def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
     trainer_settings = TRAINERS.settings_of(m.trainer)
     head_slices = clf.adapter.head_slices(clf.backbone)
     agg_ctx = AggregatorContext(cfg.federation.num_clients, cfg.seed, trainer_settings, adapter, head_slices,
-                                sampling_rate(cfg))
+                                sampling_rate(cfg.federation, m.selector))
     aggregator = AGGREGATORS.get(m.aggregator.name)(AGGREGATORS.settings_of(m.aggregator), agg_ctx)
     for w in m.wrappers:
         aggregator = WRAPPERS.get(w.name)(WRAPPERS.settings_of(w), agg_ctx, aggregator)
@@ -101,7 +101,7 @@ def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
     sharing = build_exchange(m.stages(), SharingContext(
         clf, cfg.seed, shared.initial_params, head_slices, trainer_settings,
         tuple(getattr(experiment, "profiles", ()) or ()), getattr(adapter, "r", None)))
-    transform_ctx = TransformContext(sampling_rate(cfg))
+    transform_ctx = TransformContext(sampling_rate(cfg.federation, m.selector))
     transforms = [(t.name, TRANSFORMS.get(t.name)(TRANSFORMS.settings_of(t), transform_ctx)) for t in m.transforms]
     # model replacement (Bagdasaryan et al. 2020): an attacker boosts its delta by attack.boost
     boost = cfg.attack.boost

@@ -9,26 +9,41 @@ objective shares the forward pass of ``model.forward.AdaptedModel`` and offers t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from fedpeft.config import ModelConfig
 from fedpeft.model.classifier import Classifier
 from fedpeft.model.language_model import LanguageModel
 from fedpeft.registry import Registry
 
-OBJECTIVES: Registry[Any] = Registry("objective")  # task kind -> builder(backbone, adapter, task, cfg)
+OBJECTIVES: Registry[Any] = Registry("objective")  # task kind -> builder(backbone, adapter, task, settings)
+
+
+@dataclass(frozen=True)
+class ObjectiveSettings:
+    """What an objective reads of the run: the ``model`` section (readout, its scale, calibration, pooling), the
+    task's length limits and the runtime's compute options."""
+
+    model: ModelConfig
+    max_length: int  # task.max_length: tokens of an input (a generation task: of the prompt and response)
+    max_response_length: int  # task.max_response_length (generation)
+    autocast: str  # runtime.autocast
+    padding_free: bool  # runtime.padding_free (generation)
 
 
 @OBJECTIVES.register("classification", "class logits through a readout (similarity, verbalizer, linear); "
                                        "cross-entropy over the classes")
-def build_classifier(backbone, adapter, task, cfg) -> Classifier:
-    return Classifier(backbone, adapter, task, cfg.model.readout, cfg.model.similarity_scale, cfg.task.max_length,
-                      cfg.runtime.autocast, calibration=cfg.model.calibration, pooling=cfg.model.pooling)
+def build_classifier(backbone, adapter, task, settings: ObjectiveSettings) -> Classifier:
+    m = settings.model
+    return Classifier(backbone, adapter, task, m.readout, m.similarity_scale, settings.max_length, settings.autocast,
+                      calibration=m.calibration, pooling=m.pooling)
 
 
 @OBJECTIVES.register("generation", "causal-LM token cross-entropy on the response tokens; greedy decoding")
-def build_language_model(backbone, adapter, task, cfg) -> LanguageModel:
-    return LanguageModel(backbone, adapter, task, cfg.task.max_length, cfg.task.max_response_length,
-                         cfg.runtime.autocast, padding_free=cfg.runtime.padding_free)
+def build_language_model(backbone, adapter, task, settings: ObjectiveSettings) -> LanguageModel:
+    return LanguageModel(backbone, adapter, task, settings.max_length, settings.max_response_length,
+                         settings.autocast, padding_free=settings.padding_free)
 
 
-__all__ = ["OBJECTIVES", "Classifier", "LanguageModel"]
+__all__ = ["OBJECTIVES", "Classifier", "LanguageModel", "ObjectiveSettings"]

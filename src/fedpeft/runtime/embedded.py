@@ -14,16 +14,15 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.progress import Progress
 
 from fedpeft.model.gather import ForwardGather
-from fedpeft.build import build
+from fedpeft.build import RunPlan, build, run_plan
 from fedpeft.comm.codec import Message, decode
-from fedpeft.config import ExperimentConfig, FaultConfig, FederationConfig, RuntimeConfig
+from fedpeft.config import ExperimentConfig
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.runtime.client import handle_evaluate, handle_train
@@ -52,17 +51,6 @@ def _copy(state: Message) -> Message:
     return Message({k: v.clone() for k, v in state.tensors.items()}, dict(state.scalars))
 
 
-@dataclass(frozen=True)
-class InProcessSettings:
-    """What the in-process transport reads of the run: the seed and injected faults (which client fails when), the
-    federation's round timeout and secure aggregation, the runtime's client groups."""
-
-    seed: int
-    faults: FaultConfig
-    federation: FederationConfig
-    runtime: RuntimeConfig
-
-
 class InProcessTransport:
     """Delivers each instruction by calling the client handlers directly; keeps client states in memory.
 
@@ -71,9 +59,9 @@ class InProcessTransport:
     calls (``runtime.client_batch``, ``backbones.gather``); with ``federation.round_timeout`` each is held to the deadline
     by its own elapsed time, as if they ran side by side: a later reply is ignored and logged, its state not kept."""
 
-    def __init__(self, settings: InProcessSettings, method: Method, exp: Experiment, bar: Progress,
+    def __init__(self, plan: RunPlan, method: Method, exp: Experiment, bar: Progress,
                  reply_hook: ReplyHook | None, workers: ClientWorkers | None = None) -> None:
-        self.settings, self.method, self.exp, self.bar, self.reply_hook = settings, method, exp, bar, reply_hook
+        self.plan, self.method, self.exp, self.bar, self.reply_hook = plan, method, exp, bar, reply_hook
         self.workers = workers
         self.states: dict[int, Message] = {}
         self.shared = {"backbone_calls": 0, "forward_requests": 0}  # this round's, with client groups
@@ -81,7 +69,7 @@ class InProcessTransport:
         self.clients_task = bar.add_task("clients", total=0)
         # client groups only where their calls are stacked: on CPU a group's calls would each run their own
         # forward anyway, and the threads cost time (benchmarks/results/perf.md, figure 2)
-        runtime = settings.runtime
+        runtime = plan.runtime
         self.together = runtime.client_batch > 1 and exp.classifier.stacks_calls(runtime.client_batch_passes)
         if runtime.client_batch > 1 and not self.together:
             log.warning("runtime.client_batch on CPU: clients run one after another (the same results; stacking their "
@@ -98,7 +86,7 @@ class InProcessTransport:
         else:
             done = (self._here(round, cid, payload) for cid, payload in instructions.items())
         results: dict[int, bytes | BaseException] = {}
-        timeout = self.settings.federation.round_timeout
+        timeout = self.plan.federation.round_timeout
         for cid, outcome, state, took in done:
             if not isinstance(outcome, BaseException) and self.reply_hook is not None:
                 try:
@@ -125,7 +113,7 @@ class InProcessTransport:
         ctx.forward = group
         t0 = time.monotonic()
         try:
-            inject(self.settings.faults, self.settings.seed, round, cid)
+            inject(self.plan.faults, self.plan.seed, round, cid)
             reply: bytes | BaseException = handle_train(self.method, payload, ctx)
         except Exception as e:  # one failing client must not kill the round
             log.exception("round %d: client %d raised", round, cid)
@@ -139,12 +127,12 @@ class InProcessTransport:
                   instructions: dict[int, bytes]) -> Iterator[tuple[int, bytes | BaseException, Message, float]]:
         """The round's clients in groups of ``runtime.client_batch``, each client in a thread, a group's model
         calls run together (``ForwardGather``); results in client order."""
-        ids, k = list(instructions), self.settings.runtime.client_batch
+        ids, k = list(instructions), self.plan.runtime.client_batch
         for start in range(0, len(ids), k):
             group = ids[start:start + k]
             for cid in group:
                 self.exp.client(cid)  # data encoded (and cached) here, not by racing threads
-            gather = ForwardGather(self.exp.classifier, len(group), self.settings.runtime.client_batch_passes)
+            gather = ForwardGather(self.exp.classifier, len(group), self.plan.runtime.client_batch_passes)
             with ThreadPoolExecutor(len(group), thread_name_prefix="client") as pool:
                 futures = [pool.submit(self._here, round, cid, instructions[cid], gather) for cid in group]
                 yield from (f.result() for f in futures)
@@ -174,7 +162,7 @@ class InProcessTransport:
                 ctx = self.exp.client(cid)
                 ctx.state = _copy(self.states.get(cid, Message()))
                 try:
-                    inject(self.settings.faults, self.settings.seed, round, cid)
+                    inject(self.plan.faults, self.plan.seed, round, cid)
                     replies[cid] = handle_train(self.method, payload, ctx)
                     new_states[cid] = ctx.state
                 except Exception as e:  # noqa: BLE001 - the client drops out of the protocol
@@ -184,14 +172,14 @@ class InProcessTransport:
             return replies, errors
 
         handlers = {node_id(c): node_handler(run_node, node_id(c)) for c in instructions}
-        faults, client_of = self.settings.faults, {node_id(c): c for c in instructions}
+        faults, client_of = self.plan.faults, {node_id(c): c for c in instructions}
 
         def drop(node: int, stage: str) -> bool:  # ``faults.secure_stage``: a failing client drops at that stage
-            return stage == faults.secure_stage and fails(faults, self.settings.seed, round, client_of[node])
+            return stage == faults.secure_stage and fails(faults, self.plan.seed, round, client_of[node])
 
         grid = grid_class()(handlers, drop if faults.secure_stage is not None else None)
         with task_identity():
-            outcome = secure_round(self.settings.federation.secure_aggregation, self.settings.seed, round,
+            outcome = secure_round(self.plan.federation.secure_aggregation, self.plan.seed, round,
                                    {node_id(c): {c: p} for c, p in instructions.items()}, grid,
                                    uniform=self.method.aggregator.uniform_weights)
         outcome.bytes_down = {client_of[n]: b for n, b in grid.bytes_down.items()}
@@ -235,15 +223,15 @@ def run_embedded(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fals
                  experiment: Experiment | None = None) -> dict[str, Any]:
     """Run (or resume) the experiment in this process; returns the summary written to summary.json. The server,
     the clients and the client workers compute with the run's torch threads (``runtime.threads``)."""
-    with open_run(cfg, out_dir, resume) as run, log_to(run.root / "run.log"), progress(cfg.runtime.progress) as bar, \
-            for_run(cfg, run, resume) as threads:
+    plan = run_plan(cfg)
+    with open_run(plan, out_dir, resume) as run, log_to(run.root / "run.log"), progress(plan.runtime.progress) as bar, \
+            for_run(plan.runtime, run, resume) as threads:
         b = build(cfg, experiment)
         with contextlib.ExitStack() as stack:
             workers = None
-            if cfg.runtime.client_workers > 1:
+            if plan.runtime.client_workers > 1:
                 b.exp.client(0)  # encode the data once, before the fork, so the workers share it too
-                workers = stack.enter_context(ClientWorkers(cfg.runtime.client_workers, cfg.faults, cfg.seed,
+                workers = stack.enter_context(ClientWorkers(plan.runtime.client_workers, plan.faults, plan.seed,
                                                             b.method, b.exp, threads))
-            settings = InProcessSettings(cfg.seed, cfg.faults, cfg.federation, cfg.runtime)
-            transport = InProcessTransport(settings, b.method, b.exp, bar, reply_hook, workers)
-            return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar, threads)
+            transport = InProcessTransport(plan, b.method, b.exp, bar, reply_hook, workers)
+            return run_rounds(plan, run, b.exp, b.method, transport, resume, stop_after_round, bar, threads)

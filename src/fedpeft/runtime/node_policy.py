@@ -26,6 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fedpeft.config import ModelConfig
+
 log = logging.getLogger("fedpeft.flower.node")
 
 RUN_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -98,13 +100,13 @@ class NodePolicy(BaseModel):
             raise self.refuse(f"SecAgg+ with reconstruction threshold {threshold} of {num_shares} shares: at or "
                               "below half, a server that splits the neighbours can rebuild both of a node's secrets")
 
-    def check_config(self, cfg: Any) -> None:
-        """The server's experiment config against what this node loads."""
-        if cfg.model.trust_remote_code and not self.trust_remote_code:
-            raise self.refuse(f"model.trust_remote_code for {cfg.model.name!r}: the node does not run code shipped "
+    def check_model(self, model: ModelConfig) -> None:
+        """The ``model`` section of the server's experiment config against what this node loads."""
+        if model.trust_remote_code and not self.trust_remote_code:
+            raise self.refuse(f"model.trust_remote_code for {model.name!r}: the node does not run code shipped "
                               "with a model (start it with trust-remote-code=true to allow it)")
-        if self.models is not None and cfg.model.name not in self.models:
-            raise self.refuse(f"model.name {cfg.model.name!r} is not among the node's models {self.models}")
+        if self.models is not None and model.name not in self.models:
+            raise self.refuse(f"model.name {model.name!r} is not among the node's models {self.models}")
 
 
 def load_policy(path: str | Path | None, require_secure_aggregation: bool = False) -> NodePolicy:

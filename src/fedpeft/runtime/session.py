@@ -24,12 +24,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedpeft.comm.codec import Message
-from fedpeft.config import ExperimentConfig, dump_config, read_yaml
+from fedpeft.build import RunPlan
+from fedpeft.config import read_yaml
 from fedpeft.data.fingerprint import data_changes
 from fedpeft.experiment import Experiment
 from fedpeft.methods.base import Method
 from fedpeft.methods.state import ServerState
-from fedpeft.resolve import generation_task, preset_differences, resolve
+from fedpeft.resolve import resolve
 from fedpeft.runtime.server import RoundDriver, RoundFailed
 from fedpeft.runtime.suites import check_suites, score_suites
 from fedpeft.tracking.rundir import CheckpointError, RunDir
@@ -83,7 +84,7 @@ class NoRunError(FileNotFoundError):
 
 
 @contextlib.contextmanager
-def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterator[RunDir]:
+def open_run(plan: RunPlan, out_dir: str | Path, resume: bool) -> Iterator[RunDir]:
     """Lock the run directory for this process and check it: a new run must not overwrite one; on resume the
     config must describe the run (``config_changes``), where the one change allowed is a larger
     ``federation.rounds``, which extends the run (finished or not) to that many rounds. Nothing is written here:
@@ -92,7 +93,7 @@ def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterat
     if resume and run.saved_config() is None:
         raise NoRunError(f"--resume: {out_dir} holds no run (no config.yaml); check the path, or drop --resume to "
                          "start a new run there")
-    check_sinks(cfg.tracking)
+    check_sinks(list(plan.tracking))
     before = set(run.root.iterdir()) if run.root.is_dir() else None
     run.lock()
     started = False
@@ -100,8 +101,8 @@ def open_run(cfg: ExperimentConfig, out_dir: str | Path, resume: bool) -> Iterat
         saved = run.saved_config()
         if not resume:
             run.check_free()
-        elif saved != dump_config(cfg.with_absolute_paths()):
-            check_resumable(out_dir, config_changes(saved, cfg.with_absolute_paths()))
+        elif saved != plan.config_yaml:
+            check_resumable(out_dir, config_changes(saved, plan))
         yield run
         started = True
     finally:
@@ -126,15 +127,14 @@ def _leave_as_found(root: Path, before: set[Path] | None) -> None:
             root.rmdir()
 
 
-def commit_config(run: RunDir, cfg: ExperimentConfig) -> None:
+def commit_config(run: RunDir, plan: RunPlan) -> None:
     """Write config.yaml, with the data paths made absolute so that the run can be resumed from any folder. A run
     extended past its end (``federation.rounds`` grew) is unfinished again: its summary.json goes until the new
     last round writes one."""
-    config_yaml = dump_config(cfg.with_absolute_paths())
     saved = run.saved_config()
-    if saved is not None and saved != config_yaml and config_changes(saved, cfg.with_absolute_paths()):
+    if saved is not None and saved != plan.config_yaml and config_changes(saved, plan):
         run.unfinish()
-    run.write_config(config_yaml)
+    run.write_config(plan.config_yaml)
 
 
 # keys that change no number: a resumed run may differ from its config.yaml in them
@@ -143,16 +143,16 @@ NUMBERLESS = ("evaluation.report", "runtime.progress", "tracking")
 GENERATION_ONLY = ("evaluation.generate_every",)
 
 
-def config_changes(saved: str, cfg: ExperimentConfig) -> list[tuple[str, Any, Any]]:
-    """``(dotted key, saved value, given value)`` for every key where a run's saved config.yaml and ``cfg`` differ,
-    the keys of ``NUMBERLESS`` aside. A config.yaml written before keys were added is resolved as a new config is,
-    so the added keys take their defaults and do not count as changes."""
+def config_changes(saved: str, plan: RunPlan) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, saved value, given value)`` for every key where a run's saved config.yaml and the config of
+    ``plan`` differ, the keys of ``NUMBERLESS`` aside. A config.yaml written before keys were added is resolved as a
+    new config is, so the added keys take their defaults and do not count as changes."""
     try:
         old = resolve(read_yaml(saved)).with_absolute_paths()
     except Exception as e:  # noqa: BLE001 - unreadable or no longer valid: say so as the one difference
         return [("config.yaml", f"unreadable ({type(e).__name__}: {str(e).splitlines()[0]})", "a valid config")]
-    a, b = _flat(old.model_dump(mode="json")), _flat(cfg.model_dump(mode="json"))  # what config.yaml holds
-    moot = () if generation_task(cfg.task.model_dump()) else GENERATION_ONLY
+    a, b = _flat(old.model_dump(mode="json")), _flat(plan.config)  # what config.yaml holds
+    moot = () if plan.generation else GENERATION_ONLY
     return [(k, a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b])
             if k not in NUMBERLESS and k not in moot and a.get(k) != b.get(k)]
 
@@ -200,29 +200,29 @@ def progress(enabled: bool) -> Progress:
                     console=Console(stderr=True), disable=not enabled, transient=False)
 
 
-def run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Method, transport: Transport,
+def run_rounds(plan: RunPlan, run: RunDir, exp: Experiment, method: Method, transport: Transport,
                resume: bool, stop_after_round: int | None = None, bar: Progress | None = None,
                threads: int | None = None) -> dict[str, Any]:
     """Resume if asked, run the remaining rounds through ``transport``, write metrics/checkpoints/summary, and send
     every record to the tracking sinks (``tracking``). ``threads``: the run's torch thread count
     (``runtime.threads``), recorded in every checkpoint and in summary.json; default: this process's."""
-    tracker = Tracker(cfg.tracking, run.root, cfg.name or run.root.name,
-                      cfg.with_absolute_paths().model_dump(mode="json"))
+    tracker = Tracker(list(plan.tracking), run.root, plan.name or run.root.name, plan.config)
     try:
-        return _run_rounds(cfg, run, exp, method, transport, resume, stop_after_round, bar, tracker,
+        return _run_rounds(plan, run, exp, method, transport, resume, stop_after_round, bar, tracker,
                            threads or torch.get_num_threads())
     finally:
         tracker.close()
 
 
-def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Method, transport: Transport,
+def _run_rounds(plan: RunPlan, run: RunDir, exp: Experiment, method: Method, transport: Transport,
                 resume: bool, stop_after_round: int | None, bar: Progress | None, tracker: Tracker,
                 threads: int) -> dict[str, Any]:
-    driver = RoundDriver(cfg.federation, method, exp.client_label, exp.client_weights())
-    check_suites(cfg.evaluation.suites, exp.task.kind)
+    fed, evaluation = plan.federation, plan.evaluation
+    driver = RoundDriver(fed, method, exp.client_label, exp.client_weights())
+    check_suites(evaluation.suites, exp.task.kind)
     checksum = exp.backbone.checksum()
-    run_id = keep_record(run, exp, resume, cfg)
-    commit_config(run, cfg)
+    run_id = keep_record(run, exp, resume, plan)
+    commit_config(run, plan)
     start, state = 1, method.server_init()
     ckpt = run.load_checkpoint() if resume else None
     kept_round = 0  # the round of the checkpoint a damaged newer one would fall back to (``checkpoint-prev/``)
@@ -248,7 +248,7 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
     tracker.rounds(records)  # what a sink missed before a resume (or was added at one)
     trainable = method.trainable_params(state)
     bar = bar or progress(False)
-    rounds_task = bar.add_task("rounds", total=cfg.federation.rounds, completed=start - 1)
+    rounds_task = bar.add_task("rounds", total=fed.rounds, completed=start - 1)
 
     def evaluate(rnd: int) -> tuple[dict[str, Any], dict[int, dict[str, Any]], int]:
         """Global metrics, each client's local metrics (when asked) and the evaluation bytes sent down.
@@ -259,11 +259,11 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
         both derived from the config). The evaluation bytes are still those of the federated evaluation it stands
         for: each client's encoded evaluate instruction down, and up the encoded reply with the metrics it is
         credited with; so the embedded and Flower runtimes count the same."""
-        if not cfg.evaluation.local:
+        if not evaluation.local:
             return method.evaluate_global(state), {}, 0
         eval_msgs = driver.plan_evaluate(state, rnd)
         eval_down = sum(len(b) for b in eval_msgs.values())
-        once = driver.evaluate_once(state, rnd, sorted(eval_msgs)) if cfg.evaluation.reuse_global else None
+        once = driver.evaluate_once(state, rnd, sorted(eval_msgs)) if evaluation.reuse_global else None
         if once is not None:
             return once[0], once[1], eval_down
         return method.evaluate_global(state), driver.finish_evaluate(rnd, transport.evaluate(rnd, eval_msgs)), eval_down
@@ -277,10 +277,10 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
                            exp.non_participants)
         if failed is not None:
             rec["round_failed"] = failed
-        if scored and cfg.evaluation.keep_best:
+        if scored and evaluation.keep_best:
             keep_if_best(rnd, rec)
         rec.update(transport.round_extra())
-        if cfg.federation.secure_aggregation is not None:
+        if fed.secure_aggregation is not None:
             rec.update(driver.secure_notes)
         rec["server"] = method.diagnostics(state)
         vectors = method.vectors(state) if hasattr(method, "vectors") else {}
@@ -309,41 +309,41 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
             what = "loss" if generation else "accuracy"
             log.info("round %d: best validation %s so far (%.4f), kept in %s", rnd, what, abs(best), run.best_ckpt)
 
-    if start == 1 and cfg.evaluation.round_zero and not any(r["round"] == 0 for r in records):
+    if start == 1 and evaluation.round_zero and not any(r["round"] == 0 for r in records):
         rec = score(0, [], time.perf_counter())  # the initial global state, before any training
         log.info("round 0 (initial state): %s", _scores(rec, generation))
 
-    for rnd in range(start, cfg.federation.rounds + 1):
+    for rnd in range(start, fed.rounds + 1):
         t0 = time.perf_counter()
-        plan = driver.plan_round(state, rnd)
+        sent = driver.plan_round(state, rnd)
         try:
-            if cfg.federation.secure_aggregation is not None:
-                state, clients = driver.finish_secure_round(state, plan, transport.train_secure(rnd, plan.instructions))
+            if fed.secure_aggregation is not None:
+                state, clients = driver.finish_secure_round(state, sent, transport.train_secure(rnd, sent.instructions))
             else:
-                state, clients = driver.finish_round(state, plan, transport.train(rnd, plan.instructions))
+                state, clients = driver.finish_round(state, sent, transport.train(rnd, sent.instructions))
             failed = None
         except RoundFailed as e:  # nothing was applied: the server state is that of the round before
-            if cfg.federation.on_round_failure == "stop":
+            if fed.on_round_failure == "stop":
                 raise
             log.warning("%s: round skipped, server state unchanged (federation.on_round_failure=skip)", e)
             clients, failed = e.records, str(e)
-        rec = score(rnd, clients, t0, rnd % cfg.evaluation.every == 0 or rnd == cfg.federation.rounds, failed)
-        if rnd % cfg.runtime.checkpoint_every == 0 or rnd == cfg.federation.rounds:
+        rec = score(rnd, clients, t0, rnd % evaluation.every == 0 or rnd == fed.rounds, failed)
+        if rnd % plan.runtime.checkpoint_every == 0 or rnd == fed.rounds:
             run.save_checkpoint(rnd, state, transport.client_states(), {"threads": threads, "run_id": run_id})
             transport.checkpointed(kept_round)  # nodes keep their states back to the previous checkpoint's round
             kept_round = rnd
         log.info("round %d: %s up %d B down %d B (%.1fs)", rnd, _scores(rec, generation), rec["bytes_up"],
                  rec["bytes_down"], rec["wall_seconds"])
         bar.advance(rounds_task)
-        if stop_after_round is not None and rnd >= stop_after_round and rnd < cfg.federation.rounds:
+        if stop_after_round is not None and rnd >= stop_after_round and rnd < fed.rounds:
             raise StopAfterRound(f"stopped after round {rnd}")
 
-    suites = (score_suites(cfg.evaluation.suites, exp.classifier, state, run.root, cfg.evaluation.batch_size)
-              if cfg.evaluation.suites else {})
+    suites = (score_suites(evaluation.suites, exp.classifier, state, run.root, evaluation.batch_size)
+              if evaluation.suites else {})
     unchanged = exp.backbone.checksum() == checksum
     if not unchanged:  # would mean a method wrote into the shared frozen model
         log.error("backbone weights changed during the run")
-    summary = build_summary(cfg, records, trainable, exp.backbone.num_parameters, {
+    summary = build_summary(plan.identity, records, trainable, exp.backbone.num_parameters, {
         "backbone_unchanged": unchanged,
         "threads": threads,  # torch threads of the server and every client (runtime.threads, else resolved)
         "failed_rounds": [r["round"] for r in records if "round_failed" in r],
@@ -352,15 +352,15 @@ def _run_rounds(cfg: ExperimentConfig, run: RunDir, exp: Experiment, method: Met
         **({"client_names": dict(enumerate(names))} if (names := exp.client_names()) else {}),
         **({"client_tiers": {c: p.name for c, p in enumerate(exp.profiles) if p is not None}}
            if any(p is not None for p in exp.profiles) else {}),
-        "method_resolved": cfg.method.components(),
+        "method_resolved": plan.method_resolved,
         **global_training(method, state),
-        "preset_overrides": sorted(preset_differences(cfg)),
+        "preset_overrides": list(plan.preset_overrides),
         **payload_split(method, state, driver),
         **transport.summary_extra(),
         **({"suites": suites} if suites else {}),  # evaluation.suites: each suite's scores of the final adapter
     })
     run.write_summary(summary)
-    if cfg.evaluation.report:
+    if evaluation.report:
         write_report_or_warn(run.root)
     tracker.finish(records[-1]["round"] if records else 0, summary,
                    [run.root / "summary.json", run.root / "report.html"])
@@ -387,7 +387,7 @@ def global_training(method: Method, state: Message) -> dict[str, Any]:
     return {"untrained_global": untrained, "global_adapter": kind}
 
 
-def keep_record(run: RunDir, exp: Experiment, resume: bool, cfg: ExperimentConfig) -> str:
+def keep_record(run: RunDir, exp: Experiment, resume: bool, plan: RunPlan) -> str:
     """Write ``model.json`` (what using the run's model needs, the data's fingerprint and the run's id, which every
     checkpoint records); on resume first refuse data that changed since the run started, naming the file, and a
     backbone with other weights. Returns the run id: made when the run starts, from its directory and config, and
@@ -400,7 +400,7 @@ def keep_record(run: RunDir, exp: Experiment, resume: bool, cfg: ExperimentConfi
             raise DataChangedError(f"--resume: the data differ from those the run trained on: {'; '.join(changes)}. "
                                    "Restore them, or start a new run with another --out")
         exp.backbone.check_recorded(saved["backbone"])
-    made = hashlib.sha256(f"{run.root.resolve()}\n{dump_config(cfg.with_absolute_paths())}".encode()).hexdigest()
+    made = hashlib.sha256(f"{run.root.resolve()}\n{plan.config_yaml}".encode()).hexdigest()
     record["run_id"] = (saved or {}).get("run_id") or made[:16]
     run.write_record(record)
     return record["run_id"]

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
-from fedpeft.config import ExperimentConfig
+from fedpeft.config import RuntimeConfig
 from fedpeft.tracking.rundir import RunDir
 
 log = logging.getLogger("fedpeft")
@@ -37,15 +37,15 @@ def default_threads(client_workers: int = 1) -> int:
     return max(1, min(torch.get_num_threads(), usable_cores()) // client_workers)
 
 
-def run_threads(cfg: ExperimentConfig, run: RunDir, resume: bool) -> tuple[int, str]:
+def run_threads(runtime: RuntimeConfig, run: RunDir, resume: bool) -> tuple[int, str]:
     """The run's thread count and where it came from: ``runtime.threads``; on resume the count the run recorded;
     else ``default_threads``."""
-    if cfg.runtime.threads:
-        return cfg.runtime.threads, "runtime.threads"
+    if runtime.threads:
+        return runtime.threads, "runtime.threads"
     recorded = run.checkpoint_meta().get("threads") if resume else None
     if recorded:
         return int(recorded), "recorded when the run started"
-    return default_threads(cfg.runtime.client_workers), "runtime.threads unset: resolved at the start of the run"
+    return default_threads(runtime.client_workers), "runtime.threads unset: resolved at the start of the run"
 
 
 @contextlib.contextmanager
@@ -61,9 +61,9 @@ def using(threads: int) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def for_run(cfg: ExperimentConfig, run: RunDir, resume: bool) -> Iterator[int]:
+def for_run(runtime: RuntimeConfig, run: RunDir, resume: bool) -> Iterator[int]:
     """The run's count (``run_threads``), written to the log and set in this process for the block (``using``)."""
-    threads, source = run_threads(cfg, run, resume)
+    threads, source = run_threads(runtime, run, resume)
     log.info("torch threads: %d (%s), for the server and every client of the run", threads, source)
     with using(threads):
         yield threads

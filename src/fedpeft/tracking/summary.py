@@ -100,9 +100,10 @@ def validation_score(rec: dict[str, Any], generation: bool) -> float | None:
     return rec.get("val_accuracy")
 
 
-def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, backbone_params: int,
-                  extra: dict[str, Any]) -> dict[str, Any]:
-    """Totals over the run; ``upload_ratio_vs_full`` compares with sending every backbone weight in fp32."""
+def build_summary(identity: dict[str, Any], records: list[dict[str, Any]], trainable_params: int,
+                  backbone_params: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """Totals over the run, after ``identity`` (the run's method, task, model, runtime and seed);
+    ``upload_ratio_vs_full`` compares with sending every backbone weight in fp32."""
     accs = [r["accuracy"] for r in records if r["accuracy"] is not None and r["round"] > 0]
     initial = next((r for r in records if r["round"] == 0), None)
     up = sum(r["bytes_up"] for r in records)
@@ -122,11 +123,7 @@ def build_summary(cfg, records: list[dict[str, Any]], trainable_params: int, bac
     classes = ({"confusion_round": scored["round"], "macro_f1": scored.get("macro_f1"), "confusion": scored["confusion"],
                 "per_class": per_class(scored["confusion"], names)} if scored is not None and names else {})
     return {
-        "method": cfg.method.name,
-        "task": cfg.task.name,
-        "model": cfg.model.name,
-        "runtime": cfg.runtime.name,
-        "seed": cfg.seed,
+        **identity,
         "rounds": sum(r["round"] > 0 for r in records),
         "initial_accuracy": initial["accuracy"] if initial else None,
         "final_accuracy": records[-1]["accuracy"] if records else None,

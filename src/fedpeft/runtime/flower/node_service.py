@@ -56,7 +56,7 @@ def _built(config_yaml: str, node_config: dict[str, Any]) -> Built:
     with _PROCESS.lock:
         if config_yaml not in _PROCESS.built:
             cfg = resolve(yaml.safe_load(config_yaml))
-            NodePolicy.from_node_config(node_config).check_config(cfg)
+            NodePolicy.from_node_config(node_config).check_model(cfg.model)
             if "data-dir" in node_config:
                 os.environ[DATA_ENV_VAR] = str(node_config["data-dir"])  # this process's data location
             while len(_PROCESS.built) >= KEEP_BUILT:
@@ -100,7 +100,7 @@ def serve(settings: dict[str, Any], payloads: dict[int, bytes], node_config: dic
         ctx.state = store.load(cid, rnd - 1 if train else rnd)
         try:
             if train:
-                inject(b.cfg.faults, b.cfg.seed, rnd, cid)
+                inject(b.plan.faults, b.plan.seed, rnd, cid)
                 reply.payloads[cid] = handle_train(b.method, payloads[cid], ctx)
                 store.save(cid, rnd, ctx.state)
                 store.prune(cid, int(settings.get("checkpointed_round", 0)))

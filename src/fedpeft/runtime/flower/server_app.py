@@ -17,7 +17,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedpeft.build import build
+from fedpeft.build import build, run_plan
 from fedpeft.config import ExperimentConfig, dump_config
 from fedpeft.resolve import load_config
 from fedpeft.runtime.flower.node_registry import owners
@@ -40,20 +40,20 @@ def serve(grid: Grid, cfg: ExperimentConfig, out_dir: str | Path, resume: bool =
     ``round_timeout`` (seconds) overrides ``federation.round_timeout``. The run's torch thread count
     (``runtime.threads``, else resolved here) goes to every ClientApp with each message. ``registry``: the node
     registry (``runtime.flower.node_registry``) whose bindings of clients to nodes discovery enforces."""
-    config_yaml = dump_config(cfg)
-    with open_run(cfg, out_dir, resume) as run, log_to(run.root / "run.log"), \
-            progress(cfg.runtime.progress) as bar, for_run(cfg, run, resume) as threads:
+    config_yaml, plan = dump_config(cfg), run_plan(cfg)
+    with open_run(plan, out_dir, resume) as run, log_to(run.root / "run.log"), \
+            progress(plan.runtime.progress) as bar, for_run(plan.runtime, run, resume) as threads:
         settings = {"config_yaml": config_yaml, "run_key": run_key(config_yaml, run.root),
                     "state_dir": str((run.root / "client_state").resolve()), "checkpointed_round": 0,
                     "threads": threads}
         b = build(cfg)
-        transport = FlowerTransport(grid, settings, cfg.federation.num_clients,
-                                    round_timeout=round_timeout or cfg.federation.round_timeout,
+        transport = FlowerTransport(grid, settings, plan.federation.num_clients,
+                                    round_timeout=round_timeout or plan.federation.round_timeout,
                                     join_timeout=join_timeout, rejoin_wait=rejoin_wait,
-                                    secure=cfg.federation.secure_aggregation, seed=cfg.seed,
+                                    secure=plan.federation.secure_aggregation, seed=plan.seed,
                                     uniform=b.method.aggregator.uniform_weights,
                                     registered=owners(registry) if registry else None)
-        return run_rounds(cfg, run, b.exp, b.method, transport, resume, stop_after_round, bar, threads)
+        return run_rounds(plan, run, b.exp, b.method, transport, resume, stop_after_round, bar, threads)
 
 
 server_app = ServerApp()

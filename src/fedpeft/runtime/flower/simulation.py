@@ -70,7 +70,7 @@ def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
         out["summary"] = serve(grid, cfg, out_dir, resume=resume, stop_after_round=stop_after_round,
                                join_timeout=120.0)
 
-    threads, _ = run_threads(cfg, RunDir(out_dir), resume)  # what ``serve`` resolves too, in this process
+    threads, _ = run_threads(cfg.runtime, RunDir(out_dir), resume)  # what ``serve`` resolves too, in this process
     actors = num_actors or max(1, min(cfg.federation.num_clients, usable_cores() // threads))
     quiet = not cfg.runtime.progress
     backend = {"client_resources": {"num_cpus": threads, "num_gpus": 0.0},
