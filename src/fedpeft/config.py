@@ -62,15 +62,19 @@ class TaskConfig(_Strict):
     causal_template: str | None = Field(None, min_length=1, description="causal-LM template; the label word "
                                                                         "follows it")
     # generation (instruction tuning): see fedpeft.data.tasks.generation and fedpeft.data.tasks.files
-    kind: Literal["auto", "classification", "generation"] = Field(
-        "auto", description="task kind; auto: file tasks are generation when response_column is set, built-in "
-                            "tasks have their own kind")
+    kind: Literal["auto", "classification", "generation", "preference"] = Field(
+        "auto", description="task kind; auto: file tasks are preference when rejected_column is set, else "
+                            "generation when response_column is set, built-in tasks have their own kind")
     instruction_column: str = Field("instruction", min_length=1, description="file tasks, generation: column of "
                                                                               "the instruction")
     input_column: str | None = Field(None, min_length=1, description="file tasks, generation: optional column of "
                                                                      "the input/context")
     response_column: str | None = Field(None, min_length=1, description="file tasks: column of the response; "
                                                                         "setting it makes the task generation")
+    rejected_column: str | None = Field(None, min_length=1, description="file tasks: column of the rejected "
+                                                                        "response (response_column holds the "
+                                                                        "chosen one); setting it makes the task "
+                                                                        "preference")
     references_column: str | None = Field(None, min_length=1, description="file tasks, generation: several "
                                                                           "reference texts (a list, in csv/tsv a "
                                                                           "JSON array; a string is one)")
@@ -112,7 +116,10 @@ class TaskConfig(_Strict):
         if self.kind == "classification" and self.response_column is not None:
             raise ValueError("task.response_column is set, which makes a generation task, but task.kind is "
                              "'classification'; unset one of them")
-        if self.kind == "generation" and self.max_response_length >= self.max_length:
+        if self.rejected_column is not None and self.kind in ("classification", "generation"):
+            raise ValueError(f"task.rejected_column is set, which makes a preference task, but task.kind is "
+                             f"'{self.kind}'; unset one of them")
+        if self.kind in ("generation", "preference") and self.max_response_length >= self.max_length:
             raise ValueError(f"task.max_response_length ({self.max_response_length}) must be below task.max_length "
                              f"({self.max_length}), which holds prompt and response")
         return self

@@ -22,7 +22,8 @@ LEAST: dict[str, dict[str, dict[str, Any]]] = {
                 "lora_sb": {"r": 2}, "p_tuning": {"num_tokens": 3},
                 "projected_prompt": {"num_tokens": 3, "intrinsic_dim": 8}, "soft_prompt": {"num_tokens": 3}, "template_only": {}, "token_prompt": {"num_tokens": 3}},
     "trainer": {"adam": {"max_steps": 2}, "adamw": {"max_steps": 2}, "sgd": {"max_steps": 2},
-                "cmaes": {"iterations": 2}, "discrete_search": {"steps": 3}, "no-training": {}},
+                "cmaes": {"iterations": 2}, "discrete_search": {"steps": 3}, "no-training": {},
+                "dpo": {"max_steps": 2}},
     "aggregator": {"fedavg": {}, "uniform": {}, "fedavgm": {}, "fedadam": {}, "fedyogi": {}, "fedadagrad": {},
                    "median": {}, "trimmed_mean": {}, "krum": {"num_malicious": 1},
                    "multi_krum": {"num_malicious": 1, "num_selected": 3}, "momentum_cv": {}, "keep-global": {},
@@ -37,7 +38,7 @@ LEAST: dict[str, dict[str, dict[str, Any]]] = {
     "post_tuning": {"none": {}, "bbt": {"iterations": 2, "intrinsic_dim": 8, "popsize": 4, "shots": 2},
                     "gradient": {"steps": 2, "shots": 2}},
     "transforms": {"clip_delta": {"max_norm": 1.0}, "ldp": {"noise": 0.1}, "scale_delta": {"factor": 2.0}},
-    "objective": {"classification": {}, "generation": {}},
+    "objective": {"classification": {}, "generation": {}, "preference": {}},
     "readout": {"linear": {}, "similarity": {}, "verbalizer": {}},
     "tracking": {"mlflow": {}, "tensorboard": {}, "wandb": {}},
 }
@@ -108,7 +109,12 @@ def adapter_case(name: str) -> AdapterCase:
 TRAINER_CASES: dict[str, tuple[str, str]] = {
     "adam": ("soft_prompt", "fedavg"), "adamw": ("lora", "fedavg"), "sgd": ("deep_prompt", "fedavg"),
     "cmaes": ("projected_prompt", "fedavg"), "discrete_search": ("token_prompt", "uniform"),
-    "no-training": ("template_only", "keep-global"),
+    "no-training": ("template_only", "keep-global"), "dpo": ("lora", "fedavg"),
+}
+# trainer -> the task and model it needs where the default tiny classification task does not serve
+TRAINER_TASKS: dict[str, dict[str, Any]] = {
+    "dpo": {"task.name": "synthetic-preference", "model.name": "tiny-llama", "task.max_length": 32,
+            "task.max_response_length": 8},
 }
 
 

@@ -13,7 +13,7 @@ from fedpeft.experiment import build_experiment
 from fedpeft.resolve import load_config
 from fedpeft.trainers import TRAINERS
 
-from tests.conformance.cases import least, trainer_case
+from tests.conformance.cases import TRAINER_TASKS, least, trainer_case
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,6 +29,7 @@ def _one_round_method(name: str):
             "federation.rounds": 1, "task.num_examples": 60}
     over |= {f"method.adapter.{k}": v for k, v in least("adapter", adapter).items()}
     over |= {f"method.trainer.{k}": v for k, v in least("trainer", name).items()}
+    over |= TRAINER_TASKS.get(name, {})
     cfg = load_config(None, tiny_overrides(**{k.replace(".", "__"): v for k, v in over.items()}))
     exp = build_experiment(cfg)
     method = build_method(cfg, exp)
@@ -72,5 +73,5 @@ def test_the_update_format_carries_a_valid_reply_and_an_unchanged_start_decodes_
     rows = len(next(iter(start.values())))  # the token search's outputs for a prompt left as received
     unchanged = Update(0, dict(start), 1, {"token_ids": torch.zeros(rows, dtype=torch.long),
                                           "changed": torch.zeros(rows, dtype=torch.bool)})
-    back = method.format.decode(method.format.upload(unchanged), start).tensors
+    back = method.format.decode(method.format.upload(unchanged, start), start).tensors
     assert back.keys() == start.keys() and all(torch.equal(back[k].float(), start[k].float()) for k in start)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -66,19 +66,29 @@ class PromptFormat:
         return cls(tok, chat, prompt_template, lead)
 
     def segments(self, ex: Example) -> list[tuple[str, str]]:
-        """(kind, text) pieces of ``ex``'s prompt: ``lit`` (template text) or a field with its value."""
+        """(kind, text) pieces of ``ex``'s prompt: ``lit`` (template text) or a field with its value; a dialogue's
+        earlier turns (``Example.history``) come first, each a ``history`` field, in the chat template's turns (or,
+        without one, as ``User:``/``Assistant:`` lines before the prompt)."""
         instruction, context = ex.text_a, ex.text_b or ""
         if self.chat:
-            rendered = self.tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}],
+            marks = [f"\u2063FEDPEFT_TURN{i}\u2063" for i in range(len(ex.history))]
+            messages = [{"role": role, "content": m} for (role, _), m in zip(ex.history, marks)]
+            rendered = self.tokenizer.apply_chat_template(messages + [{"role": "user", "content": _SENTINEL}],
                                                           add_generation_prompt=True, tokenize=False)
+            parts: list[tuple[str, str]] = []
+            for (_, text), mark in zip(ex.history, marks):
+                head, rendered = rendered.split(mark)
+                parts += [("lit", head), ("history", text)]
             head, tail = rendered.split(_SENTINEL)
-            parts = [("lit", head), ("instruction", instruction)]
+            parts += [("lit", head), ("instruction", instruction)]
             if context:
                 parts += [("lit", "\n\n"), ("input", context)]
-            return parts + [("lit", tail)]
+            return [p for p in parts if p != ("lit", "")] + [("lit", tail)]
+        turns = [piece for role, text in ex.history
+                 for piece in (("lit", f"{role.capitalize()}: "), ("history", text), ("lit", "\n\n"))]
         template = self.template or (ALPACA if context else ALPACA_NO_INPUT)
         values = {"instruction": instruction, "input": context}
-        return [(k, s if k == "lit" else values[k]) for k, s in template_segments(template, _FIELD)]
+        return turns + [(k, s if k == "lit" else values[k]) for k, s in template_segments(template, _FIELD)]
 
     def prompt_text(self, ex: Example) -> str:
         """The prompt as one string (what ``fedpeft generate`` shows a user)."""
@@ -133,6 +143,53 @@ def cut_fields(fields: dict[int, list[int]], budget: int, truncation: str = "kee
     return cut
 
 
+def response_ids(tok, text: str | None, end: int, max_response_length: int, cuts: Cuts) -> list[int]:
+    """A response's ids and the end token, cut at ``max_response_length`` (counted in ``cuts``)."""
+    ids = tok(text or "", add_special_tokens=False, verbose=False)["input_ids"] + [end]
+    if len(ids) > max_response_length:
+        ids, cuts.responses = ids[:max_response_length], cuts.responses + 1
+    return ids
+
+
+def prompt_ids(tok, fmt: PromptFormat, ex: Example, max_length: int, reserved: int, max_response_length: int,
+               lit_cache: dict[str, list[int]], truncation: str) -> tuple[list[int], list[str]]:
+    """``ex``'s prompt ids in ``max_length - reserved`` tokens (its fields cut, ``cut_fields``; ``reserved``: the
+    response's) and the kinds of the fields cut. Where the template's own text leaves no room, a dialogue loses its
+    oldest exchanges (user and assistant turn) first, counted as a cut of its history; ValueError naming
+    ``task.max_length`` when the template and the response still leave no token for the prompt's fields."""
+    dropped = False
+    while True:
+        segs = fmt.segments(ex)
+        pieces: list[list[int]] = []
+        fields: dict[int, list[int]] = {}
+        for i, (kind, text) in enumerate(segs):
+            if kind == "lit":
+                if text not in lit_cache:
+                    lit_cache[text] = tok(text, add_special_tokens=False)["input_ids"]
+                pieces.append(lit_cache[text])
+            else:
+                fields[i] = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+                pieces.append(fields[i])
+        fixed = len(fmt.lead) + sum(len(p) for i, p in enumerate(pieces) if i not in fields)
+        budget = max_length - fixed - reserved
+        if budget >= 1 or not ex.history:
+            break
+        ex, dropped = replace(ex, history=ex.history[2:]), True
+    if budget < 1:
+        raise ValueError(f"task.max_length {max_length} leaves no room for the prompt: the template takes {fixed} "
+                         f"tokens and the response {reserved} (task.max_response_length {max_response_length}); "
+                         "raise task.max_length or lower task.max_response_length")
+    cut = [segs[i][0] for i in cut_fields(fields, budget, truncation)] + (["history"] if dropped else [])
+    return list(fmt.lead) + [t for i, p in enumerate(pieces) for t in (fields.get(i, p))], sorted(set(cut))
+
+
+def count_cut(cuts: Cuts, cut: list[str]) -> None:
+    """Count one prompt's cut fields (``prompt_ids``) in ``cuts``."""
+    for kind in cut:
+        cuts.fields[kind] = cuts.fields.get(kind, 0) + 1
+    cuts.prompts += bool(cut)
+
+
 def encode_instructions(backbone: Backbone, fmt: PromptFormat, examples: list[Example], max_length: int,
                         max_response_length: int, with_response: bool = True,
                         truncation: str = "keep_start") -> Encoded:
@@ -148,32 +205,11 @@ def encode_instructions(backbone: Backbone, fmt: PromptFormat, examples: list[Ex
     for ex in examples:
         response: list[int] = []
         if with_response:
-            response = tok(ex.target or "", add_special_tokens=False, verbose=False)["input_ids"] + [end]
-            if len(response) > max_response_length:
-                response, cuts.responses = response[:max_response_length], cuts.responses + 1
-        segs = fmt.segments(ex)
-        pieces: list[list[int]] = []
-        fields: dict[int, list[int]] = {}
-        for i, (kind, text) in enumerate(segs):
-            if kind == "lit":
-                if text not in lit_cache:
-                    lit_cache[text] = tok(text, add_special_tokens=False)["input_ids"]
-                pieces.append(lit_cache[text])
-            else:
-                fields[i] = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
-                pieces.append(fields[i])
-        fixed = len(fmt.lead) + sum(len(p) for i, p in enumerate(pieces) if i not in fields)
-        budget = max_length - fixed - len(response)
-        if budget < 1:
-            raise ValueError(f"task.max_length {max_length} leaves no room for the prompt: the template takes {fixed} "
-                             f"tokens and the response {len(response)} (task.max_response_length "
-                             f"{max_response_length}); raise task.max_length or lower task.max_response_length")
-        cut = cut_fields(fields, budget, truncation)
-        for i in cut:
-            cuts.fields[segs[i][0]] = cuts.fields.get(segs[i][0], 0) + 1
-        cuts.prompts += bool(cut)
+            response = response_ids(tok, ex.target, end, max_response_length, cuts)
+        prompt, cut = prompt_ids(tok, fmt, ex, max_length, len(response), max_response_length, lit_cache,
+                                 truncation)
+        count_cut(cuts, cut)
         prompt_cut.append(bool(cut))
-        prompt = list(fmt.lead) + [t for i, p in enumerate(pieces) for t in (fields.get(i, p))]
         ids_all.append(prompt + response)
         starts.append(len(prompt))
     if cuts.prompts or cuts.responses:

@@ -13,6 +13,8 @@ class Example:
 
     Generation tasks: ``text_a`` is the instruction, ``text_b`` the input/context (None when empty), ``label`` 0,
     ``target`` the response the model learns to write and ``references`` every reference text (empty: just target).
+    Preference tasks: ``target`` is the chosen response and ``rejected`` the rejected one; ``history`` the dialogue's
+    earlier turns as (role, text) pairs, role "user" or "assistant" (rendered in the model's chat template).
     """
 
     text_a: str
@@ -21,6 +23,8 @@ class Example:
     group: str | None = None
     target: str | None = None
     references: tuple[str, ...] = ()
+    rejected: str | None = None
+    history: tuple[tuple[str, str], ...] = ()
 
     @property
     def domain(self) -> str | None:
@@ -41,7 +45,8 @@ class TaskData:
 
     ``template`` is for masked LMs and must contain ``{mask}``; ``causal_template`` ends where the
     label word is predicted as the next token. Both use ``{text_a}`` and, for pairs, ``{text_b}``.
-    ``kind`` is "classification" or "generation"; a generation task has no classes (empty class names, label
+    ``kind`` is "classification", "generation" or "preference" (pairs of a chosen and a rejected response to one
+    prompt, for preference optimisation); a generation or preference task has no classes (empty class names, label
     words and descriptions) and its ``prompt_template`` (``{instruction}``, ``{input}``; None: the model's chat
     template or the built-in default) frames each example's instruction and input.
     """
@@ -57,7 +62,7 @@ class TaskData:
     is_pair: bool = False
     info: dict[str, str] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)  # the user's data files read (fingerprinted by a run)
-    kind: str = "classification"  # or "generation"
+    kind: str = "classification"  # or "generation", "preference"
     prompt_template: str | None = None  # generation: user prompt with {instruction} and {input}
     truncation: str = "keep_start"  # generation: where a too-long prompt's fields are cut (task.truncation)
 
@@ -67,8 +72,14 @@ class TaskData:
 
     @property
     def is_generation(self) -> bool:
-        """True for instruction/response tasks (causal-LM fine-tuning), False for classification."""
-        return self.kind == "generation"
+        """True for the text tasks of a causal LM (instruction/response generation and preference pairs): no
+        classes, prompts in the model's chat template; False for classification."""
+        return self.kind in ("generation", "preference")
+
+    @property
+    def is_preference(self) -> bool:
+        """True for preference tasks (a chosen and a rejected response per prompt)."""
+        return self.kind == "preference"
 
     SPEC_FIELDS = ("name", "class_names", "label_words", "label_descriptions", "template", "causal_template",
                    "is_pair", "kind", "prompt_template", "truncation")

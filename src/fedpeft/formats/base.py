@@ -36,8 +36,9 @@ class UpdateFormat(Protocol):
         """Client side: the tensors a client starts from (or is scored with), read from its instruction."""
         ...
 
-    def upload(self, update: Update) -> Update:
-        """Client side: the reply cut from the trainer's whole result (``LocalTrainer.fit``)."""
+    def upload(self, update: Update, received: Params) -> Update:
+        """Client side: the reply cut from the trainer's whole result (``LocalTrainer.fit``); ``received``: the
+        tensors the client was sent (a tensor kept private, never sent, is never uploaded in any form)."""
         ...
 
     def reply(self, shared: Shapes) -> ReplyFormat:
@@ -65,7 +66,7 @@ class TensorFormat:
     def start(self, instruction: Message) -> Params:
         return floats(instruction.tensors)
 
-    def upload(self, update: Update) -> Update:
+    def upload(self, update: Update, received: Params) -> Update:
         return update
 
     def reply(self, shared: Shapes) -> ReplyFormat:

@@ -67,7 +67,7 @@ class DistributionFormat:
     def start(self, instruction: Message) -> Params:
         return {Z: instruction.tensors["mean"]}
 
-    def upload(self, update: Update) -> Update:
+    def upload(self, update: Update, received: Params) -> Update:
         """C9-C10: z^k and the loss; with (sigma^k, C^k) against FedAvg, with the step sizes against the server
         CMA-ES (which keeps C itself)."""
         t, aux = update.tensors, update.aux_tensors

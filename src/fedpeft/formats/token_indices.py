@@ -30,10 +30,11 @@ class TokenIndexFormat(TensorFormat):
     def __init__(self, upload: Literal["indices", "rows"], vocabulary: Callable[[], Any]) -> None:
         self.upload_as, self.vocabulary = upload, vocabulary
 
-    def upload(self, update: Update) -> Update:
-        """Alg. 4 Encode_Upload from the searched prompt's token ids and changed rows (or the rows themselves)."""
+    def upload(self, update: Update, received: Params) -> Update:
+        """Alg. 4 Encode_Upload from the searched prompt's token ids and changed rows (or the rows themselves); none
+        where the prompt is kept private (local-only)."""
         aux = update.aux_tensors
-        if self.upload_as == "rows":
+        if self.upload_as == "rows" or PROMPT not in received:
             tensors = {PROMPT: update.tensors[PROMPT]}
         else:
             tensors = {TOKENS: encode_tokens(aux[TOKEN_IDS], aux[CHANGED], self.vocabulary().table.shape[0])}
@@ -41,13 +42,15 @@ class TokenIndexFormat(TensorFormat):
         return Update(update.client, tensors, update.weight, rest, update.scalars)
 
     def reply(self, shared: Shapes) -> ReplyFormat:
+        if PROMPT not in shared:
+            return ReplyFormat({})  # kept private (local-only): nothing goes up
         if self.upload_as == "rows":
             return ReplyFormat({PROMPT: tuple(shared[PROMPT])})
         return ReplyFormat({TOKENS: (shared[PROMPT][0],)}, {},
                            {TOKENS: index_dtype(self.vocabulary().table.shape[0])})
 
     def check(self, reply: Message) -> None:
-        if self.upload_as == "rows":
+        if self.upload_as == "rows" or TOKENS not in reply.tensors:
             return  # the schema fixed the shape; non-finite rows are rejected with every float reply
         vocab = self.vocabulary()
         size = vocab.table.shape[0]
@@ -59,7 +62,7 @@ class TokenIndexFormat(TensorFormat):
 
     def decode(self, update: Update, shared: Params) -> Update:
         """Rows of the sender's prompt: e(V)[index], or the prompt the server sent for the sentinel."""
-        if self.upload_as == "rows":
+        if self.upload_as == "rows" or TOKENS not in update.tensors:
             return update
         prompt = decode_tokens(update.tensors[TOKENS], shared[PROMPT].float(), self.vocabulary().table)
         return update.with_tensors({PROMPT: prompt})

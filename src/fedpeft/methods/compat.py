@@ -28,8 +28,33 @@ def is_generation_config(cfg: ExperimentConfig) -> bool:
     """Whether the configured task is a generation task (known from the config, before any data is read)."""
     from fedpeft.data.tasks.files import is_generation
     from fedpeft.data.tasks.generation import GENERATION_TASKS
+    from fedpeft.data.tasks.preference import PREFERENCE_TASKS
 
-    return cfg.task.name in GENERATION_TASKS or is_generation(cfg.task)
+    return cfg.task.name in GENERATION_TASKS + PREFERENCE_TASKS or is_generation(cfg.task)
+
+
+def is_preference_config(cfg: ExperimentConfig) -> bool:
+    """Whether the configured task is a preference task (known from the config, before any data is read)."""
+    from fedpeft.data.tasks.files import is_preference
+    from fedpeft.data.tasks.preference import PREFERENCE_TASKS
+
+    return cfg.task.name in PREFERENCE_TASKS or is_preference(cfg.task)
+
+
+def check_preference(cfg: ExperimentConfig) -> None:
+    """A preference task is trained and scored by a preference trainer, which compares the adapted model with the
+    frozen backbone; that trainer needs preference pairs."""
+    preference = is_preference_config(cfg)
+    trainer = cfg.method.trainer.name
+    learns_preferences = TRAINERS.get(trainer).preference
+    if preference and not learns_preferences:
+        able = sorted(n for n in TRAINERS.names() if TRAINERS.get(n).preference)
+        raise ValueError(f"method.trainer.name: task '{cfg.task.name}' holds preference pairs, which a preference "
+                         f"trainer learns from ({', '.join(able)}), not '{trainer}' (the preset feddpo sets one)")
+    if not preference and learns_preferences:
+        raise ValueError(f"method.trainer.name: '{trainer}' learns from preference pairs (a chosen and a rejected "
+                         f"response); task '{cfg.task.name}' has none (hh-rlhf, or a file task with "
+                         "task.rejected_column)")
 
 
 # settings that only classification reads, with the value a generation task needs
@@ -54,6 +79,7 @@ def check_generation(cfg: ExperimentConfig) -> None:
 def check_combination(cfg: ExperimentConfig) -> None:
     if is_generation_config(cfg):
         check_generation(cfg)
+    check_preference(cfg)
     AGGREGATORS.get(cfg.method.aggregator.name).check_federation(cfg.method.aggregator.typed_settings,
                                                                  cfg.federation.num_clients)
     if cfg.model.quantization != "none" and cfg.runtime.device == "cpu":

@@ -273,7 +273,7 @@ class ComposedMethod:
         begin = start if plan.params is None else plan.params
         result, trainer_state = self.trainer.fit(begin, instruction, client, round, sub_state(client.state, OPT),
                                                  frozen=plan.frozen, static=plan.static, penalty=plan.penalty)
-        update = self.format.upload(result)
+        update = self.format.upload(result, received)
         trained = update.tensors
         private = set(start) - set(received)  # kept on the device, never uploaded
         update = update.with_tensors({k: v for k, v in trained.items() if k not in private})

@@ -30,11 +30,11 @@ class Evaluation:
 
     def with_classes(self, metrics: dict[str, Any], data: Any) -> dict[str, Any]:
         """``metrics`` with its ``predictions`` replaced by the macro-F1 and confusion matrix they give (generation
-        tasks: by the loss per natural client of the test set)."""
+        and preference tasks: by the metrics per natural client of the test set)."""
         preds = metrics.pop("predictions", None)
         if preds is None:
             return metrics
-        if self.clf.kind == "generation":
+        if self.clf.kind != "classification":
             test = data is self.exp.test_encoded
             return metrics | (by_group(self.clf, preds, self.exp.task.test, self.seen_groups()) if test else {})
         return metrics | class_metrics(data.labels, preds, self.clf.task.num_classes)

@@ -2,7 +2,9 @@
 
 ``OBJECTIVES`` maps a task kind to its objective: ``classification`` (class logits through a readout:
 similarity, verbalizer or linear head, optionally calibrated; ``model.classifier``) and ``generation`` (token
-cross-entropy on the response tokens of a causal LM, and greedy decoding; ``model.language_model``). Every
+cross-entropy on the response tokens of a causal LM, and greedy decoding; ``model.language_model``) and
+``preference`` (the log-likelihoods of a chosen and a rejected response under the adapted model and under the
+frozen backbone as reference, for preference trainers; ``model.preference``). Every
 objective shares the forward pass of ``model.forward.AdaptedModel`` and offers trainers one contract:
 ``encode``, ``batch``, ``outputs`` then ``loss`` (gradient trainers), ``evaluate``, ``init_params``.
 """
@@ -15,6 +17,7 @@ from typing import Any
 from fedpeft.config import ModelConfig
 from fedpeft.model.classifier import Classifier
 from fedpeft.model.language_model import LanguageModel
+from fedpeft.model.preference import PreferenceModel
 from fedpeft.registry import Registry
 
 OBJECTIVES: Registry[Any] = Registry("objective")  # task kind -> builder(backbone, adapter, task, settings)
@@ -46,4 +49,11 @@ def build_language_model(backbone, adapter, task, settings: ObjectiveSettings) -
                          settings.autocast, padding_free=settings.padding_free)
 
 
-__all__ = ["OBJECTIVES", "Classifier", "LanguageModel", "ObjectiveSettings"]
+@OBJECTIVES.register("preference", "log-likelihoods of a chosen and a rejected response, the adapted model against "
+                                   "the frozen backbone (reference); for preference trainers (dpo)")
+def build_preference_model(backbone, adapter, task, settings: ObjectiveSettings) -> PreferenceModel:
+    return PreferenceModel(backbone, adapter, task, settings.max_length, settings.max_response_length,
+                           settings.autocast, padding_free=settings.padding_free)
+
+
+__all__ = ["OBJECTIVES", "Classifier", "LanguageModel", "ObjectiveSettings", "PreferenceModel"]

@@ -369,7 +369,10 @@ def _run_rounds(plan: RunPlan, run: RunDir, exp: Experiment, method: Method, tra
 
 def _scores(rec: dict[str, Any], generation: bool) -> str:
     """A round's log line of scores: accuracy and loss; a generation run's loss, perplexity and, where it decoded,
-    BLEU (its accuracy is next-token accuracy, no headline)."""
+    BLEU (its accuracy is next-token accuracy, no headline); a preference run's reward accuracy, loss and margin."""
+    if "reward_margin" in rec:
+        return (f"reward accuracy {_fmt(rec['accuracy'])} loss {_fmt(rec['loss'])} "
+                f"margin {_fmt(rec['reward_margin'])}")
     if not generation:
         return f"accuracy {_fmt(rec['accuracy'])} loss {_fmt(rec['loss'])}"
     bleu = (rec.get("generation") or {}).get("bleu")

@@ -110,6 +110,7 @@ class TrainerBase:
     provides: ClassVar[frozenset[str]] = frozenset()
     summable: ClassVar[bool] = True  # its update tensors can be summed across clients (secure aggregation)
     forward_only: ClassVar[bool] = False  # it never computes a gradient (black-box access to the model suffices)
+    preference: ClassVar[bool] = False  # it learns from preference pairs (a preference task's trainer)
 
     @classmethod
     def summable_with(cls, settings: Any) -> bool:

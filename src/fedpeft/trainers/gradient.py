@@ -14,7 +14,7 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -122,14 +122,17 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
                 generator: torch.Generator, optimizer_state: dict[str, torch.Tensor] | None = None,
                 frozen: dict[str, torch.Tensor] | None = None, static: Params | None = None,
                 together: ForwardGather | None = None, client: int = 0,
-                penalty: Penalty | None = None) -> TrainResult:
+                penalty: Penalty | None = None, loss: Callable[[Any, dict], torch.Tensor] | None = None,
+                batch_of: Callable[[Encoded, list[int]], dict] | None = None) -> TrainResult:
     """Train copies of ``params`` on ``data`` (on the classifier's device); shuffling comes from ``generator``.
 
     Entries where ``frozen`` is True get no gradient and are restored after every step (weight decay and
     optimizer state cannot move them: head pruning's frozen slices, spec A4). ``static``: backbone weights that
     replace the frozen ones in every forward of this client (physically pruned heads). ``together``: the group
     whose forward and backward each step shares (as client ``client``). ``penalty(tensors)`` is added to every
-    step's loss (HetLoRA's tail-norm regulariser)."""
+    step's loss (HetLoRA's tail-norm regulariser). ``loss(outputs, batch)`` and ``batch_of(data, rows)`` replace the
+    objective's loss and batching (a preference trainer's loss, and the reference it adds to each batch)."""
+    objective_loss = loss
     fixed = set(clf.adapter.fixed(params))  # part of the adapter, never trained (LoRA-SB's B and A)
     names = sorted(k for k in params if k not in fixed)
     work = {k: params[k].detach().to(clf.device, torch.float32).clone().requires_grad_(True) for k in names}
@@ -153,10 +156,10 @@ def train_local(clf: Classifier, params: Params, data: Encoded, optimizer: str, 
         if len(order) < cfg.batch_size:  # new pass over the data; the tail of the last pass is kept
             order = torch.cat([order, torch.randperm(n, generator=generator)])
         idx, order = order[: min(cfg.batch_size, n)], order[min(cfg.batch_size, n):]
-        batch = clf.batch(data, idx.tolist())
+        batch = (batch_of or clf.batch)(data, idx.tolist())
 
         def loss_of(outputs, b: dict[str, torch.Tensor] = batch) -> torch.Tensor:
-            loss = clf.loss(outputs, b)
+            loss = (objective_loss or clf.loss)(outputs, b)
             if anchor is not None:  # FedProx Eq. 2
                 loss = loss + 0.5 * cfg.prox_mu * sum(((work[k] - anchor[k]) ** 2).sum() for k in names)
             if penalty is not None:

@@ -7,7 +7,8 @@ users with a network; ``csv``, ``tsv``, ``jsonl`` and ``parquet`` read the user'
 ``max_test`` with seeded stratified sampling, per domain for ``sentiment-domains``, and finally the readout
 overrides ``task.label_words``, ``label_descriptions``, ``template`` and ``causal_template`` (any task).
 
-Generation tasks (``webnlg``, ``dolly``, file tasks with ``task.response_column``) have no classes: ``max_train``
+Generation tasks (``webnlg``, ``dolly``, file tasks with ``task.response_column``) and preference tasks (``hh-rlhf``,
+file tasks with ``task.rejected_column`` too) have no classes: ``max_train``
 and ``max_test`` draw plain seeded samples (per category for the built-in ones), ``few_shot`` and the readout keys
 are refused, and ``task.prompt_template`` replaces the task's prompt template.
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from fedpeft.config import ConfigError, TaskConfig
 from fedpeft.data.partition import few_shot_indices, stratified_subsample
-from fedpeft.data.tasks import bbc, benchmarks, domains, generation, synthetic_tasks  # noqa: F401  (registration)
+from fedpeft.data.tasks import bbc, benchmarks, domains, generation, preference, synthetic_tasks  # noqa: F401  (registration)
 from fedpeft.data.tasks.base import SPLIT_SEED, TASKS, TaskSpec, domains_of, groups_of, labels_of
 from fedpeft.data.tasks.bbc import bbc_data_dir, read_bbc
 from fedpeft.data.tasks.files import FORMATS, load_file_task
@@ -36,7 +37,7 @@ __all__ = ["SPLIT_SEED", "TASKS", "TaskSpec", "bbc_data_dir", "domains_of", "gro
            "load_task", "plain_subsample", "read_bbc"]
 
 FILE_ONLY = ("test_path", "text_column", "text_pair_column", "label_column", "label_names", "encoding",
-             "instruction_column", "input_column", "response_column", "references_column")
+             "instruction_column", "input_column", "response_column", "rejected_column", "references_column")
 CLASSIFICATION_ONLY = ("label_words", "label_descriptions", "template", "causal_template")  # the readout keys
 
 

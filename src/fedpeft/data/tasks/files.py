@@ -9,9 +9,12 @@ raise ``ConfigError`` naming the field and the file, and the line (row for parqu
 
 Generation (instruction-tuning) files: ``task.response_column`` set (or ``task.kind: generation``) reads
 ``task.instruction_column``, optionally ``task.input_column`` and ``task.references_column``, instead of text and
-label columns; the test split is then a plain seeded one (there are no classes to stratify).
+label columns; the test split is then a plain seeded one (there are no classes to stratify). Preference files:
+``task.rejected_column`` set too (or ``task.kind: preference``): each row is a prompt (``task.instruction_column``),
+its chosen response (``task.response_column``) and its rejected one; a file without the prompt column holds whole
+dialogues as HH-RLHF writes them (``preference``: split at the last assistant turn).
 
-Long because the four formats and the two task kinds share one validation path, whose errors name the field,
+Long because the four formats and the three task kinds share one validation path, whose errors name the field,
 the file and the line.
 """
 
@@ -23,6 +26,7 @@ import json
 import math
 import re
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +35,7 @@ import numpy as np
 
 from fedpeft.config import ConfigError, TaskConfig
 from fedpeft.data.tasks.base import PAIR_TEMPLATE, TASKS, default_label_words, plain_split, stratified_split
+from fedpeft.data.tasks.preference import SkippedPair, preference_pair, preference_task, prompt_pair
 from fedpeft.data.types import Example, TaskData
 
 FORMATS = ("csv", "tsv", "jsonl", "parquet")
@@ -256,9 +261,15 @@ def _split(examples: list[Example], cfg: TaskConfig, path: Path) -> tuple[list[E
 # ---------------------------------------------------------------- generation rows
 
 
+def is_preference(cfg: TaskConfig) -> bool:
+    """Whether a file task is a preference task: ``task.kind`` preference, or auto with a rejected column."""
+    return cfg.kind == "preference" or (cfg.kind == "auto" and cfg.rejected_column is not None)
+
+
 def is_generation(cfg: TaskConfig) -> bool:
-    """Whether a file task is a generation task: ``task.kind`` generation, or auto with a response column."""
-    return cfg.kind == "generation" or (cfg.kind == "auto" and cfg.response_column is not None)
+    """Whether a file task is a text task of a causal LM (generation or preference): ``task.kind`` generation or
+    preference, or auto with a response column."""
+    return cfg.kind in ("generation", "preference") or (cfg.kind == "auto" and cfg.response_column is not None)
 
 
 _CLASSIFICATION_KEYS = ("text_column", "text_pair_column", "label_column", "label_names")
@@ -272,6 +283,10 @@ def check_file_kind(cfg: TaskConfig) -> None:
     if cfg.kind == "generation" and cfg.response_column is None:
         raise ConfigError(f"task.response_column: task.kind is 'generation' but no response column is set; name the "
                           f"column of the responses in the {cfg.name} file(s)")
+    if is_preference(cfg) and (cfg.response_column is None or cfg.rejected_column is None):
+        raise ConfigError(f"task.{'response' if cfg.response_column is None else 'rejected'}_column: a preference "
+                          f"file task names the column of the chosen responses (task.response_column) and of the "
+                          f"rejected ones (task.rejected_column) in the {cfg.name} file(s)")
     for key in _CLASSIFICATION_KEYS if generation else _GENERATION_KEYS:
         if getattr(cfg, key) != defaults[key].default:
             what, hint = (("classification", "leave it unset (task.response_column makes this a generation task)")
@@ -362,6 +377,62 @@ def _load_generation(cfg: TaskConfig, tables: list[Table], test_p: Path | None,
                     files=[str(t.path.absolute()) for t in tables])
 
 
+def _preference_examples(table: Table, cfg: TaskConfig, group_column: str | None, skipped: Counter) -> list[Example]:
+    """One pair per row: the prompt of ``task.instruction_column`` with the chosen (``task.response_column``) and
+    rejected (``task.rejected_column``) responses; a file without the prompt column holds whole dialogues as
+    HH-RLHF writes them (split at the last assistant turn). Pairs without a preference are skipped and counted."""
+    assert cfg.response_column is not None and cfg.rejected_column is not None
+    dialogues = cfg.instruction_column not in table.columns
+    _need_columns(table, {"task.instruction_column": None if dialogues else cfg.instruction_column,
+                          "task.response_column": cfg.response_column, "task.rejected_column": cfg.rejected_column,
+                          "federation.partition.column": group_column})
+    out = []
+    for where, row in table.rows:
+        texts = {}
+        for key, col in (("response_column", cfg.response_column), ("rejected_column", cfg.rejected_column),
+                         *(() if dialogues else (("instruction_column", cfg.instruction_column),))):
+            value = row.get(col)
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                raise ConfigError(f"task.{key}: {where} has no value for '{col}' (a missing key or an empty cell); "
+                                  "fill it in or remove the row")
+            texts[key] = str(value)
+        group = None if group_column is None else _cell(row.get(group_column))
+        if group_column is not None and not group:
+            raise ConfigError(f"federation.partition.column: {where} has no value in column '{group_column}'; "
+                              "fill it in or remove the row")
+        try:
+            if dialogues:
+                out.append(preference_pair(texts["response_column"], texts["rejected_column"], group, where))
+            else:
+                out.append(prompt_pair(texts["instruction_column"].strip(), texts["response_column"].strip(),
+                                       texts["rejected_column"].strip(), group, where))
+        except SkippedPair as skip:
+            skipped[skip.reason] += 1
+        except ValueError as err:
+            raise ConfigError(f"task.response_column: {err}") from None
+    return out
+
+
+def _load_preference(cfg: TaskConfig, tables: list[Table], test_p: Path | None,
+                     group_column: str | None) -> TaskData:
+    """The preference task of the files read: the test file's pairs, else a plain seeded test_fraction split."""
+    skipped: Counter = Counter()
+    splits = [_preference_examples(t, cfg, group_column, skipped) for t in tables]
+    train_p = tables[0].path
+    if len(splits) == 2:
+        train, test = splits
+    else:
+        try:
+            train, test = plain_split(splits[0], cfg.test_fraction)
+        except ValueError as err:
+            raise ConfigError(f"task.test_fraction: cannot split the {len(splits[0])} pairs of {train_p} ({err}); "
+                              "add rows or give task.test_path") from None
+    data = preference_task(cfg.name, train, test, [t.path for t in tables], skipped, source=str(train_p),
+                           test=str(test_p) if test_p else f"split {cfg.test_fraction}")
+    data.prompt_template = cfg.prompt_template
+    return data
+
+
 # ---------------------------------------------------------------- the task
 
 
@@ -406,6 +477,8 @@ def load_file_task(cfg: TaskConfig, group_column: str | None = None) -> TaskData
     check_file_kind(cfg)
     train_p, test_p = file_paths(cfg)
     tables = [read_table(p, fmt, cfg.encoding) for p in (train_p, test_p) if p is not None]
+    if is_preference(cfg):
+        return _load_preference(cfg, tables, test_p, group_column)
     if is_generation(cfg):
         return _load_generation(cfg, tables, test_p, group_column)
     raw = [list(_raw_examples(t, cfg, group_column)) for t in tables]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -14,9 +15,11 @@ from fedpeft.data.tasks.base import (
     TASKS,
     TaskLoader,
     TaskSpec,
+    plain_split,
     sentiment_spec,
     stratified_split,
 )
+from fedpeft.data.tasks.preference import preference_task
 from fedpeft.data.types import Example, TaskData
 
 # ---------------------------------------------------------------- synthetic tasks
@@ -81,3 +84,27 @@ TASKS.add(
 )
 
 
+def synthetic_preference(n: int, rng: np.random.Generator) -> list[Example]:
+    """``n`` prompts of filler words, one of three groups each; the chosen reply agrees ("yes, ...") and the rejected
+    one refuses ("no, ..."), both ending in the same words: a preference a tiny model can learn."""
+    words = ["apple", "river", "stone", "cloud", "green", "music", "table", "light", "paper", "smile"]
+    out = []
+    for i in range(n):
+        body = " ".join(rng.choice(words, size=4))
+        tail = " ".join(rng.choice(words, size=2))
+        out.append(Example(f"please answer: {body}", 0, None, TOPIC_NAMES[i % 3], target=f"yes, {tail}",
+                           rejected=f"no, {tail}"))
+    return out
+
+
+def _load_synthetic_preference(cfg: TaskConfig, seed: int) -> TaskData:
+    examples = synthetic_preference(cfg.num_examples, np.random.default_rng([seed, zlib.crc32(b"preference")]))
+    train, test = plain_split(examples, cfg.test_fraction, seed)
+    return preference_task("synthetic-preference", train, test, [], Counter(), generator=f"seed {seed}")
+
+
+TASKS.add(
+    "synthetic-preference",
+    _load_synthetic_preference,
+    "synthetic preference pairs: the chosen reply agrees, the rejected one refuses; three groups",
+)

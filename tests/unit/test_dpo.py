@@ -1,0 +1,195 @@
+"""Preference tasks and the ``dpo`` trainer on a tiny random LLaMA: the losses' equations, HH-RLHF dialogues and their
+malformed pairs, the pair encoding, the frozen backbone as reference, equality with TRL's ``DPOTrainer`` (loss and
+gradients, three loss types), and a federated run end to end (resumed bit-identically)."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedpeft.adapters import ADAPTERS, AdapterContext
+from fedpeft.adapters.lora import PEFT_PREFIX
+from fedpeft.backbones.loading import _tiny, load_backbone
+from fedpeft.backbones.preference_encoding import PairEncoded
+from fedpeft.data.tasks.preference import SkippedPair, preference_pair, read_hh_file, split_dialogue
+from fedpeft.data.types import Example, TaskData
+from fedpeft.model import PreferenceModel
+from fedpeft.model.preference import PairLogps
+from fedpeft.trainers.dpo import DPOSettings, dpo_losses
+
+PAIRS = [Example("say hello", 0, None, target="hello world", rejected="go away"),
+         Example("count on", 0, None, target="three four five", rejected="seven",
+                 history=(("user", "count to two"), ("assistant", "one two"))),
+         Example("name a colour", 0, None, target="green", rejected="a very long answer about nothing at all")]
+
+
+def _task() -> TaskData:
+    return TaskData(name="t", class_names=[], train=[], test=[], label_words=[], label_descriptions=[],
+                    kind="preference")
+
+
+def _model(adapter: str = "lora", settings: dict | None = None, max_length: int = 64) -> PreferenceModel:
+    backbone = load_backbone("tiny-llama")
+    entry = ADAPTERS.entry(adapter)
+    ad = entry.obj(entry.settings(**(settings or {"r": 4})) if entry.settings else None)
+    ad.bind(AdapterContext(0, _task(), "lm", backbone))
+    return PreferenceModel(backbone, ad, _task(), max_length=max_length, max_response_length=16)
+
+
+def _moved(pm: PreferenceModel, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in pm.init_params(g).items()}
+
+
+# ---------------------------------------------------------------- the equations
+
+
+def _logps(c, r, tc=(1.0, 1.0), tr=(1.0, 1.0)) -> PairLogps:
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    return PairLogps(t(c), t(r), t(tc), t(tr))
+
+
+def test_losses_follow_their_equations() -> None:
+    pol, ref = _logps([-2.0, -5.0], [-3.0, -4.0], (2.0, 4.0), (3.0, 1.0)), _logps([-2.5, -5.0], [-2.0, -4.5])
+    beta, eps = 0.5, 0.2
+    delta = np.array([(-2.0 + 2.5) - (-3.0 + 2.0), (-5.0 + 5.0) - (-4.0 + 4.5)])
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    np.testing.assert_allclose(dpo_losses(pol, ref, beta).numpy(), -np.log(sig(beta * delta)))
+    np.testing.assert_allclose(dpo_losses(pol, ref, beta, "sigmoid", eps).numpy(),
+                               -(1 - eps) * np.log(sig(beta * delta)) - eps * np.log(sig(-beta * delta)))
+    np.testing.assert_allclose(dpo_losses(pol, ref, beta, "robust", eps).numpy(),
+                               (-(1 - eps) * np.log(sig(beta * delta)) + eps * np.log(sig(-beta * delta)))
+                               / (1 - 2 * eps))
+    ipo = np.array([0.5 / 2 - (-1.0) / 3, 0.0 / 4 - 0.5 / 1]) - 1 / (2 * beta)
+    np.testing.assert_allclose(dpo_losses(pol, ref, beta, "ipo").numpy(), ipo ** 2)
+    assert dpo_losses(pol, pol, beta)[0].item() == pytest.approx(math.log(2))  # policy = reference
+
+
+def test_ipo_refuses_label_smoothing() -> None:
+    with pytest.raises(ValueError, match="label_smoothing"):
+        DPOSettings(loss_type="ipo", label_smoothing=0.1)
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_hh_dialogue_split_at_the_last_assistant_turn() -> None:
+    text = "\n\nHuman: hi there\n\nAssistant: hello\n\nHuman: how are you?\n\nAssistant: fine, thanks"
+    history, prompt, response = split_dialogue(text, "f line 1")
+    assert history == (("user", "hi there"), ("assistant", "hello"))
+    assert (prompt, response) == ("how are you?", "fine, thanks")
+    ex = preference_pair(text, text.replace("fine, thanks", "go away"), "g", "f line 1")
+    assert (ex.target, ex.rejected, ex.group, ex.history) == ("fine, thanks", "go away", "g", history)
+
+
+def test_malformed_pairs_error_or_skip(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="f line 3: the dialogue has no assistant turn"):
+        split_dialogue("\n\nHuman: only a question", "f line 3")
+    same = "\n\nHuman: q\n\nAssistant: a"
+    with pytest.raises(SkippedPair, match="identical"):
+        preference_pair(same, same, None, "f line 1")
+    with pytest.raises(SkippedPair, match="differ before"):
+        preference_pair(same, "\n\nHuman: other\n\nAssistant: a", None, "f line 1")
+    path = tmp_path / "test.jsonl.gz"
+    rows = [{"chosen": same, "rejected": same + "!"}, {"chosen": same, "rejected": same}, {"chosen": same}]
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(ValueError, match=f"{path} line 3: a pair needs the keys 'chosen' and 'rejected'"):
+        read_hh_file(path, "g", Counter())
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("\n".join(json.dumps(r) for r in rows[:2]))
+    skipped: Counter = Counter()
+    assert len(read_hh_file(path, "g", skipped)) == 1
+    assert skipped == {"the chosen and rejected responses are identical": 1}
+
+
+def test_pair_encoding_shares_the_prompt_and_drops_old_turns() -> None:
+    pm = _model()
+    enc = pm.encode(PAIRS)
+    assert isinstance(enc, PairEncoded) and len(enc) == 3
+    for i, ex in enumerate(PAIRS):
+        s = int(enc.response_start[i])
+        assert enc.input_ids[i][:s] == enc.rejected_ids[i][:s]
+        tok = pm.backbone.tokenizer
+        assert enc.input_ids[i][s:-1] == tok(ex.target, add_special_tokens=False)["input_ids"][:15]
+    assert "count to two" in pm.format.prompt_text(PAIRS[1])  # the history is in the prompt
+    short = _model(max_length=40).encode([PAIRS[1]])
+    assert short.cuts.fields.get("history") == 1 and len(short.input_ids[0]) <= 40
+    batch = pm.batch(enc, [0, 2])
+    assert batch["input_ids"].shape[0] == 4  # chosen 0, 2, then rejected 0, 2
+    assert batch["input_ids"][2, :len(enc.rejected_ids[0])].tolist() == enc.rejected_ids[0]
+
+
+# ---------------------------------------------------------------- the reference
+
+
+@pytest.mark.parametrize("adapter,settings", [("lora", {"r": 4}), ("soft_prompt", {"num_tokens": 3}),
+                                              ("deep_prompt", {"num_tokens": 2})])
+def test_reference_is_the_backbone_without_the_adapter(adapter: str, settings: dict) -> None:
+    pm = _model(adapter, settings)
+    enc = pm.encode(PAIRS)
+    batch = pm.batch(enc, [0, 1, 2])
+    hf = _tiny("causal", "llama").model  # a fresh copy of the backbone, nothing injected
+    logp = torch.log_softmax(hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, -1)
+    seqs = enc.sequences()
+    rows = [0, 1, 2, 3, 4, 5]
+    want = torch.tensor([sum(logp[j, t - 1, seqs.input_ids[i][t]].item()
+                             for t in range(int(seqs.response_start[i]), len(seqs.input_ids[i])))
+                         for j, i in zip(rows, [0, 1, 2, 3, 4, 5])])
+    ref = pm.reference_logps(batch)
+    torch.testing.assert_close(torch.cat([ref.chosen, ref.rejected]), want, atol=1e-5, rtol=1e-5)
+    moved = pm.outputs(_moved(pm), batch)
+    assert not torch.allclose(moved.chosen, ref.chosen)  # the adapter changes the policy, not the reference
+
+
+# ---------------------------------------------------------------- TRL
+
+
+@pytest.mark.parametrize("loss_type,eps,beta", [("sigmoid", 0.0, 0.3), ("ipo", 0.0, 0.5), ("robust", 0.2, 0.3)])
+def test_loss_and_gradients_equal_trl(tmp_path: Path, loss_type: str, eps: float, beta: float) -> None:
+    """fedpeft's DPO loss and its LoRA gradients equal TRL's DPOTrainer on the same batch, model and adapter, to
+    1e-5 (TRL's fused LM head gives float32 log-probabilities even for a float64 model: that is the floor)."""
+    from datasets import Dataset
+    from peft import set_peft_model_state_dict
+    from trl import DPOConfig, DPOTrainer
+
+    pm = _model()
+    params = {k: v.requires_grad_(True) for k, v in _moved(pm).items()}
+    tok = copy.deepcopy(pm.backbone.tokenizer)
+    tok.eos_token = "[SEP]"
+    data = Dataset.from_dict({"prompt": ["say hello", "count on one two", "name a colour"],
+                              "chosen": [" hello world", " three four five", " green"],
+                              "rejected": [" go away", " seven", " a very long answer about nothing"]})
+    peft_config, state = pm.adapter.to_peft(pm.backbone, {k: v.detach() for k, v in params.items()}, "CAUSAL_LM")
+    args = DPOConfig(output_dir=str(tmp_path), beta=beta, loss_type=[loss_type], label_smoothing=eps,
+                     per_device_train_batch_size=3, report_to="none", use_cpu=True, max_length=None)
+    # a new adapter (TRL's reference: the adapter disabled), then set to fedpeft's tensors
+    trainer = DPOTrainer(model=_tiny("causal", "llama").model, args=args, train_dataset=data, processing_class=tok,
+                         peft_config=peft_config)
+    set_peft_model_state_dict(trainer.model, state)
+    rows = [trainer.train_dataset[i] for i in range(3)]
+    batch = trainer.data_collator(rows)
+    trl_loss = trainer.compute_loss(trainer.model, batch)
+    trl_loss.backward()
+    trl_grads = {n.replace(".default", ""): p.grad for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+    enc = PairEncoded([r["prompt_ids"] + r["chosen_ids"] for r in rows], np.zeros(3, dtype=np.int64),
+                      np.full(3, -1, dtype=np.int64), 0, np.array([len(r["prompt_ids"]) for r in rows]),
+                      rejected_ids=[r["prompt_ids"] + r["rejected_ids"] for r in rows])
+    ours_batch = pm.batch(enc, [0, 1, 2])
+    ref = pm.reference_logps(ours_batch)
+    loss = dpo_losses(pm.outputs(params, ours_batch), ref, beta, loss_type, eps).mean()
+    loss.backward()
+    assert abs(loss.item() - trl_loss.item()) <= 1e-5
+    assert len(trl_grads) == len(params)
+    scale = max(1.0, max(g.abs().max().item() for g in trl_grads.values()))  # float32 sums: relative to the largest
+    for k, v in params.items():
+        assert (v.grad - trl_grads[PEFT_PREFIX + k]).abs().max().item() <= 1e-5 * scale, k
