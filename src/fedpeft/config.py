@@ -335,6 +335,10 @@ class MethodConfig(_Strict):
     wrappers: list[Component] = Field(default_factory=list, description="server-side aggregation wrappers, "
                                                                          "innermost first")
     codec: CodecConfig = Field(CodecConfig(), description="the wire format of every message")
+    init_from: str | None = Field(None, min_length=1, description="a run directory whose final global adapter is "
+                                                                  "the starting point instead of a fresh one (e.g. "
+                                                                  "an instruction-tuning run before DPO); its "
+                                                                  "tensors must have this adapter's names and shapes")
 
     def components(self) -> dict[str, Any]:
         """The component names this method resolves to (what runs, whatever the preset's name says)."""
@@ -419,12 +423,17 @@ class EvaluationConfig(_Strict):
                                                 "standard errors of BLEU, chrF, ROUGE-L and exact match (0: none)")
     show_examples: int = Field(3, ge=0, description="generation tasks: fixed test prompts whose generations are "
                                                     "kept at each generating round (report.html table)")
-    suites: list[SuiteSpec] = Field(default_factory=list, description="generation tasks: standard suites scored "
-                                                                      "on the final global adapter (e.g. "
-                                                                      "[flowertune-general-nlp]); scores in "
+    suites: list[SuiteSpec] = Field(default_factory=list, description="generation and preference tasks: standard "
+                                                                      "suites scored on the final global adapter "
+                                                                      "(e.g. [flowertune-general-nlp]); scores in "
                                                                       "summary.json, items in suites/")
+    round_suites: list[SuiteSpec] = Field(default_factory=list,
+                                          description="generation and preference tasks: standard suites scored on "
+                                                      "the global adapter at every evaluated round, best on a fixed "
+                                                      "subset (e.g. [{name: advbench, limit: 52}]); scores in "
+                                                      "metrics.jsonl under 'suites'")
 
-    @field_validator("suites", mode="before")
+    @field_validator("suites", "round_suites", mode="before")
     @classmethod
     def _suite_names(cls, v: Any) -> Any:
         """A bare name stands for ``{name: NAME}``."""

@@ -61,7 +61,7 @@ def export_peft(run_dir: str | Path, out: str | Path, best: bool = False,
 def task_metadata(model: TrainedModel, record: dict[str, Any], base: str) -> dict[str, Any]:
     """``fedpeft_task.json``: what scoring classes with the exported adapter needs, as the run scored them."""
     clf, cfg = model.classifier, model.cfg
-    if clf.kind == "generation":  # what prompts looked like: the chat template, or the template given
+    if clf.generates:  # what prompts looked like: the chat template, or the template given
         scoring = {"max_response_length": clf.max_response_length, "chat_template": clf.format.chat,
                    "end_token_id": clf.end_id}
     else:

@@ -138,9 +138,9 @@ class TrainedModel:
     def language_model(self) -> Any:
         """The run's language model; ValueError naming ``predict`` for a classifier's run."""
         lm = self.classifier
-        if lm.kind != "generation":
+        if not lm.generates:
             raise ValueError(f"{self.run_dir}: the run trained a classifier (task '{lm.task.name}'); generate needs a "
-                             "generation task's run (use predict)")
+                             "generation or preference task's run (use predict)")
         return lm
 
     def generate(self, prompts: Sequence[str | Example], max_new_tokens: int | None = None,

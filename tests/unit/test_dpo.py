@@ -193,3 +193,69 @@ def test_loss_and_gradients_equal_trl(tmp_path: Path, loss_type: str, eps: float
     scale = max(1.0, max(g.abs().max().item() for g in trl_grads.values()))  # float32 sums: relative to the largest
     for k, v in params.items():
         assert (v.grad - trl_grads[PEFT_PREFIX + k]).abs().max().item() <= 1e-5 * scale, k
+
+
+# ---------------------------------------------------------------- a federated run
+
+
+def _feddpo(tmp_path: Path, name: str, **extra):
+    from conftest import tiny_overrides
+
+    from fedpeft.resolve import load_config
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.tracking.rundir import RunDir
+
+    over = {"task.name": "synthetic-preference", "task.num_examples": 120, "task.max_length": 48,
+            "task.max_response_length": 8, "model.name": "tiny-llama", "method.name": "feddpo",
+            "method.adapter.num_tokens": None, "method.adapter.r": 4, "method.trainer.lr": 5e-3,
+            "method.trainer.max_steps": 4, "method.trainer.batch_size": 8, "federation.num_clients": 3,
+            "federation.rounds": 3, "federation.partition.scheme": "by_column", "evaluation.round_zero": True}
+    cfg = load_config(None, tiny_overrides(**{k.replace(".", "__"): v for k, v in (over | extra).items()}))
+    run_embedded(cfg, tmp_path / name)
+    return RunDir(tmp_path / name).read_metrics()
+
+
+def test_feddpo_learns_the_preference_and_the_run_generates_and_exports(tmp_path: Path, one_thread) -> None:
+    from fedpeft.export import export_peft
+    from fedpeft.predict import open_model
+
+    recs = _feddpo(tmp_path, "dpo")
+    start, last = recs[0], recs[-1]
+    assert start["round"] == 0 and start["accuracy"] == 0.5 and start["reward_margin"] == 0.0  # policy = reference
+    assert last["accuracy"] > 0.8 and last["reward_margin"] > 0 and last["loss"] < start["loss"]
+    assert set(last["by_group"]) == {"sports", "business", "science"}  # each natural client's pairs
+    model = open_model(tmp_path / "dpo")
+    assert len(model.generate(["please answer: apple river"], max_new_tokens=4)) == 1
+    out, _ = export_peft(tmp_path / "dpo", tmp_path / "peft")
+    assert (out / "adapter_model.safetensors").is_file()
+    # the cached reference trains as the per-step one does (its numbers differ only in float rounding)
+    cached = _feddpo(tmp_path, "cached", **{"method.trainer.reference": "cached"})
+    assert abs(cached[-1]["accuracy"] - last["accuracy"]) <= 0.05
+    assert cached[-1]["loss"] == pytest.approx(last["loss"], rel=1e-3)
+
+
+def test_init_from_starts_where_the_earlier_run_ended(tmp_path: Path, one_thread) -> None:
+    first = _feddpo(tmp_path, "first")
+    again = _feddpo(tmp_path, "again", **{"method.init_from": str(tmp_path / "first"), "federation.rounds": 1})
+    assert again[0]["round"] == 0 and again[0]["loss"] == pytest.approx(first[-1]["loss"], abs=1e-6)
+    with pytest.raises(ValueError, match="method.init_from: .* does not fit"):
+        _feddpo(tmp_path, "wrong", **{"method.init_from": str(tmp_path / "first"), "method.adapter.r": 2})
+
+
+def test_compatibility_pairs_the_task_and_the_trainer(tiny_cfg) -> None:
+    with pytest.raises(ValueError, match="method.trainer.name: 'dpo' learns from preference pairs"):
+        tiny_cfg(method__name="feddpo", method__adapter__num_tokens=None)
+    with pytest.raises(ValueError, match="method.trainer.name: task 'synthetic-preference' holds preference pairs"):
+        tiny_cfg(task__name="synthetic-preference", model__name="tiny-llama", method__name="fedit",
+                 method__adapter__num_tokens=None, task__max_length=48, task__max_response_length=8)
+
+
+def test_round_suites_score_the_refusal_rate_every_round(tmp_path: Path, one_thread) -> None:
+    from fedpeft.data.paths import shared_data_dir
+
+    if shared_data_dir() is None or not (shared_data_dir() / "AdvBench").is_dir():
+        pytest.skip("needs shared/data/AdvBench")
+    recs = _feddpo(tmp_path, "suites", **{"federation.rounds": 1, "evaluation.round_suites":
+                                          "[{name: advbench, limit: 3, settings: {max_new_tokens: 4}}]"})
+    assert [sorted(r["suites"]) for r in recs] == [["advbench"], ["advbench"]]  # round 0 and round 1
+    assert 0 <= recs[-1]["suites"]["advbench"]["harmless_rate"] <= 100

@@ -196,7 +196,7 @@ def test_registry_holds_every_documented_task() -> None:
     expected = {
         "bbc", "sst2", "agnews", "rte", "mrpc", "cola", "qnli", "mnli", "snli", "boolq",
         "imdb", "mr", "mpqa", "yelp", "20ng", "synthetic-sentiment", "synthetic-topic", "synthetic-pair",
-        "sentiment-domains", "csv", "tsv", "jsonl", "parquet", "webnlg", "dolly",
+        "sentiment-domains", "csv", "tsv", "jsonl", "parquet", "webnlg", "dolly", "hh-rlhf", "synthetic-preference",
     }  # fmt: skip
     assert set(TASKS.names()) == expected
     assert all(entry.description for entry in TASKS.entries())

@@ -241,7 +241,7 @@ def evaluate(
             _suite_scores(run_dir, model, device, suite, limit, option, batch_size, client, best, out)
             return
         trained = _open_model(run_dir, client, best, "evaluating")
-        generation = trained.classifier.kind == "generation"
+        generation = trained.classifier.generates
         result = (_generation_scores(trained, file, max_new_tokens) if generation
                   else _class_scores(trained, file))
         if out is not None:
@@ -291,7 +291,7 @@ def _suite_scores(run_dir: Optional[Path], model: Optional[str], device: str, su
         Console(stderr=True).print(f"evaluating {trained.describe()}", highlight=False, markup=False)
     else:
         trained = _open_model(run_dir, client, best, "evaluating")
-    if trained.classifier.kind != "generation":
+    if not trained.classifier.generates:
         raise ValueError(f"--suite {suite}: scores a causal language model's generations; this run is a classifier")
     result = scorer.run(trained.classifier, trained.params, batch_size, progress=console.is_terminal)
     result.protocol["adapter"] = trained.describe()

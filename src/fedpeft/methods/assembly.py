@@ -32,22 +32,51 @@ torch = lazy("torch")
 
 class Shared:
     """What several components read of the frozen model, computed once: the adapter's initial tensors from the
-    experiment seed (identical on the server and every client) and e(V) as float32 on the CPU."""
+    experiment seed (identical on the server and every client), or a finished run's global adapter
+    (``method.init_from``), and e(V) as float32 on the CPU."""
 
-    def __init__(self, classifier: Any, seed: int) -> None:
-        self.clf, self.seed = classifier, seed
+    def __init__(self, classifier: Any, seed: int, init_from: str | None = None) -> None:
+        self.clf, self.seed, self.init_from = classifier, seed, init_from
         self._init: Params | None = None
         self._table: torch.Tensor | None = None
 
     def initial_params(self) -> Params:
         if self._init is None:
             self._init = self.clf.init_params(torch_rng(self.seed, 0, SERVER, "adapter-init"))
+            if self.init_from is not None:
+                self._init = started_from(self.init_from, self._init)
         return {k: v.clone() for k, v in self._init.items()}
 
     def embedding_table(self) -> torch.Tensor:
         if self._table is None:
             self._table = self.clf.backbone.input_embeddings().weight.detach().float().cpu().clone()
         return self._table
+
+
+def started_from(run_dir: str, fresh: Params) -> Params:
+    """The global adapter of the last checkpoint of ``run_dir`` in place of ``fresh``; ValueError naming
+    ``method.init_from`` when it is no run, has no checkpoint, or its tensors are not this adapter's."""
+    from pathlib import Path
+
+    from fedpeft.methods.state import ServerState
+    from fedpeft.tracking.rundir import RunDir
+
+    if not (Path(run_dir) / "config.yaml").is_file():
+        raise ValueError(f"method.init_from: {run_dir} is not a fedpeft run directory (no config.yaml)")
+    ckpt = RunDir(run_dir).load_checkpoint()
+    if ckpt is None:
+        raise ValueError(f"method.init_from: {run_dir} has no checkpoint yet")
+    glob = ServerState.from_message(ckpt[1]).glob
+    theirs = {k: tuple(v.shape) for k, v in glob.items() if k in fresh}
+    mine = {k: tuple(v.shape) for k, v in fresh.items()}
+    if theirs != mine:
+        missing = sorted(set(mine) - set(theirs))
+        wrong = sorted(k for k in set(mine) & set(theirs) if mine[k] != theirs[k])
+        raise ValueError(f"method.init_from: {run_dir}'s adapter does not fit this one ("
+                         + (f"missing {missing[:3]}{' ...' if len(missing) > 3 else ''}" if missing else
+                            f"shapes differ: {wrong[0]} {theirs[wrong[0]]} vs {mine[wrong[0]]}")
+                         + "); use the same adapter settings as that run")
+    return {k: glob[k].detach().to(fresh[k].dtype).clone() for k in fresh}
 
 
 @dataclass(frozen=True)
@@ -85,7 +114,7 @@ class Components:
 def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
     """The components ``cfg.method`` names, each with its settings and context."""
     m, clf = cfg.method, experiment.classifier
-    shared = Shared(clf, cfg.seed)
+    shared = Shared(clf, cfg.seed, m.init_from)
     adapter = ADAPTERS.settings_of(m.adapter)
     trainer_settings = TRAINERS.settings_of(m.trainer)
     head_slices = clf.adapter.head_slices(clf.backbone)

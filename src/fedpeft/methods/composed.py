@@ -178,9 +178,11 @@ class ComposedMethod:
     def evaluate_global(self, state: Message) -> dict[str, Any]:
         """Test accuracy, loss, macro-F1 and confusion matrix of the global tensors (and the attack success rate
         when it is measured); on a generation task the loss and perplexity per response token, per natural client,
-        and in the generating rounds (``evaluation.generate_every``) what the model writes."""
+        and in the generating rounds (``evaluation.generate_every``) what the model writes; the scores of
+        ``evaluation.round_suites``."""
         st, ev = ServerState.from_message(state), self.evaluation
-        return ev.on(st.glob, self.exp.test_encoded) | ev.asr(st.glob) | ev.generation(st.glob, st.round)
+        return (ev.on(st.glob, self.exp.test_encoded) | ev.asr(st.glob) | ev.generation(st.glob, st.round)
+                | ev.suites(st.glob))
 
     def evaluate_on(self, state: Message, data: Any) -> dict[str, Any]:
         """The global tensors' accuracy, loss, macro-F1 and confusion matrix on labelled encoded ``data``."""
@@ -200,8 +202,8 @@ class ComposedMethod:
             return None
         whole, local = parts
         ev = self.evaluation
-        return (ev.with_classes(whole, self.exp.test_encoded) | ev.asr(st.glob) | ev.generation(st.glob, st.round),
-                dict(zip(clients, local)))
+        return (ev.with_classes(whole, self.exp.test_encoded) | ev.asr(st.glob) | ev.generation(st.glob, st.round)
+                | ev.suites(st.glob), dict(zip(clients, local)))
 
     def _scores_global(self, st: ServerState, round: int) -> bool:
         """Whether every client's evaluation after ``round`` scores exactly the global tensors: no post-tuning now,

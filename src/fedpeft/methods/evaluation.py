@@ -23,6 +23,7 @@ class Evaluation:
     def __init__(self, trainer: Any, experiment: Any, settings: Any, seed: int, rounds: int) -> None:
         self.trainer, self.exp, self.settings, self.seed, self.rounds = trainer, experiment, settings, seed, rounds
         self.clf = experiment.classifier
+        self._suites: list[tuple[str, Any]] | None = None  # evaluation.round_suites, built at first use
 
     def on(self, glob: Params, data: Any) -> dict[str, Any]:
         """``glob``'s accuracy, loss, macro-F1 and confusion matrix on labelled encoded ``data``."""
@@ -70,6 +71,17 @@ class Evaluation:
             return {}
         scores = generation_metrics(self.clf, floats(params), test, mine, set(), ev.max_new_tokens, ev.batch_size, 0)
         return {GEN + k: v for k, v in scores.items() if isinstance(v, (int, float))}  # flat numbers, as replies are
+
+    def suites(self, glob: Params) -> dict[str, Any]:
+        """The scores of ``evaluation.round_suites`` on ``glob`` (each suite built once, on its fixed items)."""
+        if not self.settings.round_suites:
+            return {}
+        if self._suites is None:
+            from fedpeft.suites import build_suite
+
+            self._suites = [(s.name, build_suite(s.name, s.limit, **s.settings)) for s in self.settings.round_suites]
+        return {"suites": {name: suite.run(self.clf, floats(glob), self.settings.batch_size).scores
+                           for name, suite in self._suites}}
 
     def seen_groups(self) -> set[str]:
         return {e.group for e in self.exp.task.train if e.group is not None}

@@ -50,6 +50,7 @@ class Classifier(AdaptedModel):
     cross-entropy as the loss every trainer minimises (or, forward-only, uses as the fitness)."""
 
     kind = "classification"
+    generates = False  # it writes no text (``LanguageModel`` does)
 
     def __init__(self, backbone: Backbone, adapter: Adapter, task: TaskData, readout: str = "auto",
                  similarity_scale: float = 20.0, max_length: int = 128, autocast: str = "none",

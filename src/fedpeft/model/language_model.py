@@ -111,6 +111,7 @@ class LanguageModel(AdaptedModel):
 
     kind = "generation"
     readout = "lm"
+    generates = True  # greedy decoding (``generate``): fedpeft generate, the suites, export
 
     def __init__(self, backbone: Backbone, adapter: Adapter, task: TaskData, max_length: int = 256,
                  max_response_length: int = 64, autocast: str = "none", padding_free: bool = False) -> None:

@@ -220,6 +220,7 @@ def _run_rounds(plan: RunPlan, run: RunDir, exp: Experiment, method: Method, tra
     fed, evaluation = plan.federation, plan.evaluation
     driver = RoundDriver(fed, method, exp.client_label, exp.client_weights())
     check_suites(evaluation.suites, exp.task.kind)
+    check_suites(evaluation.round_suites, exp.task.kind, "round_suites")
     checksum = exp.backbone.checksum()
     run_id = keep_record(run, exp, resume, plan)
     commit_config(run, plan)

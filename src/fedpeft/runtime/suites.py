@@ -15,19 +15,19 @@ from fedpeft.methods.state import ServerState
 log = logging.getLogger(__name__)
 
 
-def check_suites(specs: list[SuiteSpec], kind: str) -> None:
-    """ValueError naming ``evaluation.suites`` for an unknown suite, bad settings, or a classification run (the
-    suites score a causal language model): before any round runs."""
+def check_suites(specs: list[SuiteSpec], kind: str, field: str = "suites") -> None:
+    """ValueError naming ``evaluation.<field>`` (suites, round_suites) for an unknown suite, bad settings, or a
+    classification run (the suites score a causal language model): before any round runs."""
     from fedpeft.suites import build_suite
 
-    if specs and kind != "generation":
-        raise ValueError("evaluation.suites: the standard suites score a causal language model; this is a "
+    if specs and kind not in ("generation", "preference"):
+        raise ValueError(f"evaluation.{field}: the standard suites score a causal language model; this is a "
                          "classification task")
     for k, spec in enumerate(specs):
         try:
             build_suite(spec.name, spec.limit, **spec.settings)
         except (ValueError, KeyError) as e:
-            raise ValueError(f"evaluation.suites[{k}] ({spec.name}): {e}") from None
+            raise ValueError(f"evaluation.{field}[{k}] ({spec.name}): {e}") from None
 
 
 def score_suites(specs: list[SuiteSpec], objective: Any, state: Message, root: Path,

@@ -28,6 +28,8 @@ def role_means(scored: dict[int, dict[str, Any]], non_participants: frozenset[in
 
 # generation tasks: perplexity and token counts, loss per natural client (seen/unseen), what the model writes
 GENERATION_KEYS = ("perplexity", "num_tokens", "by_group", "seen", "unseen", "generation")
+PREFERENCE_KEYS = ("reward_chosen", "reward_rejected", "reward_margin", "logp_chosen", "logp_rejected",
+                   "logp_preference", "logp_preference_per_token")  # ``trainers.dpo.pair_metrics``
 
 
 def local_generation(local_eval: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -54,7 +56,7 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
         "macro_f1": global_metrics.get("macro_f1"),
         **({"confusion": global_metrics["confusion"]} if "confusion" in global_metrics else {}),
         **({"asr": global_metrics["asr"]} if "asr" in global_metrics else {}),
-        **{k: global_metrics[k] for k in GENERATION_KEYS if k in global_metrics},
+        **{k: global_metrics[k] for k in GENERATION_KEYS + PREFERENCE_KEYS + ("suites",) if k in global_metrics},
         **({"local_loss": {str(k): v.get("loss") for k, v in sorted(local_eval.items())}}
            if "perplexity" in global_metrics else {}),
         **local_generation(local_eval),
