@@ -259,3 +259,40 @@ def test_round_suites_score_the_refusal_rate_every_round(tmp_path: Path, one_thr
                                           "[{name: advbench, limit: 3, settings: {max_new_tokens: 4}}]"})
     assert [sorted(r["suites"]) for r in recs] == [["advbench"], ["advbench"]]  # round 0 and round 1
     assert 0 <= recs[-1]["suites"]["advbench"]["harmless_rate"] <= 100
+
+
+@pytest.mark.parametrize("extra", [
+    {"method.adapter.name": "soft_prompt", "method.adapter.num_tokens": 3, "method.adapter.r": None},
+    {"method.adapter.name": "deep_prompt", "method.adapter.num_tokens": 2, "method.adapter.r": None},
+    {"method.adapter.target_modules": None, "method.sharing.name": "head_pruning",
+     "method.aggregator.name": "head_weighted"},
+    {"federation.secure_aggregation": "{num_shares: 3, reconstruction_threshold: 2}"},
+    {"method.wrappers": "[{name: dp_fedavg, clip: 1.0, noise_multiplier: 0.1}]", "method.aggregator.name": "uniform"},
+], ids=["soft_prompt", "deep_prompt", "head_pruned_lora", "secagg", "dp_fedavg"])
+def test_dpo_trains_every_gradient_adapter_and_under_secagg_and_dp(tmp_path: Path, one_thread, extra) -> None:
+    recs = _feddpo(tmp_path, "run", **{"federation.rounds": 2, "evaluation.round_zero": False} | extra)
+    assert [r["num_ok"] for r in recs] == [3, 3] and recs[-1]["reward_margin"] != 0.0
+
+
+@pytest.mark.slow
+def test_feddpo_on_flower_sim_equals_embedded(tmp_path: Path) -> None:
+    pytest.importorskip("flwr")
+    from conftest import tiny_overrides
+
+    from fedpeft.resolve import load_config
+    from fedpeft.runtime.embedded import run_embedded
+    from fedpeft.runtime.flower.simulation import run_flower_sim
+    from fedpeft.tracking.rundir import RunDir
+    from fedpeft.tracking.summary import TIMING_FIELDS
+
+    over = {"task.name": "synthetic-preference", "task.num_examples": 60, "task.max_length": 48,
+            "task.max_response_length": 8, "model.name": "tiny-llama", "method.name": "feddpo",
+            "method.adapter.num_tokens": None, "method.adapter.r": 4, "method.trainer.max_steps": 2,
+            "federation.num_clients": 2, "federation.rounds": 1, "runtime.threads": 1}
+    cfg = load_config(None, tiny_overrides(**{k.replace(".", "__"): v for k, v in over.items()}))
+    run_embedded(cfg, tmp_path / "embedded")
+    run_flower_sim(cfg, tmp_path / "sim")
+    drop = TIMING_FIELDS + ("flower_record_bytes", "model_loads")
+    emb, sim = (RunDir(tmp_path / n).read_metrics() for n in ("embedded", "sim"))
+    assert [{k: v for k, v in r.items() if k not in drop} for r in sim] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in emb]
