@@ -128,6 +128,29 @@ def read_hh_file(path: Path, group: str, skipped: Counter) -> list[Example]:
     return out
 
 
+LLMBAR_SUBSETS = ("Natural", "Adversarial/Neighbor", "Adversarial/GPTInst", "Adversarial/GPTOut", "Adversarial/Manual")
+
+
+def read_llmbar(folder: Path) -> list[Example]:
+    """LLMBar's 419 pairs (Zeng et al., ICLR 2024; ``shared/data/LLMBar``, see its PROVENANCE.md), a held-out
+    preference set: chosen = ``output_<label>``, rejected = the other; ``group`` the subset. ValueError naming the
+    file and the pair of a malformed row."""
+    out = []
+    for subset in LLMBAR_SUBSETS:
+        path = folder / subset / "dataset.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: LLMBar's file is missing (shared/data/LLMBar holds it)")
+        for i, row in enumerate(json.loads(path.read_text(encoding="utf-8")), start=1):
+            where = f"{path} pair {i}"
+            if not isinstance(row, dict) or str(row.get("label")) not in ("1", "2") or \
+                    not all(isinstance(row.get(k), str) for k in ("input", "output_1", "output_2")):
+                raise ValueError(f"{where}: needs 'input', 'output_1', 'output_2' (texts) and 'label' 1 or 2")
+            good = row[f"output_{row['label']}"]
+            bad = row["output_2" if str(row["label"]) == "1" else "output_1"]
+            out.append(Example(row["input"], 0, None, subset, target=good, rejected=bad))
+    return out
+
+
 @TASKS.register("hh-rlhf", "Anthropic HH-RLHF preference pairs (its 4 test splits, 8,552 pairs), one client per "
                            "subset (harmless-base, helpful-base, helpful-online, helpful-rejection-sampled); a fixed "
                            "seeded test_fraction of each held out")
