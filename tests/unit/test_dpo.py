@@ -296,3 +296,27 @@ def test_feddpo_on_flower_sim_equals_embedded(tmp_path: Path) -> None:
     emb, sim = (RunDir(tmp_path / n).read_metrics() for n in ("embedded", "sim"))
     assert [{k: v for k, v in r.items() if k not in drop} for r in sim] == \
         [{k: v for k, v in r.items() if k not in drop} for r in emb]
+
+
+def test_a_preference_file_task_reads_pairs_or_dialogues_and_names_bad_rows(tmp_path: Path) -> None:
+    from fedpeft.config import ConfigError, TaskConfig
+    from fedpeft.data.tasks import load_task
+
+    rows = [{"prompt": f"q{i}", "good": f"yes {i}", "bad": f"no {i}", "who": "ab"[i % 2]} for i in range(10)]
+    rows.append({"prompt": "same", "good": "x", "bad": "x", "who": "a"})  # no preference: skipped
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = dict(name="jsonl", path=str(tmp_path / "pairs.jsonl"), instruction_column="prompt",
+               response_column="good", rejected_column="bad")
+    task = load_task(TaskConfig(**cfg), 0, "who")
+    assert task.kind == "preference" and len(task.train) + len(task.test) == 10
+    assert json.loads(task.info["skipped"]) == {"the chosen and rejected responses are identical": 1}
+    ex = task.train[0]
+    assert ex.target.startswith("yes") and ex.rejected.startswith("no") and ex.group in ("a", "b")
+    dialogues = [{"chosen": "\n\nHuman: hi\n\nAssistant: hello", "rejected": "\n\nHuman: hi\n\nAssistant: go"}] * 6
+    (tmp_path / "hh.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dialogues))
+    task = load_task(TaskConfig(name="jsonl", path=str(tmp_path / "hh.jsonl"), response_column="chosen",
+                                rejected_column="rejected"), 0)
+    assert {(e.text_a, e.target, e.rejected) for e in task.train} == {("hi", "hello", "go")}
+    (tmp_path / "bad.jsonl").write_text(json.dumps(rows[0]) + "\n" + json.dumps({"prompt": "q", "good": "a"}) + "\n")
+    with pytest.raises(ConfigError, match=r"task.rejected_column: .*bad.jsonl line 2 has no value for 'bad'"):
+        load_task(TaskConfig(**cfg | {"path": str(tmp_path / "bad.jsonl")}), 0)

@@ -427,8 +427,9 @@ def _load_preference(cfg: TaskConfig, tables: list[Table], test_p: Path | None,
         except ValueError as err:
             raise ConfigError(f"task.test_fraction: cannot split the {len(splits[0])} pairs of {train_p} ({err}); "
                               "add rows or give task.test_path") from None
-    data = preference_task(cfg.name, train, test, [t.path for t in tables], skipped, source=str(train_p),
-                           test=str(test_p) if test_p else f"split {cfg.test_fraction}")
+    data = preference_task(cfg.name, train, test, [t.path for t in tables], skipped,
+                           {"source": str(train_p), "test": str(test_p) if test_p else f"split {cfg.test_fraction}",
+                            "columns": json.dumps([cfg.instruction_column, cfg.response_column, cfg.rejected_column])})
     data.prompt_template = cfg.prompt_template
     return data
 

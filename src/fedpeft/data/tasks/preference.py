@@ -97,8 +97,8 @@ def prompt_pair(prompt: str, chosen: str, rejected: str, group: str | None, wher
 
 
 def preference_task(name: str, train: list[Example], test: list[Example], files: list[Path],
-                    skipped: Counter, **info: str) -> TaskData:
-    """A preference ``TaskData`` (no classes), the skipped pairs counted in ``info`` and logged."""
+                    skipped: Counter, info: dict[str, str]) -> TaskData:
+    """A preference ``TaskData`` (no classes), the skipped pairs counted in its ``info`` and logged."""
     if skipped:
         log.info("task %s: skipped %s", name, "; ".join(f"{n} pairs: {r}" for r, n in sorted(skipped.items())))
     return TaskData(name=name, class_names=[], train=train, test=test, label_words=[], label_descriptions=[],
@@ -165,6 +165,6 @@ def load_hh_rlhf(cfg: TaskConfig, seed: int) -> TaskData:
     for subset, path in zip(HH_SUBSETS, paths):
         tr, te = plain_split(read_hh_file(path, subset, skipped), cfg.test_fraction, SPLIT_SEED)
         train, test = train + tr, test + te
-    return preference_task("hh-rlhf", train, test, paths, skipped, source=str(folder),
-                           origin="anthropics/hh-rlhf test splits (see HH-RLHF/PROVENANCE.md)",
-                           split=f"seeded {cfg.test_fraction} of each subset held out (seed {SPLIT_SEED})")
+    return preference_task("hh-rlhf", train, test, paths, skipped, {
+        "source": str(folder), "origin": "anthropics/hh-rlhf test splits (see HH-RLHF/PROVENANCE.md)",
+        "split": f"seeded {cfg.test_fraction} of each subset held out (seed {SPLIT_SEED})"})

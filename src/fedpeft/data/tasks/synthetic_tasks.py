@@ -100,7 +100,7 @@ def synthetic_preference(n: int, rng: np.random.Generator) -> list[Example]:
 def _load_synthetic_preference(cfg: TaskConfig, seed: int) -> TaskData:
     examples = synthetic_preference(cfg.num_examples, np.random.default_rng([seed, zlib.crc32(b"preference")]))
     train, test = plain_split(examples, cfg.test_fraction, seed)
-    return preference_task("synthetic-preference", train, test, [], Counter(), generator=f"seed {seed}")
+    return preference_task("synthetic-preference", train, test, [], Counter(), {"generator": f"seed {seed}"})
 
 
 TASKS.add(
