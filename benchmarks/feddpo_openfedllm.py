@@ -31,7 +31,6 @@ import json
 import runpy
 import sys
 import time
-import types
 from pathlib import Path
 
 AUTHORS_REPO = "rui-ye/OpenFedLLM"
@@ -109,7 +108,8 @@ def _patch(checkout: Path, clients: list[list[dict]], timings: list[float]) -> N
 
     class DPOTrainer(real):  # TRL 0.7.2's signature on TRL 1.16
         def __init__(self, model, ref_model, args, beta, train_dataset, tokenizer, **kwargs):
-            cfg = trl.DPOConfig(output_dir=args.output_dir, per_device_train_batch_size=args.per_device_train_batch_size,
+            cfg = trl.DPOConfig(output_dir=args.output_dir,
+                                per_device_train_batch_size=args.per_device_train_batch_size,
                                 gradient_accumulation_steps=args.gradient_accumulation_steps,
                                 learning_rate=args.learning_rate, max_steps=args.max_steps,
                                 lr_scheduler_type="constant", logging_steps=args.logging_steps, report_to="none",

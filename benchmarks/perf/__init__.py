@@ -53,6 +53,11 @@ range. Figures:
    Timed as the environment runs Python (here with ``PYTHONDONTWRITEBYTECODE=1``: fedpeft's modules are compiled
    in every process, as they were before; with bytecode kept, ``methods`` takes about 0.7 s).
 
+9. DPO (issue 73): one ``feddpo`` client's local steps (SmolLM2, LoRA on every linear projection, HH-RLHF pairs
+   of at most 128 tokens, batch 4 pairs) against a bare PEFT + PyTorch loop on the same pre-collated batches (the
+   policy's and the reference's passes, the reference with the LoRA layers switched off); the trained tensors must
+   agree. Goal <= 1.05x.
+
 Figure 7 (GPU) is a row marked "not measured yet".
 
 Figures 1-5 run one thread each, one after another, or ``--jobs 2`` at a time: each figure's arms still alternate

@@ -93,5 +93,22 @@ def local_work(args, adapter: str, *extra: str):
     return build(cfg)
 
 
+def step_rows(b, cid: int, round: int) -> list[list[int]]:
+    """The example rows of each local step of client ``cid`` in ``round``, in the order the gradient trainers draw
+    them (``gradient.train_local``: its shuffling stream, a new pass when the last one runs short)."""
+    from fedpeft.rng import torch_rng
+    from fedpeft.trainers.gradient import num_steps
+
+    data, s = b.exp.client(cid).train, b.method.trainer.settings
+    gen, n = torch_rng(b.plan.seed, round, cid, "local-train"), len(data)
+    order, out = torch.empty(0, dtype=torch.long), []
+    for _ in range(num_steps(n, s)):
+        if len(order) < s.batch_size:
+            order = torch.cat([order, torch.randperm(n, generator=gen)])
+        idx, order = order[: min(s.batch_size, n)], order[min(s.batch_size, n):]
+        out.append(idx.tolist())
+    return out
+
+
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)

@@ -12,14 +12,12 @@ import torch.nn.functional as F
 from fedpeft.backbones.encoding import collate
 from fedpeft.comm.codec import decode
 from fedpeft.methods.state import ServerState
-from fedpeft.rng import torch_rng
 from fedpeft.runtime.client import handle_train
 from fedpeft.runtime.embedded import InProcessTransport
 from fedpeft.runtime.server import RoundDriver
 from fedpeft.runtime.session import progress
-from fedpeft.trainers.gradient import num_steps
 
-from benchmarks.perf.common import Figure, alternate, figure, local_work, max_diff
+from benchmarks.perf.common import Figure, alternate, figure, local_work, max_diff, step_rows
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -77,14 +75,9 @@ def bare_epoch(forward, model, params: dict[str, torch.Tensor], anchors: torch.T
 
 def client_batches(b, cid: int, round: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The batches fedpeft's client ``cid`` trains on in ``round`` (its shuffling stream), pre-collated."""
-    data, s = b.exp.client(cid).train, b.method.trainer.settings
-    gen, n = torch_rng(b.plan.seed, round, cid, "local-train"), len(data)
-    order, out = torch.empty(0, dtype=torch.long), []
-    for _ in range(num_steps(n, s)):
-        if len(order) < s.batch_size:
-            order = torch.cat([order, torch.randperm(n, generator=gen)])
-        idx, order = order[: min(s.batch_size, n)], order[min(s.batch_size, n):]
-        c = collate(data, idx.tolist(), b.exp.classifier.pad_id)
+    data, out = b.exp.client(cid).train, []
+    for rows in step_rows(b, cid, round):
+        c = collate(data, rows, b.exp.classifier.pad_id)
         out.append((c["input_ids"], c["attention_mask"], c["labels"]))
     return out
 

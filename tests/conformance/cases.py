@@ -113,7 +113,7 @@ TRAINER_CASES: dict[str, tuple[str, str]] = {
 }
 # trainer -> the task and model it needs where the default tiny classification task does not serve
 TRAINER_TASKS: dict[str, dict[str, Any]] = {
-    "dpo": {"task.name": "synthetic-preference", "model.name": "tiny-llama", "task.max_length": 32,
+    "dpo": {"task.name": "synthetic-preference", "model.name": "tiny-llama", "task.max_length": 64,
             "task.max_response_length": 8},
 }
 

@@ -46,8 +46,9 @@ def test_resolving_listing_and_config_errors_import_no_heavy_library(tmp_path):
     assert cfg.method.name
     registries = [*AXIS_REGISTRIES.values(), *LIST_REGISTRIES.values(), PRESETS, TASKS, BACKBONES, RUNTIMES]
     assert all(list(r.names()) for r in registries)
+    needs = {"feddpo": ["task.name=hh-rlhf", "model.name=smollm2"]}  # a preference preset needs preference pairs
     for name in PRESETS.names():  # every preset resolved and its combination checked
-        load_config(None, [f"method.name={name}"])
+        load_config(None, [f"method.name={name}", *needs.get(name, [])])
     for overrides in (["federation.rounds=0"], ["method.name=no-such-method"], ["no_such_key=1"]):
         try:
             load_config(None, overrides)

@@ -183,6 +183,14 @@ def prompt_ids(tok, fmt: PromptFormat, ex: Example, max_length: int, reserved: i
     return list(fmt.lead) + [t for i, p in enumerate(pieces) for t in (fields.get(i, p))], sorted(set(cut))
 
 
+def log_cuts(cuts: Cuts, what: str, max_length: int, max_response_length: int, truncation: str) -> None:
+    """One log line of what the limits cut (a warning above ``CUT_WARN``), if anything was."""
+    if cuts.prompts or cuts.responses:
+        level = logging.WARNING if cuts.share > CUT_WARN else logging.INFO
+        log.log(level, "encoding %d %s: %s", cuts.examples, what,
+                cuts.describe(max_length, max_response_length, truncation))
+
+
 def count_cut(cuts: Cuts, cut: list[str]) -> None:
     """Count one prompt's cut fields (``prompt_ids``) in ``cuts``."""
     for kind in cut:
@@ -212,10 +220,7 @@ def encode_instructions(backbone: Backbone, fmt: PromptFormat, examples: list[Ex
         prompt_cut.append(bool(cut))
         ids_all.append(prompt + response)
         starts.append(len(prompt))
-    if cuts.prompts or cuts.responses:
-        level = logging.WARNING if cuts.share > CUT_WARN else logging.INFO
-        log.log(level, "encoding %d examples: %s", len(examples),
-                cuts.describe(max_length, max_response_length, truncation))
+    log_cuts(cuts, "examples", max_length, max_response_length, truncation)
     n = len(examples)
     return Encoded(ids_all, np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64), len(fmt.lead),
                    np.array(starts, dtype=np.int64), np.array(prompt_cut, dtype=bool), cuts)

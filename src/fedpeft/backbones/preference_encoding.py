@@ -9,19 +9,15 @@ rejected ones, and only response positions are scored.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedpeft.backbones.encoding import Encoded
-from fedpeft.backbones.instruction_encoding import (CUT_WARN, Cuts, PromptFormat, count_cut, end_token_id,
+from fedpeft.backbones.instruction_encoding import (Cuts, PromptFormat, count_cut, end_token_id, log_cuts,
                                                     prompt_ids, response_ids)
 from fedpeft.backbones.loading import Backbone
 from fedpeft.data.types import Example
-
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class PairEncoded(Encoded):
@@ -65,10 +61,7 @@ def encode_pairs(backbone: Backbone, fmt: PromptFormat, examples: list[Example],
         chosen.append(prompt + good)
         rejected.append(prompt + bad)
         starts.append(len(prompt))
-    if cuts.prompts or cuts.responses:
-        level = logging.WARNING if cuts.share > CUT_WARN else logging.INFO
-        log.log(level, "encoding %d preference pairs: %s", len(examples),
-                cuts.describe(max_length, max_response_length, truncation))
+    log_cuts(cuts, "preference pairs", max_length, max_response_length, truncation)
     n = len(examples)
     return PairEncoded(chosen, np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64), len(fmt.lead),
                        np.array(starts, dtype=np.int64), np.array(prompt_cut, dtype=bool), cuts, rejected)

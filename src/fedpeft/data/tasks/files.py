@@ -356,19 +356,22 @@ def _generation_examples(table: Table, cfg: TaskConfig, group_column: str | None
     return out
 
 
+def _train_test(splits: list[list[Example]], cfg: TaskConfig, train_p: Path) -> tuple[list[Example], list[Example]]:
+    """The train and test file's examples, or one file's split by a plain seeded ``task.test_fraction``."""
+    if len(splits) == 2:
+        return splits[0], splits[1]
+    try:
+        return plain_split(splits[0], cfg.test_fraction)
+    except ValueError as err:
+        raise ConfigError(f"task.test_fraction: cannot split the {len(splits[0])} rows of {train_p} ({err}); "
+                          "add rows or give task.test_path") from None
+
+
 def _load_generation(cfg: TaskConfig, tables: list[Table], test_p: Path | None,
                      group_column: str | None) -> TaskData:
     """The generation task of the files read: the test file's rows, else a plain seeded test_fraction split."""
-    splits = [_generation_examples(t, cfg, group_column) for t in tables]
+    train, test = _train_test([_generation_examples(t, cfg, group_column) for t in tables], cfg, tables[0].path)
     train_p = tables[0].path
-    if len(splits) == 2:
-        train, test = splits
-    else:
-        try:
-            train, test = plain_split(splits[0], cfg.test_fraction)
-        except ValueError as err:
-            raise ConfigError(f"task.test_fraction: cannot split the {len(splits[0])} rows of {train_p} ({err}); "
-                              "add rows or give task.test_path") from None
     columns = [cfg.instruction_column, cfg.input_column, cfg.response_column, cfg.references_column]
     return TaskData(name=cfg.name, class_names=[], train=train, test=test, label_words=[], label_descriptions=[],
                     kind="generation", prompt_template=cfg.prompt_template,
@@ -417,16 +420,8 @@ def _load_preference(cfg: TaskConfig, tables: list[Table], test_p: Path | None,
                      group_column: str | None) -> TaskData:
     """The preference task of the files read: the test file's pairs, else a plain seeded test_fraction split."""
     skipped: Counter = Counter()
-    splits = [_preference_examples(t, cfg, group_column, skipped) for t in tables]
     train_p = tables[0].path
-    if len(splits) == 2:
-        train, test = splits
-    else:
-        try:
-            train, test = plain_split(splits[0], cfg.test_fraction)
-        except ValueError as err:
-            raise ConfigError(f"task.test_fraction: cannot split the {len(splits[0])} pairs of {train_p} ({err}); "
-                              "add rows or give task.test_path") from None
+    train, test = _train_test([_preference_examples(t, cfg, group_column, skipped) for t in tables], cfg, train_p)
     data = preference_task(cfg.name, train, test, [t.path for t in tables], skipped,
                            {"source": str(train_p), "test": str(test_p) if test_p else f"split {cfg.test_fraction}",
                             "columns": json.dumps([cfg.instruction_column, cfg.response_column, cfg.rejected_column])})

@@ -5,12 +5,12 @@ response (``target``) and the rejected one (``rejected``); its ``group`` is the 
 Anthropic's HH-RLHF writes them (``\\n\\nHuman: … \\n\\nAssistant: …``) are split at the last assistant turn
 (``split_dialogue``): the text after it is the response, the earlier turns the chat history.
 
-Malformed pairs (``preference_pair``): a dialogue without an assistant turn, or a missing or empty text, is an
-error naming the file and line (an empty response is kept: the end token alone); a pair whose chosen and rejected responses are identical (no preference), or whose
-two dialogues differ before the last assistant turn (no shared prompt), or whose last assistant turn does not
-follow a user turn, is skipped, counted and logged, and the
-counts are kept in the task's ``info``. A prompt longer than ``task.max_length`` is cut as generation prompts are
-(``instruction_encoding``; counted in the run log).
+Malformed pairs (``preference_pair``): a dialogue without an assistant turn, or a missing text, is an error naming
+the file and line (an empty response is kept: the end token alone); a pair whose chosen and rejected responses are
+identical (no preference), whose two dialogues differ before the last assistant turn (no shared prompt), or whose
+last assistant turn does not follow a user turn, is skipped, counted and logged, and the counts are kept in the
+task's ``info``. A prompt longer than ``task.max_length`` is cut as generation prompts are
+(``instruction_encoding``; counted in the run log). LLMBar (``read_llmbar``) is read as a held-out set.
 
 ``hh-rlhf`` (``shared/data/HH-RLHF``, see its PROVENANCE.md): the four test splits that are available offline
 (8,552 pairs), one client per subset; no train split exists offline, so a fixed seeded ``task.test_fraction`` of
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 HUMAN, ASSISTANT = "\n\nHuman:", "\n\nAssistant:"
 HH_SUBSETS = ("harmless-base", "helpful-base", "helpful-online", "helpful-rejection-sampled")
-PREFERENCE_TASKS = ("hh-rlhf", "synthetic-preference")  # the built-in preference tasks (their kind is known before loading)
+PREFERENCE_TASKS = ("hh-rlhf", "synthetic-preference")  # built-in preference tasks (kind known before loading)
 
 
 class SkippedPair(ValueError):
