@@ -230,7 +230,7 @@ def calibration(args) -> dict:
             cfg = load_config(None, [f"task.name={task}", "task.max_test=1000", "model.name=smollm2",
                                      "method.name=manual-prompt", f"model.calibration={mode}", "task.max_length=64"])
             b = build(cfg)
-            clf, data = b.exp.classifier, b.exp.test_encoded
+            clf, data = b.exp.objective, b.exp.test_encoded
             preds = []
             with torch.inference_mode():
                 for i in range(0, len(data), 32):

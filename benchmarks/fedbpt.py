@@ -114,7 +114,7 @@ def post_hoc(out: Path, arm: str, threads: int) -> dict:
     torch.set_num_threads(threads)
     cfg, (_, server, client_states, _) = load_run(out)
     built = build(cfg)
-    exp, clf = built.exp, built.exp.classifier
+    exp, clf = built.exp, built.exp.objective
     res: dict = {"label_histograms": exp.label_histograms()}
     if arm != "local":  # local-only's post-tuned prompts are not stored anywhere
         train = clf.encode(exp.task.train)  # the union of the clients' shards (every few-shot example is dealt)

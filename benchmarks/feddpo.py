@@ -97,14 +97,14 @@ def posthoc(out: Path, llmbar_per_subset: int | None = None) -> dict:
     if llmbar_per_subset is not None:
         pairs = [e for g in dict.fromkeys(e.group for e in pairs)
                  for e in [x for x in pairs if x.group == g][:llmbar_per_subset]]
-    llmbar = exp.classifier.encode(pairs)
+    llmbar = exp.objective.encode(pairs)
     test = exp.test_encoded
     groups = np.array([e.group for e in exp.task.test])
 
     def scores(params) -> dict:
         whole = trainer.evaluate(floats(params), test, predictions=True)
         stats = whole.pop("predictions")
-        by = {g: exp.classifier.summarise(stats, np.flatnonzero(groups == g)) for g in SUBSETS}
+        by = {g: exp.objective.summarise(stats, np.flatnonzero(groups == g)) for g in SUBSETS}
         return {"test": whole, "by_group": by, "llmbar": trainer.evaluate(floats(params), llmbar)}
 
     local = cfg.method.sharing.name == "local"  # nothing shared: the clients' own adapters are the arm

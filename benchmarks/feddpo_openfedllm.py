@@ -89,7 +89,7 @@ def client_pairs(args, data: Path) -> tuple[list[list[dict]], object]:
     from fedpeft.resolve import load_config
 
     b = build(load_config(None, fedpeft_config(args, data)))
-    exp, fmt = b.exp, b.exp.classifier.format
+    exp, fmt = b.exp, b.exp.objective.format
     out = []
     for c in range(exp.num_clients):
         rows = [exp.task.train[int(i)] for i in exp.train_parts[c]]
@@ -159,7 +159,7 @@ def score(saved: Path, b) -> dict:
     whole = b.method.trainer.evaluate(params, b.exp.test_encoded, predictions=True)
     stats = whole.pop("predictions")
     groups = np.array([e.group for e in b.exp.task.test])
-    return whole | {"by_group": {g: b.exp.classifier.summarise(stats, np.flatnonzero(groups == g)) for g in SUBSETS},
+    return whole | {"by_group": {g: b.exp.objective.summarise(stats, np.flatnonzero(groups == g)) for g in SUBSETS},
                     "bytes_per_direction": sum(v.numel() * v.element_size() for v in state.values())}
 
 

@@ -160,7 +160,7 @@ def validity(run_dir: Path) -> dict:
     final = adapter_params(built.method, server, clients)
     init = built.method.initial_params()
     layers = sorted(int(k.split(".")[1]) for k in final if k.startswith("prefix."))
-    clf, test = built.exp.classifier, built.exp.test_encoded
+    clf, test = built.exp.objective, built.exp.test_encoded
 
     def acc(keep: set[int]) -> float:
         params = {k: (v if not k.startswith("prefix.") or int(k.split(".")[1]) in keep else init[k])

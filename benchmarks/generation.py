@@ -139,7 +139,7 @@ def score_local_unseen(out: Path) -> Path:
     scores = {}
     for c in range(b.exp.num_clients):
         params = floats(adapter_params(b.method, server, client_states, c))
-        scores[str(c)] = generation_metrics(b.exp.classifier, params, test, rows, set(), ev.max_new_tokens,
+        scores[str(c)] = generation_metrics(b.exp.objective, params, test, rows, set(), ev.max_new_tokens,
                                             ev.batch_size, 0)
     (out / UNSEEN_FILE).write_text(json.dumps(scores, indent=1))
     return out / UNSEEN_FILE

@@ -91,7 +91,7 @@ def step_time(args) -> dict:
             method.sharing.settings = method.sharing.settings.model_copy(update={"mode": mode})
             plan = method.sharing.plan(start, inst, client, 1)
             t0 = time.perf_counter()
-            res = train_local(b.exp.classifier, plan.get("params", start), client.train, "adamw",
+            res = train_local(b.exp.objective, plan.get("params", start), client.train, "adamw",
                               method.trainer.settings, torch.Generator().manual_seed(rep), None, plan["frozen"],
                               plan["static"])
             if rep:  # the first repetition warms up

@@ -242,7 +242,7 @@ def main() -> None:
     checkout = flower_checkout(a.checkout)
     settings = FlowerTuneSettings(per_subject=a.per_subject, seed=a.seed)
     bare = bare_model("smollm2", a.device)
-    source = bare.classifier.backbone.source
+    source = bare.objective.backbone.source
     saved = a.out.with_suffix(".json")
     rows: list[dict] = []
     lmeval: list[dict] = []
@@ -256,12 +256,12 @@ def main() -> None:
         rows += [r for r in kept["flowertune"] if r["label"].split(" (")[0] not in names]
         lmeval += [r for r in kept["lmeval"] if r["label"].split(" (")[0] not in names]
     else:
-        rows.append(compare("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params,
-                            lambda: contextlib.nullcontext(bare.classifier.backbone.model), settings, checkout,
+        rows.append(compare("SmolLM2-135M-Instruct, zero-shot", bare.objective, bare.params,
+                            lambda: contextlib.nullcontext(bare.objective.backbone.model), settings, checkout,
                             a.batch_size))
         save()
         if a.boolq_limit:
-            lmeval.append(lmeval_parity("SmolLM2-135M-Instruct, zero-shot", bare.classifier, bare.params, source,
+            lmeval.append(lmeval_parity("SmolLM2-135M-Instruct, zero-shot", bare.objective, bare.params, source,
                                         None, a.boolq_limit, a.batch_size, a.device))
     save()
     for run in a.run:
@@ -269,14 +269,14 @@ def main() -> None:
         from fedpeft.model.decoding import weights_in_place
 
         trained = open_model(run)
-        rows.append(compare(f"{Path(run).name} (global adapter)", trained.classifier, trained.params,
-                            lambda: weights_in_place(trained.classifier, trained.params),  # W + s·BA, merged
+        rows.append(compare(f"{Path(run).name} (global adapter)", trained.objective, trained.params,
+                            lambda: weights_in_place(trained.objective, trained.params),  # W + s·BA, merged
                             settings, checkout, a.batch_size))
         save()
         with tempfile.TemporaryDirectory() as tmp:
             export_peft(run, Path(tmp) / "adapter")
             if a.boolq_limit:
-                lmeval.append(lmeval_parity(f"{Path(run).name} (global adapter)", trained.classifier, trained.params,
+                lmeval.append(lmeval_parity(f"{Path(run).name} (global adapter)", trained.objective, trained.params,
                                             source, Path(tmp) / "adapter", a.boolq_limit, a.batch_size, a.device))
     save()
     render(rows, a.out, a.device, lmeval)

@@ -46,7 +46,7 @@ def score_arm(arm: str, run: str | None, suites: list[str], runs_dir: Path, devi
     model = open_model(run) if run else bare_model("smollm2", device)
     for spec in todo:
         name, _, limit = spec.partition(":")
-        result = build_suite(name, int(limit) if limit else None).run(model.classifier, model.params, batch_size)
+        result = build_suite(name, int(limit) if limit else None).run(model.objective, model.params, batch_size)
         result.protocol |= {"arm": arm, "run": run, "adapter": model.describe(), "device": device,
                             "machine": platform.processor() or platform.machine()}
         result.write(runs_dir / arm / f"{name}.json")

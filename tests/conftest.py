@@ -99,9 +99,9 @@ def last_hidden_ours_and_peft(exp, params, peft_dir, rows=(0, 1, 2)):
     from peft import PeftModel
 
     peft_model = PeftModel.from_pretrained(plain_copy(exp.backbone), peft_dir)
-    batch = exp.classifier.batch(exp.test_encoded, list(rows))
+    batch = exp.objective.batch(exp.test_encoded, list(rows))
     with torch.no_grad():
-        ours = exp.classifier.hidden_states(params, batch)[-1]
+        ours = exp.objective.hidden_states(params, batch)[-1]
         theirs = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                             output_hidden_states=True).hidden_states[-1]
     return ours, theirs

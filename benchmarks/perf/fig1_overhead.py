@@ -77,7 +77,7 @@ def client_batches(b, cid: int, round: int) -> list[tuple[torch.Tensor, torch.Te
     """The batches fedpeft's client ``cid`` trains on in ``round`` (its shuffling stream), pre-collated."""
     data, out = b.exp.client(cid).train, []
     for rows in step_rows(b, cid, round):
-        c = collate(data, rows, b.exp.classifier.pad_id)
+        c = collate(data, rows, b.exp.objective.pad_id)
         out.append((c["input_ids"], c["attention_mask"], c["labels"]))
     return out
 
@@ -100,8 +100,8 @@ class BareClient:
             self.params = {k: self.model.get_parameter(k.replace(".weight", ".default.weight")) for k in start}
         else:
             self.params = {k: v.clone() for k, v in start.items()}
-        self.anchors = b.exp.classifier.anchors
-        self.scale = b.exp.classifier.scale
+        self.anchors = b.exp.objective.anchors
+        self.scale = b.exp.objective.scale
 
     def reset(self) -> None:
         with torch.no_grad():

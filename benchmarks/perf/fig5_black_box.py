@@ -24,7 +24,7 @@ def figure_5(args) -> list[Figure]:
     data = b.exp.client(0).train
     data = data.subset(list(range(min(args.bb_examples, len(data)))))
     z = torch.randn(s.popsize, cfg.method.adapter.intrinsic_dim, generator=torch.Generator().manual_seed(0))
-    clf = b.exp.classifier
+    clf = b.exp.objective
     one = BlackBox(clf, batched=True, max_rows=s.max_rows)
     each = BlackBox(clf, batched=False, max_rows=s.max_rows)
     ta, tb = alternate(lambda: each.losses(z, data), lambda: one.losses(z, data), args.reps)
@@ -65,7 +65,7 @@ def verbalizer_figure(args) -> Figure:
     cfg = load_config(None, ["method.name=fedprompt", "task.name=bbc", "model.name=smollm2", "runtime.threads=1",
                              "runtime.progress=false", f"federation.num_clients={args.clients}"])
     b = build(cfg)
-    clf = b.exp.classifier
+    clf = b.exp.objective
     params = ServerState.from_message(b.method.server_init()).glob
     batch = clf.batch(b.exp.test_encoded, list(range(args.lm_batch)))
     with torch.inference_mode():

@@ -39,7 +39,7 @@ def dpo_work(args, steps: int):
 
 def dpo_batches(b, cid: int, round: int) -> list[dict[str, torch.Tensor]]:
     """The batches fedpeft's client ``cid`` trains on in ``round`` (its shuffling stream), pre-collated."""
-    data, pm, out = b.exp.client(cid).train, b.exp.classifier, []
+    data, pm, out = b.exp.client(cid).train, b.exp.objective, []
     for rows in step_rows(b, cid, round):
         batch = pm.batch(data, rows)
         j = torch.arange(batch["input_ids"].shape[1]).unsqueeze(0)

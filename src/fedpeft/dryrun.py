@@ -80,7 +80,7 @@ def dry_run(cfg: ExperimentConfig) -> DryRun:
     first = task.train[0] if task.train else None
     return DryRun(method.trainable_params(state), client, len(instructions), len(encode(msg, method.wire)),
                   payload_bytes(msg, method.wire), up, up_tensors, up - up_tensors, variable, counts,
-                  exp.describe_clients(), exp.classifier.readout,
-                  exp.classifier.show(first, method.initial_params()) if first else "",
+                  exp.describe_clients(), exp.objective.readout,
+                  exp.objective.show(first, method.initial_params()) if first else "",
                   (task.class_names[first.label] if task.class_names else "(the response)") if first else "",
                   len(exp.validation), exp.cuts(), task.is_generation)

@@ -1,4 +1,4 @@
-"""Everything a run needs that is derived from its config: task, partitions, backbone, classifier.
+"""Everything a run needs that is derived from its config: task, partitions, backbone, objective.
 
 Built the same way in every process (embedded runner, Flower ServerApp, each SuperNode), so the
 partitions and encodings agree without being sent anywhere. Client data is encoded lazily, once.
@@ -37,7 +37,7 @@ class Experiment:
     model_name: str  # ``model.name`` as configured (model.json records it)
     task: TaskData
     backbone: Backbone
-    classifier: Classifier | LanguageModel  # the objective: what the forward pass is scored by (task.kind)
+    objective: Classifier | LanguageModel  # what the forward pass is scored by (task.kind; model.OBJECTIVES)
     train_parts: list[np.ndarray]
     test_parts: list[np.ndarray]
     groups: list[str] | None = None  # each client's group (partition scheme 'by_column'/'domains'), for reporting
@@ -59,27 +59,27 @@ class Experiment:
     @property
     def test_encoded(self) -> Encoded:
         if "test" not in self._encoded:
-            self._encoded["test"] = self.classifier.encode(self.task.test)
+            self._encoded["test"] = self.objective.encode(self.task.test)
         return self._encoded["test"]
 
     @property
     def validation_encoded(self) -> Encoded:
         """The validation split held out of the training data (``evaluation.keep_best``), encoded once."""
         if "validation" not in self._encoded:
-            self._encoded["validation"] = self.classifier.encode(self.validation)
+            self._encoded["validation"] = self.objective.encode(self.validation)
         return self._encoded["validation"]
 
     def _train_encoded(self) -> Encoded:
         if "train" not in self._encoded:
-            self._encoded["train"] = self.classifier.encode(self.task.train)
+            self._encoded["train"] = self.objective.encode(self.task.train)
         return self._encoded["train"]
 
     def cuts(self) -> dict[str, str]:
-        """Generation tasks: per split (train, test), what the length limits cut (``instruction_encoding.Cuts``),
+        """Generation and preference tasks: per split (train, test), what the length limits cut (``Cuts``),
         one line each; classification: none."""
-        if self.classifier.kind != "generation":
+        if not self.objective.generates:
             return {}
-        clf = self.classifier
+        clf = self.objective
         return {split: enc.cuts.describe(clf.max_length, clf.max_response_length, self.task.truncation)
                 for split, enc in (("train", self._train_encoded()), ("test", self.test_encoded))
                 if enc.cuts is not None}
@@ -117,7 +117,7 @@ class Experiment:
 
     def _trigger_args(self) -> tuple:
         a, tok = self.attack, self.backbone.tokenizer
-        budget = text_budget(self.backbone, self.task, self.classifier.max_length, self.classifier.readout)
+        budget = text_budget(self.backbone, self.task, self.objective.max_length, self.objective.readout)
         return a.trigger, a.insertions, lambda text: len(tok(text, add_special_tokens=False)["input_ids"]), budget
 
     def _poisoned(self, client_id: int) -> Encoded:
@@ -127,7 +127,7 @@ class Experiment:
             clean = [self.task.train[i] for i in self.train_parts[client_id]]
             copies = poisoned_copies(clean, a.target, a.poison_rate, *self._trigger_args(),
                                      numpy_rng(self.seed, 0, client_id, "poison"))
-            self._encoded[key] = self.classifier.encode(copies)
+            self._encoded[key] = self.objective.encode(copies)
         return self._encoded[key]
 
     @property
@@ -138,7 +138,7 @@ class Experiment:
         if "asr" not in self._encoded:
             idx, triggered = asr_examples(self.task.test, self.attack.target, *self._trigger_args(),
                                           numpy_rng(self.seed, 0, SERVER, "asr-test"))
-            self._encoded["asr"] = self.classifier.encode(triggered)
+            self._encoded["asr"] = self.objective.encode(triggered)
             self._encoded["asr-index"] = idx  # type: ignore[assignment]
         return self._encoded["asr"]
 
@@ -179,7 +179,7 @@ class Experiment:
         """What the run directory keeps of this experiment (``model.json``), so that its model can be used without
         the data: the task without examples, the readout, the backbone's identity, the clients, the data's
         fingerprint."""
-        return {"task": self.task.spec(), "readout": self.classifier.readout,
+        return {"task": self.task.spec(), "readout": self.objective.readout,
                 "backbone": {"name": self.model_name, "source": self.backbone.source,
                              "family": self.backbone.family, "sha256": backbone_sha256},
                 "clients": {"count": self.num_clients, "groups": self.groups, "names": self.client_names()},

@@ -41,12 +41,12 @@ def export_peft(run_dir: str | Path, out: str | Path, best: bool = False,
     model = open_model(run_dir, client=client, best=best)
     cfg, glob = model.cfg, model.params
     record = RunDir(run_dir).read_record() or {}
-    backbone = model.classifier.backbone
+    backbone = model.objective.backbone
     base = (record.get("backbone") or {}).get("source") or backbone.source or cfg.model.name
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     task_type = "CAUSAL_LM" if backbone.family == "causal" else "FEATURE_EXTRACTION"
-    peft_config, tensors = model.classifier.adapter.to_peft(backbone, glob, task_type)
+    peft_config, tensors = model.objective.adapter.to_peft(backbone, glob, task_type)
     peft_config.base_model_name_or_path = base
     head = {k: v.float().contiguous() for k, v in glob.items() if k.startswith("head.")}
     if head:  # fedpeft's linear readout is not a module of the base model: saved beside the adapter
@@ -60,7 +60,7 @@ def export_peft(run_dir: str | Path, out: str | Path, best: bool = False,
 
 def task_metadata(model: TrainedModel, record: dict[str, Any], base: str) -> dict[str, Any]:
     """``fedpeft_task.json``: what scoring classes with the exported adapter needs, as the run scored them."""
-    clf, cfg = model.classifier, model.cfg
+    clf, cfg = model.objective, model.cfg
     if clf.generates:  # what prompts looked like: the chat template, or the template given
         scoring = {"max_response_length": clf.max_response_length, "chat_template": clf.format.chat,
                    "end_token_id": clf.end_id}

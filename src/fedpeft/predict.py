@@ -43,7 +43,6 @@ from typing import Any
 import torch
 
 from fedpeft.adapters.deep_prompt import layer_of
-from fedpeft.model.classifier import Classifier
 from fedpeft.build import build
 from fedpeft.clients import sub_state
 from fedpeft.comm.codec import Message
@@ -63,7 +62,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainedModel:
-    """A run's trained adapter, ready to classify: the classifier as the run built it and the tensors of one
+    """A run's trained adapter, ready to classify or write: the objective as the run built it and the tensors of one
     checkpoint (the global adapter, or one client's personalised adapter)."""
 
     run_dir: Path
@@ -78,12 +77,18 @@ class TrainedModel:
     num_clients: int = 0
 
     @property
-    def classifier(self) -> Classifier:
+    def objective(self) -> Any:
+        """What the run's forward pass is scored by: a ``Classifier``, ``LanguageModel`` or ``PreferenceModel``."""
         return self.method.clf
 
     @property
+    def classifier(self) -> Any:
+        """``objective``, by the name it had when every run trained a classifier (kept for scripts using it)."""
+        return self.objective
+
+    @property
     def class_names(self) -> list[str]:
-        return list(self.classifier.task.class_names)
+        return list(self.objective.task.class_names)
 
     @property
     def rounds(self) -> int:
@@ -122,7 +127,7 @@ class TrainedModel:
     @torch.no_grad()
     def probabilities(self, examples: Sequence[Example], batch_size: int | None = None) -> torch.Tensor:
         """Softmax over the class logits, [len(examples), num_classes] (float32, CPU)."""
-        clf, bs = self.classifier, batch_size or self.cfg.evaluation.batch_size
+        clf, bs = self.objective, batch_size or self.cfg.evaluation.batch_size
         if clf.kind != "classification":
             raise ValueError(f"{self.run_dir}: the run tuned a model to generate (task '{clf.task.name}'); it has no "
                              "classes to predict: use fedpeft generate")
@@ -137,7 +142,7 @@ class TrainedModel:
 
     def language_model(self) -> Any:
         """The run's language model; ValueError naming ``predict`` for a classifier's run."""
-        lm = self.classifier
+        lm = self.objective
         if not lm.generates:
             raise ValueError(f"{self.run_dir}: the run trained a classifier (task '{lm.task.name}'); generate needs a "
                              "generation or preference task's run (use predict)")
@@ -280,7 +285,7 @@ def predict(run_dir: str | Path, texts: Sequence[str], client: int | str | None 
         raise ValueError("no texts to classify (--text or --file)")
     model = open_model(run_dir, client, best)
     inputs = texts_only(list(texts))
-    probs = model.probabilities(inputs.examples(model.classifier.task.is_pair))
+    probs = model.probabilities(inputs.examples(model.objective.task.is_pair))
     return prediction_rows(inputs, model.class_names, probs.argmax(-1).tolist(), probs.tolist())
 
 
@@ -289,7 +294,7 @@ class BareModel:
     """A backbone with no adapter, as a language model (the zero-shot row of a standard evaluation)."""
 
     name: str
-    classifier: Any  # a ``LanguageModel`` with the ``template_only`` adapter
+    objective: Any  # a ``LanguageModel`` with the ``template_only`` adapter
     params: Params
 
     def describe(self, with_warning: bool = True) -> str:

@@ -23,7 +23,7 @@ def test_fedprompt_learns_on_bbc_above_its_starting_point(tmp_path):
         "method.trainer.lr=0.05"])
     exp = build_experiment(cfg)
     method = build_method(cfg, exp)
-    start = evaluate(exp.classifier, method.server_init().tensors, exp.test_encoded)["accuracy"]
+    start = evaluate(exp.objective, method.server_init().tensors, exp.test_encoded)["accuracy"]
     checksum = exp.backbone.checksum()
     summary = run_embedded(cfg, tmp_path / "run", experiment=exp)
     assert summary["final_accuracy"] >= 0.85  # 5 classes: chance is 0.2

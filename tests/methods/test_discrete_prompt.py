@@ -192,7 +192,7 @@ def test_search_steps_follow_eqs_6_7_and_keep_current_is_monotone(model):
     start = 0.7 * init + 0.3 * init.roll(1, dims=0) if llama else 0.5 * init
     seed = 1 if llama else 7
     for acceptance in ("keep_current", "literal_eq6"):
-        box = RecordingBox(exp.classifier, param_name="prompt", param_dims=2)
+        box = RecordingBox(exp.objective, param_name="prompt", param_dims=2)
         cfg = DiscreteSearchSettings(steps=S, candidates=K, acceptance=acceptance)
         p, changed, tok, trace = search(box, vocab, start, data, cfg, np.random.default_rng(seed))
         assert len(box.calls) == S + 1 and len(trace) == S
@@ -221,7 +221,7 @@ def test_minibatch_search_scores_the_current_prompt_with_the_candidates():
     vocab = method.trainer.vocabulary()
     data = exp.client(1).train
     start = method.initial_params()["prompt"]
-    box = RecordingBox(exp.classifier, param_name="prompt", param_dims=2)
+    box = RecordingBox(exp.objective, param_name="prompt", param_dims=2)
     cfg = DiscreteSearchSettings(steps=6, candidates=3, full_set_max=8, batch_size=5)
     p, changed, _, _ = search(box, vocab, start, data, cfg, np.random.default_rng(3))
     assert len(data) > cfg.full_set_max and len(box.calls) == 6
@@ -243,7 +243,7 @@ def test_candidate_evaluations_and_forwards_per_client_round(mode):
         extra |= {"method.trainer.max_rows": 38}
     _, exp, method = _setup(**extra)
     vocab_size = method.trainer.vocabulary().table.shape[0]
-    box = BlackBox(exp.classifier, param_name="prompt", param_dims=2)
+    box = BlackBox(exp.objective, param_name="prompt", param_dims=2)
     state, states = method.server_init(), {}
     for rnd in (1, 2):
         prev = state.tensors["prompt"].clone()
@@ -520,7 +520,7 @@ class AccuracyBox(BlackBox):
 
 def test_bbt_post_tuning_with_dev_selection_is_never_worse_on_dev_and_counts_queries(monkeypatch):
     _, exp, method = _setup()
-    clf = exp.classifier
+    clf = exp.objective
     params = method.initial_params()
     pop, iters = 4, 3
     monkeypatch.setattr("fedpeft.post_tuning.bbt.BlackBox", AccuracyBox)

@@ -32,7 +32,7 @@ def test_the_initialisation_is_the_rank_r_svd_of_the_sign_step_of_the_real_gradi
     diagonal of its singular values."""
     cfg = _cfg()
     b = build(cfg)
-    clf, adapter = b.exp.classifier, b.exp.classifier.adapter
+    clf, adapter = b.exp.objective, b.exp.objective.adapter
     init = b.method.initial_params()
     # the same examples and head the adapter drew: replay the generator up to the initialisation
     from fedpeft.rng import SERVER, torch_rng

@@ -51,7 +51,7 @@ def test_what_fedex_cannot_run_with_is_refused_before_anything_loads(over, why):
 def test_every_round_is_exact_and_the_residual_travels_down_in_full_from_round_two(tmp_path):
     cfg = _cfg()
     b = build(cfg)
-    weights = {n: p.detach().clone() for n, p in b.exp.classifier.backbone.model.named_parameters()}
+    weights = {n: p.detach().clone() for n, p in b.exp.objective.backbone.model.named_parameters()}
     run_embedded(cfg, tmp_path / "fedex", experiment=b.exp)
     recs = RunDir(tmp_path / "fedex").read_metrics()
     assert all(0 <= r["server"]["aggregation_error"] <= 1e-6 for r in recs)
@@ -64,7 +64,7 @@ def test_every_round_is_exact_and_the_residual_travels_down_in_full_from_round_t
     assert down[1] - down[0] >= extra and down[1] - down[0] < extra + 4096 and down[2] == down[1]
     up = [c["bytes_up"] for r in recs for c in r["clients"] if c["client"] == 0]
     assert max(up) - min(up) < 64  # never uploaded
-    for n, p in b.exp.classifier.backbone.model.named_parameters():  # the shared backbone is untouched
+    for n, p in b.exp.objective.backbone.model.named_parameters():  # the shared backbone is untouched
         assert torch.equal(p, weights[n]), n
     plain = _cfg(**{"method.name": "fedit", "method.adapter.r": 16, "method.adapter.target_modules": None})
     run_embedded(plain, tmp_path / "fedavg")
@@ -78,7 +78,7 @@ def test_the_global_model_is_w_plus_s_r_plus_s_ba_wherever_it_is_evaluated(tmp_p
     b = build(cfg)
     run_embedded(cfg, tmp_path / "run", experiment=b.exp)
     glob = ServerState.from_message(RunDir(tmp_path / "run").load_checkpoint()[1]).glob
-    clf = b.exp.classifier
+    clf = b.exp.objective
     batch = clf.batch(b.exp.test_encoded, list(range(8)))
     got = clf.logits(glob, batch)
     merged = clf.adapter.merged(clf.backbone, glob)

@@ -96,7 +96,7 @@ def test_nonpad_layer_scores_of_a_batch_do_not_see_the_pad_tokens(tiny_cfg):
     assert policy.settings.score_tokens == "all"  # default: the code's flattening (golden metrics unchanged)
     nonpad = type(policy)(LayerSelectionSettings(score_tokens="nonpad"), policy.ctx)
     data = exp.client(0).train
-    batch = exp.classifier.batch(data, list(range(8)))
+    batch = exp.objective.batch(data, list(range(8)))
     real = batch["attention_mask"].bool()
     assert not bool(real.all())
     other = dict(batch) | {"input_ids": torch.where(real, batch["input_ids"], 1234)}

@@ -200,7 +200,7 @@ def test_lora_is_injected_once_and_leaves_the_frozen_function(model):
     exp = build_experiment(cfg)
     method = build_method(cfg, exp)
     params = method.initial_params()
-    clf, batch = exp.classifier, exp.classifier.batch(exp.test_encoded, [0, 1, 2])
+    clf, batch = exp.objective, exp.objective.batch(exp.test_encoded, [0, 1, 2])
     zero_b = clf.logits(params, batch)
     with torch.no_grad():  # B = 0 is the frozen model itself
         plain = clf.logits({k: torch.zeros_like(v) for k, v in params.items()}, batch)
@@ -216,7 +216,7 @@ def test_lora_is_injected_once_and_leaves_the_frozen_function(model):
 def test_gqa_key_value_rows_belong_to_their_query_head_group():
     cfg = _cfg("fedavg-lora", "tiny-llama")
     exp = build_experiment(cfg)
-    slices = exp.classifier.adapter.head_slices(exp.backbone)
+    slices = exp.objective.adapter.head_slices(exp.backbone)
     k_proj = next(v for k, v in slices.items() if "k_proj" in k and ".0." in k)
     q_proj = next(v for k, v in slices.items() if "q_proj" in k and ".0." in k)
     assert [h for h, *_ in q_proj] == [(0,), (1,), (2,), (3,)]  # 4 query heads of 8 rows
@@ -284,11 +284,11 @@ def test_masked_and_physically_pruned_steps_agree_on_kept_parameters():
     full = {k: v.clone().requires_grad_(True) for k, v in params.items()}
     small = {k: (_take(v, slices[k], idx[k]) if k in slices else v).clone().requires_grad_(True)
              for k, v in params.items()}
-    batch = exp.classifier.batch(exp.test_encoded, list(range(8)))
+    batch = exp.objective.batch(exp.test_encoded, list(range(8)))
     loss = {}
     for mode, p in (("masked", full), ("pruned", small)):
         static = head_overrides(exp.backbone, kept, mode)
-        loss[mode] = torch.nn.functional.cross_entropy(exp.classifier.logits(p, batch, static), batch["labels"])
+        loss[mode] = torch.nn.functional.cross_entropy(exp.objective.logits(p, batch, static), batch["labels"])
         loss[mode].backward()
     assert float(loss["masked"].detach()) == pytest.approx(float(loss["pruned"].detach()), abs=1e-5)
     for k in params:
@@ -297,8 +297,8 @@ def test_masked_and_physically_pruned_steps_agree_on_kept_parameters():
         assert torch.allclose(g_full, g_small, atol=1e-6), k
     # and it is a different function from keeping every head (the paper's lora_only default)
     with torch.no_grad():
-        intact = exp.classifier.logits(params, batch)
-        pruned = exp.classifier.logits(small, batch, head_overrides(exp.backbone, kept, "pruned"))
+        intact = exp.objective.logits(params, batch)
+        pruned = exp.objective.logits(small, batch, head_overrides(exp.backbone, kept, "pruned"))
     assert (intact - pruned).abs().max() > 1e-3
 
 

@@ -43,7 +43,7 @@ def test_every_tensor_gets_a_gradient(model, encoder):
                                            method__adapter__encoder=encoder, model__name=model))
     assert cfg.method.adapter.name == "p_tuning" and cfg.method.adapter.num_tokens == 4
     exp = build(cfg).exp
-    clf = exp.classifier
+    clf = exp.objective
     params = {k: v.requires_grad_(True) for k, v in clf.init_params(torch.Generator().manual_seed(0)).items()}
     batch = clf.batch(exp.client(0).train, list(range(8)))
     torch.nn.functional.cross_entropy(clf.logits(params, batch), batch["labels"]).backward()
@@ -69,7 +69,7 @@ def test_prompt_is_a_deterministic_function_of_the_params():
     a, b = (method.client_update(inst[c], exp.client(c)).tensors for c in (0, 1))
     again = method.client_update(inst[0], exp.client(0)).tensors
     fresh = PTuning(PTuningSettings(num_tokens=4))  # another process's adapter: same tensors, same prompt
-    prompt = exp.classifier.adapter.prompt
+    prompt = exp.objective.adapter.prompt
     with torch.no_grad():
         assert not torch.equal(prompt(a, 32), prompt(b, 32))
         assert all(torch.equal(a[k], again[k]) for k in a)

@@ -116,8 +116,8 @@ def test_calibration_none_leaves_logits_bitwise_unchanged(model, readout):
 
 
 def test_config_passes_calibration_to_the_classifier(tiny_cfg):
-    assert build_experiment(tiny_cfg()).classifier.calibration == "none"
+    assert build_experiment(tiny_cfg()).objective.calibration == "none"
     exp = build_experiment(tiny_cfg(model__calibration="contextual"))
-    assert exp.classifier.calibration == "contextual"
+    assert exp.objective.calibration == "contextual"
     with pytest.raises(ValueError, match="model.calibration"):
         build_experiment(tiny_cfg(model__calibration="contextual", model__readout="linear"))

@@ -120,8 +120,8 @@ def test_text_pooling_is_for_pooled_readouts():
 
 
 def test_model_pooling_reaches_the_classifier(tiny_cfg):
-    assert build_experiment(tiny_cfg(model__pooling="text")).classifier.pooling == "text"
-    assert build_experiment(tiny_cfg()).classifier.pooling == "all"
+    assert build_experiment(tiny_cfg(model__pooling="text")).objective.pooling == "text"
+    assert build_experiment(tiny_cfg()).objective.pooling == "all"
 
 
 def test_label_words_must_have_distinct_first_tokens():

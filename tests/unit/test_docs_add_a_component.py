@@ -212,7 +212,7 @@ def test_ia3_round_trains_its_vectors_only_and_exports_what_peft_computes(page, 
     plain.load_state_dict(before, strict=True)
     theirs = PeftModel.from_pretrained(plain.eval(), str(out))
     exp = build_experiment(cfg)
-    clf = exp.classifier
+    clf = exp.objective
     batch = clf.batch(exp.test_encoded, [0, 1, 2])
     with torch.no_grad():
         ours = clf.hidden_states(params, batch)[-1]

@@ -36,7 +36,7 @@ def test_deep_prompt_exports_as_peft_prefix_tuning(tiny_cfg, tmp_path, model):
     exp, glob, out = _exported(tiny_cfg(method__name="fedavg-prefix", method__adapter__num_tokens=3,
                                         model__name=model, federation__rounds=1), tmp_path)
     ours, theirs = last_hidden_ours_and_peft(exp, glob, out)
-    mask = exp.classifier.batch(exp.test_encoded, [0, 1, 2])["attention_mask"].bool()
+    mask = exp.objective.batch(exp.test_encoded, [0, 1, 2])["attention_mask"].bool()
     assert torch.allclose(ours[mask], theirs[mask], atol=1e-5)
 
 

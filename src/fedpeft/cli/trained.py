@@ -108,7 +108,7 @@ def predict(
             inputs.append(read_inputs(file, model.cfg.task))
         rows = []
         for part in inputs:
-            probs = model.probabilities(part.examples(model.classifier.task.is_pair))
+            probs = model.probabilities(part.examples(model.objective.task.is_pair))
             rows += prediction_rows(part, model.class_names, probs.argmax(-1).tolist(), probs.tolist())
         if out is not None:
             write_rows(rows, out)
@@ -241,7 +241,7 @@ def evaluate(
             _suite_scores(run_dir, model, device, suite, limit, option, batch_size, client, best, out)
             return
         trained = _open_model(run_dir, client, best, "evaluating")
-        generation = trained.classifier.generates
+        generation = trained.objective.generates
         result = (_generation_scores(trained, file, max_new_tokens) if generation
                   else _class_scores(trained, file))
         if out is not None:
@@ -291,9 +291,9 @@ def _suite_scores(run_dir: Optional[Path], model: Optional[str], device: str, su
         Console(stderr=True).print(f"evaluating {trained.describe()}", highlight=False, markup=False)
     else:
         trained = _open_model(run_dir, client, best, "evaluating")
-    if not trained.classifier.generates:
+    if not trained.objective.generates:
         raise ValueError(f"--suite {suite}: scores a causal language model's generations; this run is a classifier")
-    result = scorer.run(trained.classifier, trained.params, batch_size, progress=console.is_terminal)
+    result = scorer.run(trained.objective, trained.params, batch_size, progress=console.is_terminal)
     result.protocol["adapter"] = trained.describe()
     table = Table(title=f"{suite}: {result.protocol.get('items', len(result.items)):,} items")
     table.add_column("score")
@@ -316,7 +316,7 @@ def _class_scores(model, file: Path) -> dict:
 
     inputs = read_inputs(file, model.cfg.task, labelled=True)
     labels = label_indices(inputs, model.class_names)
-    preds = model.probabilities(inputs.examples(model.classifier.task.is_pair)).argmax(-1).tolist()
+    preds = model.probabilities(inputs.examples(model.objective.task.is_pair)).argmax(-1).tolist()
     result = metrics_table(confusion(labels, preds, len(model.class_names)), model.class_names)
     return result | {"file": str(file), "adapter": model.describe()}
 

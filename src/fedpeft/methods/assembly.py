@@ -113,7 +113,7 @@ class Components:
 
 def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
     """The components ``cfg.method`` names, each with its settings and context."""
-    m, clf = cfg.method, experiment.classifier
+    m, clf = cfg.method, experiment.objective
     shared = Shared(clf, cfg.seed, m.init_from)
     adapter = ADAPTERS.settings_of(m.adapter)
     trainer_settings = TRAINERS.settings_of(m.trainer)

@@ -47,7 +47,7 @@ class ComposedMethod:
 
     def __init__(self, name: str, facts: RunFacts, experiment: Any, parts: Components) -> None:
         self.name, self.facts, self.exp = name, facts, experiment
-        self.clf = experiment.classifier
+        self.clf = experiment.objective
         self.seed = facts.seed
         self.non_participants = frozenset(getattr(experiment, "non_participants", ()))
         self.aggregator, self.trainer, self.selector = parts.aggregator, parts.trainer, parts.selector

@@ -22,7 +22,7 @@ class Evaluation:
 
     def __init__(self, trainer: Any, experiment: Any, settings: Any, seed: int, rounds: int) -> None:
         self.trainer, self.exp, self.settings, self.seed, self.rounds = trainer, experiment, settings, seed, rounds
-        self.clf = experiment.classifier
+        self.clf = experiment.objective
         self._suites: list[tuple[str, Any]] | None = None  # evaluation.round_suites, built at first use
 
     def on(self, glob: Params, data: Any) -> dict[str, Any]:

@@ -70,7 +70,7 @@ class InProcessTransport:
         # client groups only where their calls are stacked: on CPU a group's calls would each run their own
         # forward anyway, and the threads cost time (benchmarks/results/perf.md, figure 2)
         runtime = plan.runtime
-        self.together = runtime.client_batch > 1 and exp.classifier.stacks_calls(runtime.client_batch_passes)
+        self.together = runtime.client_batch > 1 and exp.objective.stacks_calls(runtime.client_batch_passes)
         if runtime.client_batch > 1 and not self.together:
             log.warning("runtime.client_batch on CPU: clients run one after another (the same results; stacking their "
                         "model calls is no faster on CPU); runtime.client_batch_passes stacks them anyway, "
@@ -132,7 +132,7 @@ class InProcessTransport:
             group = ids[start:start + k]
             for cid in group:
                 self.exp.client(cid)  # data encoded (and cached) here, not by racing threads
-            gather = ForwardGather(self.exp.classifier, len(group), self.plan.runtime.client_batch_passes)
+            gather = ForwardGather(self.exp.objective, len(group), self.plan.runtime.client_batch_passes)
             with ThreadPoolExecutor(len(group), thread_name_prefix="client") as pool:
                 futures = [pool.submit(self._here, round, cid, instructions[cid], gather) for cid in group]
                 yield from (f.result() for f in futures)

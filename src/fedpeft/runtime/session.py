@@ -339,7 +339,7 @@ def _run_rounds(plan: RunPlan, run: RunDir, exp: Experiment, method: Method, tra
         if stop_after_round is not None and rnd >= stop_after_round and rnd < fed.rounds:
             raise StopAfterRound(f"stopped after round {rnd}")
 
-    suites = (score_suites(evaluation.suites, exp.classifier, state, run.root, evaluation.batch_size)
+    suites = (score_suites(evaluation.suites, exp.objective, state, run.root, evaluation.batch_size)
               if evaluation.suites else {})
     unchanged = exp.backbone.checksum() == checksum
     if not unchanged:  # would mean a method wrote into the shared frozen model
