@@ -10,6 +10,7 @@ standard error, and each trained arm's paired difference from zero-shot on the s
 differences, a 95 % normal interval over items).
 
     python -m benchmarks.standard_suites --run runs/standard_eval/dolly__fedit--lora-all-linear--fedavg__s0
+    python -m benchmarks.standard_suites --run runs/standard_eval/dolly__local-only-lora__s0 --clients 0 1 2
     python -m benchmarks.standard_suites --render-only
 """
 
@@ -35,15 +36,16 @@ LABEL = {"flowertune-general-nlp": "FlowerTune general NLP, avg", "mmlu": "MMLU 
          "gsm8k": "GSM8K (flexible EM)", "humaneval": "HumanEval pass@1", "advbench": "AdvBench harmless"}
 
 
-def score_arm(arm: str, run: str | None, suites: list[str], runs_dir: Path, device: str, batch_size: int) -> None:
-    """Every suite of ``suites`` not yet on disk for ``arm``."""
+def score_arm(arm: str, run: str | None, suites: list[str], runs_dir: Path, device: str, batch_size: int,
+              client: int | None = None) -> None:
+    """Every suite of ``suites`` not yet on disk for ``arm`` (``client``: that client's own adapter of ``run``)."""
     from fedpeft.predict import bare_model, open_model
     from fedpeft.suites import build_suite
 
     todo = [s for s in suites if not (runs_dir / arm / f"{s.split(':')[0]}.json").exists()]
     if not todo:
         return
-    model = open_model(run) if run else bare_model("smollm2", device)
+    model = open_model(run, client=client) if run else bare_model("smollm2", device)
     for spec in todo:
         name, _, limit = spec.partition(":")
         result = build_suite(name, int(limit) if limit else None).run(model.objective, model.params, batch_size)
@@ -122,6 +124,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs-dir", type=Path, default=Path("runs/standard_suites"))
     p.add_argument("--run", action="append", default=[], help="a generation run directory (its global adapter)")
+    p.add_argument("--clients", type=int, nargs="+", default=[],
+                   help="score these clients' own adapters of each --run instead of the global one (local-only: "
+                        "arm '<run>__client<K>')")
     p.add_argument("--suites", nargs="+", default=DEFAULT_SUITES)
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=16)
@@ -129,12 +134,14 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS / "standard_suites.md")
     p.add_argument("--render-only", action="store_true")
     a = p.parse_args()
-    runs = {Path(r).name: r for r in a.run}
+    arms = {(f"{Path(r).name}__client{k}" if k is not None else Path(r).name): (r, k)
+            for r in a.run for k in (a.clients or [None])}
     if not a.render_only:
         if not a.no_zero_shot:
             score_arm("zero-shot", None, a.suites, a.runs_dir, a.device, a.batch_size)
-        for arm, run in runs.items():
-            score_arm(arm, run, a.suites, a.runs_dir, a.device, a.batch_size)
+        for arm, (run, client) in arms.items():
+            score_arm(arm, run, a.suites, a.runs_dir, a.device, a.batch_size, client)
+    runs = {arm: run for arm, (run, _) in arms.items()}
     render(a.runs_dir, a.out, runs)
     print(a.out.read_text())
 
