@@ -312,7 +312,7 @@ def _run_rounds(plan: RunPlan, run: RunDir, exp: Experiment, method: Method, tra
 
     if start == 1 and evaluation.round_zero and not any(r["round"] == 0 for r in records):
         rec = score(0, [], time.perf_counter())  # the initial global state, before any training
-        log.info("round 0 (initial state): %s", _scores(rec, generation))
+        log.info("round 0 (initial state): %s", _scores(rec, exp.task.kind))
 
     for rnd in range(start, fed.rounds + 1):
         t0 = time.perf_counter()
@@ -333,7 +333,7 @@ def _run_rounds(plan: RunPlan, run: RunDir, exp: Experiment, method: Method, tra
             run.save_checkpoint(rnd, state, transport.client_states(), {"threads": threads, "run_id": run_id})
             transport.checkpointed(kept_round)  # nodes keep their states back to the previous checkpoint's round
             kept_round = rnd
-        log.info("round %d: %s up %d B down %d B (%.1fs)", rnd, _scores(rec, generation), rec["bytes_up"],
+        log.info("round %d: %s up %d B down %d B (%.1fs)", rnd, _scores(rec, exp.task.kind), rec["bytes_up"],
                  rec["bytes_down"], rec["wall_seconds"])
         bar.advance(rounds_task)
         if stop_after_round is not None and rnd >= stop_after_round and rnd < fed.rounds:
@@ -368,13 +368,14 @@ def _run_rounds(plan: RunPlan, run: RunDir, exp: Experiment, method: Method, tra
     return summary
 
 
-def _scores(rec: dict[str, Any], generation: bool) -> str:
-    """A round's log line of scores: accuracy and loss; a generation run's loss, perplexity and, where it decoded,
-    BLEU (its accuracy is next-token accuracy, no headline); a preference run's reward accuracy, loss and margin."""
-    if "reward_margin" in rec:
+def _scores(rec: dict[str, Any], kind: str) -> str:
+    """A round's log line of scores (``kind``: the task's): accuracy and loss; a generation run's loss, perplexity
+    and, where it decoded, BLEU (its accuracy is next-token accuracy, no headline); a preference run's reward
+    accuracy, loss and margin."""
+    if kind == "preference":
         return (f"reward accuracy {_fmt(rec['accuracy'])} loss {_fmt(rec['loss'])} "
-                f"margin {_fmt(rec['reward_margin'])}")
-    if not generation:
+                f"margin {_fmt(rec.get('reward_margin'))}")
+    if kind == "classification":
         return f"accuracy {_fmt(rec['accuracy'])} loss {_fmt(rec['loss'])}"
     bleu = (rec.get("generation") or {}).get("bleu")
     return (f"loss {_fmt(rec['loss'])} perplexity {_fmt(rec.get('perplexity'))}"
