@@ -189,8 +189,9 @@ def render(args) -> Path:
     for a, b in [*PAIRED, (FED, START)]:
         cells = []
         for _, sub in cols:
-            d = [100 * (_score(a, runs[a, s], sub) - _score(b, runs[b, s], sub)) for s in args.seeds
-                 if runs.get((a, s)) and runs.get((b, s))]
+            pairs = [(_score(a, runs[a, s], sub), _score(b, runs[b, s], sub)) for s in args.seeds
+                     if runs.get((a, s)) and runs.get((b, s))]
+            d = [100 * (x - y) for x, y in pairs if x is not None and y is not None]
             cells.append(paired_cell(d))
         lines.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
     lines += ["", *openfedllm_table(Path(args.openfedllm_dir), args.seeds)]
