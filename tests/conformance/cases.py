@@ -23,11 +23,12 @@ LEAST: dict[str, dict[str, dict[str, Any]]] = {
                 "projected_prompt": {"num_tokens": 3, "intrinsic_dim": 8}, "soft_prompt": {"num_tokens": 3}, "template_only": {}, "token_prompt": {"num_tokens": 3}},
     "trainer": {"adam": {"max_steps": 2}, "adamw": {"max_steps": 2}, "sgd": {"max_steps": 2},
                 "cmaes": {"iterations": 2}, "discrete_search": {"steps": 3}, "no-training": {},
-                "dpo": {"max_steps": 2}},
+                "dpo": {"max_steps": 2}, "zo_sgd": {"local_steps": 2, "pool_size": 64}},
     "aggregator": {"fedavg": {}, "uniform": {}, "fedavgm": {}, "fedadam": {}, "fedyogi": {}, "fedadagrad": {},
                    "median": {}, "trimmed_mean": {}, "krum": {"num_malicious": 1},
                    "multi_krum": {"num_malicious": 1, "num_selected": 3}, "momentum_cv": {}, "keep-global": {},
-                   "hetlora": {}, "flexlora": {}, "stack": {}, "head_weighted": {}, "server_cmaes": {}},
+                   "hetlora": {}, "flexlora": {}, "stack": {}, "head_weighted": {}, "server_cmaes": {},
+                   "seed_replay": {}},
     "wrappers": {"clip": {"max_norm": 0.5}, "dp_fedavg": {"clip": 1.0, "noise_multiplier": 0.5},
                  "outlier_filter": {}},
     "selector": {"all": {}, "uniform": {}, "loss_difference": {}},
@@ -71,6 +72,7 @@ AGGREGATOR_CASES: dict[str, AggregatorCase] = {
     "stack": AggregatorCase(skip="the stack's rank grows with the clients (tests/methods/test_lora_ranks.py)"),
     "head_weighted": AggregatorCase(skip="needs an adapter's head slices (tests/methods/test_headprune.py)"),
     "server_cmaes": AggregatorCase(skip="accepts CMA-ES distributions, not tensors (tests/methods/test_fedbpt.py)"),
+    "seed_replay": AggregatorCase(skip="accepts zeroth-order scalars, not tensors (tests/unit/test_zeroth_order.py)"),
     "clip": AggregatorCase(fixed_point=True),  # x_c within the clipping norm of x_t
     "dp_fedavg": AggregatorCase(inner="uniform", zero_fixed_point=False),  # the noise moves the mean
     "outlier_filter": AggregatorCase(fixed_point=True),
@@ -109,7 +111,7 @@ def adapter_case(name: str) -> AdapterCase:
 TRAINER_CASES: dict[str, tuple[str, str]] = {
     "adam": ("soft_prompt", "fedavg"), "adamw": ("lora", "fedavg"), "sgd": ("deep_prompt", "fedavg"),
     "cmaes": ("projected_prompt", "fedavg"), "discrete_search": ("token_prompt", "uniform"),
-    "no-training": ("template_only", "keep-global"), "dpo": ("lora", "fedavg"),
+    "no-training": ("template_only", "keep-global"), "dpo": ("lora", "fedavg"), "zo_sgd": ("full", "seed_replay"),
 }
 # trainer -> the task and model it needs where the default tiny classification task does not serve
 TRAINER_TASKS: dict[str, dict[str, Any]] = {

@@ -37,6 +37,7 @@ SMALL = {  # per adapter, trainer and post-tuning: the smallest settings that st
     "bbt": {"method.post_tuning.iterations": 2, "method.post_tuning.intrinsic_dim": 8,
             "method.post_tuning.popsize": 4, "method.post_tuning.shots": 2},
     "gradient": {"method.post_tuning.steps": 2, "method.post_tuning.shots": 2},
+    "zo_sgd": {"method.trainer.local_steps": 2, "method.trainer.pool_size": 64},
 }
 
 

@@ -15,6 +15,7 @@ from fedpeft.aggregators import (  # noqa: F401  (registration)
     median,
     momentum_cv,
     outlier_filter,
+    seed_replay,
     server_cmaes,
     stacking,
     trimmed_mean,

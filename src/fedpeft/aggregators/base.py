@@ -9,7 +9,8 @@ belong to one global tensor are named ``<slot>::<tensor>`` (e.g. ``m::prompt``, 
 
 Compatibility is declared, not checked by the methods: ``accepts`` lists the kinds of update an aggregator
 can combine (``params``: trained tensors; ``distribution``: a CMA-ES search distribution; ``none``: no
-tensors), ``needs`` the auxiliary values it reads from every update, ``secure_sum`` (``secure_sum_with``, given
+tensors; ``seeds``: projected gradients of seeded zeroth-order steps), ``needs`` the auxiliary values it reads
+from every update, ``secure_sum`` (``secure_sum_with``, given
 its settings) whether it needs nothing but the sample-weighted mean of the updates (then it runs under secure
 aggregation, given that mean as one update).
 """
@@ -27,7 +28,7 @@ from fedpeft.registry import Registry
 
 torch = lazy("torch")
 
-PARAMS, DISTRIBUTION, NONE = "params", "distribution", "none"
+PARAMS, DISTRIBUTION, NONE, SEEDS = "params", "distribution", "none", "seeds"
 SEP = "::"
 
 

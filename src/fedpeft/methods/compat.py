@@ -21,7 +21,8 @@ from fedpeft.trainers.base import NONE
 from fedpeft.transforms import TRANSFORMS
 
 KINDS = {"params": "trained tensors", "distribution": "a CMA-ES search distribution (mean, step size, covariance)",
-         "none": "nothing (no local training)"}
+         "none": "nothing (no local training)",
+         "seeds": "(seed, scalar) pairs of zeroth-order steps"}
 
 
 def is_generation_config(cfg: ExperimentConfig) -> bool:
@@ -231,7 +232,7 @@ def check_secure_aggregation(cfg: ExperimentConfig) -> None:
             raise ValueError(f"method.wrappers.{i}.name: '{w.name}' with these settings acts on each client's update "
                              "before aggregation, which secure aggregation hides from the server")
     trainer = TRAINERS.get(m.trainer.name)
-    if trainer.kind != "params":
+    if trainer.kind not in ("params", "seeds"):
         raise ValueError(f"method.trainer.name: '{m.trainer.name}' uploads {KINDS[trainer.kind]}, not tensors to "
                          "sum (secure aggregation sums float tensors)")
     if not trainer.summable_with(m.trainer.typed_settings):

@@ -30,7 +30,7 @@ torch = lazy("torch")
 Penalty = Callable[[Params], "torch.Tensor"]  # a differentiable term of the trained tensors added to the loss
 F = lazy("torch.nn.functional")
 
-PARAMS, DISTRIBUTION, NONE = "params", "distribution", "none"
+PARAMS, DISTRIBUTION, NONE, SEEDS = "params", "distribution", "none", "seeds"
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class TrainerContext:
 
 
 class LocalTrainer(Protocol):
-    kind: ClassVar[str]                        # PARAMS | DISTRIBUTION | NONE: what its updates are
+    kind: ClassVar[str]                        # PARAMS | DISTRIBUTION | NONE | SEEDS: what its updates are
     adapters: ClassVar[frozenset[str] | None]  # adapters it can train (None: any)
     scalars: ClassVar[tuple[str, ...]]         # auxiliary scalars every reply carries
     provides: ClassVar[frozenset[str]]         # auxiliary values (scalars and tensors) an aggregator may read

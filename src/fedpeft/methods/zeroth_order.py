@@ -1,0 +1,30 @@
+"""Seeded zeroth-order federated tuning as presets: every parameter trained from forward passes, kilobytes a round.
+
+- ``decomfl`` (Li et al., ICLR 2025): the server draws one seed per local step; each client runs zeroth-order SGD
+  (``trainers.zo_sgd``, forward difference, P = 5 perturbations, μ = 1e-3, η = 1e-5, one step of 32 examples a round:
+  the authors' OPT-125M SST-2 recipe) and uploads its P scalars per step; the server averages them uniformly and
+  replays the steps (``aggregators.seed_replay``).
+- ``fedkseed`` (Qin et al., ICML 2024): K = 4096 candidate seeds fixed by the run seed; each step samples one
+  (central difference, μ = 5e-4, η = 3e-7, 200 steps of one example: the authors' README recipe), the client uploads
+  one summed scalar per candidate and the server takes their example-weighted mean per seed.
+
+Both tune the ``full`` adapter (every backbone weight, as ``fedavg-full``); any float adapter (LoRA, a soft prompt)
+can take its place with ``--set method.adapter.name=...``. Downloads are the global tensors here (counted); the
+seeds and scalars of every round are kept in the server's state (``seed_replay``'s history).
+"""
+
+from fedpeft.methods.base import preset
+
+preset("decomfl", "DeComFL (Li et al. 2025): zeroth-order SGD on every weight from server-drawn seeds, P scalars per "
+       "step up, uniform mean replayed",
+       adapter={"name": "full"},
+       trainer={"name": "zo_sgd", "seeds": "server", "difference": "forward", "perturbations": 5, "mu": 1e-3,
+                "lr": 1e-5, "local_steps": 1, "batch_size": 32},
+       aggregator={"name": "seed_replay", "weighting": "uniform"})
+
+preset("fedkseed", "FedKSeed (Qin et al. 2024): zeroth-order SGD on every weight from K candidate seeds, one summed "
+       "scalar per seed up, example-weighted mean replayed",
+       adapter={"name": "full"},
+       trainer={"name": "zo_sgd", "seeds": "pool", "pool_size": 4096, "difference": "central", "perturbations": 1,
+                "mu": 5e-4, "lr": 3e-7, "local_steps": 200, "batch_size": 1},
+       aggregator={"name": "seed_replay", "weighting": "examples"})
