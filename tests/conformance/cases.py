@@ -35,7 +35,7 @@ LEAST: dict[str, dict[str, dict[str, Any]]] = {
     "sharing": {"all": {}, "ffa": {}, "fedsa": {}, "local": {}, "fixed_split": {}, "head_pruning": {},
                 "layer_selection": {"warmup_rounds": 1}, "ranks": {}, "stacking": {}, "private": {}, "fedex": {},
                 "fedsb": {}},
-    "downlink": {"dense": {}, "full16": {}, "analogy": {}, "pca": {"components": 2}, "quant": {}},
+    "downlink": {"dense": {}, "full16": {}, "analogy": {}, "pca": {"components": 2}, "quant": {}, "seed_history": {}},
     "post_tuning": {"none": {}, "bbt": {"iterations": 2, "intrinsic_dim": 8, "popsize": 4, "shots": 2},
                     "gradient": {"steps": 2, "shots": 2}},
     "transforms": {"clip_delta": {"max_norm": 1.0}, "ldp": {"noise": 0.1}, "scale_delta": {"factor": 2.0}},

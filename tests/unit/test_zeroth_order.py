@@ -153,6 +153,20 @@ def test_client_order_changes_nothing_and_the_seeds_travel_down() -> None:
     assert set(decode(forward[0]).tensors) == {COEF}  # the model never travels up
 
 
+def test_the_seed_history_download_gives_the_dense_run_and_clients_catch_up(tmp_path: Path) -> None:
+    over = {"federation.rounds": 4, "federation.clients_per_round": 1}  # each client misses rounds
+    history = _run(_cfg("decomfl", **over), tmp_path / "history")
+    dense = _run(_cfg("decomfl", **over, **{"method.downlink.name": "dense"}), tmp_path / "dense")
+    assert [(r["accuracy"], r["loss"]) for r in history] == [(r["accuracy"], r["loss"]) for r in dense]
+    first = {}
+    for r in history:
+        for c in r["clients"]:
+            first.setdefault(c["client"], r["round"])
+    assert max(first.values()) >= 2  # a client whose first round replays the rounds before it
+    down = [c["bytes_down"] for r in history for c in r["clients"]]
+    assert max(down) < 2048 < min(c["bytes_down"] for r in dense for c in r["clients"])
+
+
 def test_pool_is_the_run_seed_s_and_zo_refuses_plain_aggregators() -> None:
     a, b = seed_pool(7, 16), seed_pool(7, 16)
     assert (a == b).all() and a.min() >= 1 and len(set(a.tolist())) == 16

@@ -27,6 +27,9 @@ SEP = "::"  # message tensor names: <global tensor>::<part>
 class DownlinkContext:
     table: Callable[[], torch.Tensor]   # e(V), float32 on the CPU, identical on the server and every client
     special_ids: tuple[int, ...] = ()
+    initial: Callable[[], Params] | None = None  # the adapter's initial tensors (every client derives them too)
+    trainer: Any = None                          # the local trainer's settings
+    seed: int = 0                                # the run seed
 
 
 class DownlinkBase:
@@ -46,6 +49,11 @@ class DownlinkBase:
     def encode(self, new: Params, prev: Params) -> tuple[Params, Params]:
         """(p' as every client will rebuild it, the message tensors) for the tensors in ``keys``."""
         return dict(new), dict(new)
+
+    def encode_round(self, new: Params, prev: Params, aggregator_state: Any) -> tuple[Params, Params]:
+        """``encode``, given also the aggregator's new state (a codec that sends what the aggregator did, not the
+        tensors it produced, reads it: ``seed_history``)."""
+        return self.encode(new, prev)
 
     def decode(self, message: Params, prev: Params) -> Params:
         """p' from a message and the client's previous p' (the tensors in ``keys``)."""

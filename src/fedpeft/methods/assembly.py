@@ -136,7 +136,8 @@ def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
     boost = cfg.attack.boost
     attacker = [("scale_delta", ScaleDelta(ScaleDeltaSettings(factor=boost), transform_ctx))] if boost != 1 else []
     downlink = DOWNLINKS.get(m.downlink.name)(DOWNLINKS.settings_of(m.downlink), DownlinkContext(
-        shared.embedding_table, tuple(clf.backbone.tokenizer.all_special_ids)))
+        shared.embedding_table, tuple(clf.backbone.tokenizer.all_special_ids), shared.initial_params,
+        trainer_settings, cfg.seed))
     post_tuning = POST_TUNING.get(m.post_tuning.name)(POST_TUNING.settings_of(m.post_tuning),
                                                       PostTuningContext(clf, cfg.evaluation.batch_size))
     return Components(aggregator, trainer, selector, sharing, transforms, attacker, downlink, post_tuning,

@@ -154,7 +154,8 @@ class ComposedMethod:
         down = st.down
         if self.downlink.keys:  # the server keeps exactly the p' the clients will rebuild
             keys = self.downlink.keys
-            rebuilt, message = self.downlink.encode({k: glob[k] for k in keys}, {k: st.glob[k] for k in keys})
+            rebuilt, message = self.downlink.encode_round({k: glob[k] for k in keys}, {k: st.glob[k] for k in keys},
+                                                         agg)
             glob, down = glob | rebuilt, sync.record(self.downlink, st.down, message, round)
         measures = self._measures(st.glob, glob, updates, shared)
         return ServerState(round, glob, agg, sharing, history, down, measures).to_message()

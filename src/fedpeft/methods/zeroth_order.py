@@ -9,8 +9,9 @@
   one summed scalar per candidate and the server takes their example-weighted mean per seed.
 
 Both tune the ``full`` adapter (every backbone weight, as ``fedavg-full``); any float adapter (LoRA, a soft prompt)
-can take its place with ``--set method.adapter.name=...``. Downloads are the global tensors here (counted); the
-seeds and scalars of every round are kept in the server's state (``seed_replay``'s history).
+can take its place with ``--set method.adapter.name=...``. Downloads are the seeds and mean scalars of the rounds a
+client missed (``downlink.seed_history``), replayed on the copy it holds; ``--set method.downlink.name=dense`` sends
+the tensors instead.
 """
 
 from fedpeft.methods.base import preset
@@ -20,11 +21,11 @@ preset("decomfl", "DeComFL (Li et al. 2025): zeroth-order SGD on every weight fr
        adapter={"name": "full"},
        trainer={"name": "zo_sgd", "seeds": "server", "difference": "forward", "perturbations": 5, "mu": 1e-3,
                 "lr": 1e-5, "local_steps": 1, "batch_size": 32},
-       aggregator={"name": "seed_replay", "weighting": "uniform"})
+       aggregator={"name": "seed_replay", "weighting": "uniform"}, downlink={"name": "seed_history"})
 
 preset("fedkseed", "FedKSeed (Qin et al. 2024): zeroth-order SGD on every weight from K candidate seeds, one summed "
        "scalar per seed up, example-weighted mean replayed",
        adapter={"name": "full"},
        trainer={"name": "zo_sgd", "seeds": "pool", "pool_size": 4096, "difference": "central", "perturbations": 1,
                 "mu": 5e-4, "lr": 3e-7, "local_steps": 200, "batch_size": 1},
-       aggregator={"name": "seed_replay", "weighting": "examples"})
+       aggregator={"name": "seed_replay", "weighting": "examples"}, downlink={"name": "seed_history"})
