@@ -14,7 +14,7 @@ from benchmarks.grids import load_grid
 from fedpeft.resolve import load_config
 
 BENCHMARKS = ["lora_family", "generation", "headprune", "secagg", "fedprompt_security", "discrete_prompt",
-              "fedpeptao", "fedbpt", "feddpo"]
+              "fedpeptao", "fedbpt", "feddpo", "zeroth_order"]
 
 
 def _undeclared(name: str) -> tuple[list[str], dict[str, set[str]]]:

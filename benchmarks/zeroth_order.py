@@ -1,0 +1,184 @@
+"""Seeded zeroth-order federated tuning on real data (benchmarks/results/zeroth_order.md): DeComFL and FedKSeed on
+SmolLM2-135M-Instruct (every weight tuned from forward passes), beside first-order FedAvg of the same weights, LoRA
+(``fedit``) and FedBPT, on SST-2 and RTE with DeComFL's federation (3 Dirichlet clients, 2 a round).
+
+Criteria, fixed before the runs: the final round (never a best round); test = the task's labelled dev set, whole, the
+same for every arm and seed; accuracy with its standard error, mean ± std over >= 3 seeds, and a 95 % paired
+t-interval over the seeds for every contrast; the trivial rows beside the methods: majority class and per-client
+majority (from the seeded partition) and the zero-shot verbalizer (round 0 of ``decomfl``: the untouched model with
+DeComFL's prompt and label words). The seed fixes the partition, the clients a round and the data order of every arm
+alike. Columns read from the runs: bytes up and down per client-round and in total (the codec's counts), the forward
+passes per client-round (a zeroth-order step: P + 1 (forward) or 2P (central); a gradient step: one forward and one
+backward), each arm's budget (steps, examples, learning rate per client-round) and device.
+
+Equal budgets: every trained arm sees the same examples per client-round (``--batch``: one step of 32 for DeComFL,
+FedAvg and LoRA; 32 steps of one for FedKSeed, whose recipe is single-example steps) over the same rounds; FedBPT
+keeps its own recipe (CMA-ES over a projected prompt), read per forward pass and per byte.
+
+    python -m benchmarks.zeroth_order --runs-dir runs/zeroth_order --workers 1      # CPU, resumable
+    python -m benchmarks.zeroth_order --render-only                                  # rewrite the table
+    python -m benchmarks.zeroth_order --rounds 1000 --device cuda                    # DeComFL's 1000 iterations (GPU)
+
+Every run is a fedpeft run directory under --runs-dir; finished runs are skipped, interrupted ones resumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks.budget import budget_cell, measured
+from benchmarks.grids import load_grid
+from benchmarks.lora_family import majorities
+from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
+from benchmarks.stats import accuracy_se, mean_std, paired_cell
+
+GRID = load_grid("zeroth_order")
+TASKS, ARMS = GRID["tasks"], GRID["arms"]
+DECOMFL = "decomfl"
+ZERO_SHOT = "zero-shot verbalizer (round 0)"
+PAIRED = [(DECOMFL, ZERO_SHOT), ("fedkseed", ZERO_SHOT), ("fedkseed", DECOMFL),
+          ("FO FedAvg (SGD, all weights)", DECOMFL), ("fedit LoRA (AdamW)", DECOMFL), ("FedBPT", DECOMFL)]
+
+
+def job_name(task: str, arm: str, seed: int) -> str:
+    slug = "".join(ch if ch.isalnum() else "-" for ch in arm.lower()).strip("-")
+    return f"{task}__{slug}__s{seed}"
+
+
+def overrides(args, task: str, arm: str, seed: int) -> list[str]:
+    return [*TASKS[task], f"task.max_train={args.max_train}", f"task.max_test={args.max_test}",
+            f"task.max_length={args.max_length}", "model.name=smollm2", "model.readout=verbalizer", f"seed={seed}",
+            f"federation.num_clients={args.clients}", f"federation.clients_per_round={args.per_round}",
+            "federation.partition.scheme=dirichlet", f"federation.partition.alpha={args.alpha}",
+            f"federation.rounds={args.rounds}", f"evaluation.every={args.eval_every}", "evaluation.local=false",
+            "evaluation.batch_size=32", f"evaluation.round_zero={arm == DECOMFL}", "runtime.progress=false",
+            f"runtime.threads={args.threads}", f"runtime.device={args.device}",
+            *(["method.trainer.batch_size=" + str(args.batch)] if arm == DECOMFL else []), *ARMS[arm]]
+
+
+def contrasts(args) -> list[tuple[str, str, list[str], list[str]]]:
+    """(arm, reference, overrides of each) of every paired contrast between trained arms the results file reads."""
+    task = next(iter(TASKS))
+    return [(a, b, overrides(args, task, a, 0), overrides(args, task, b, 0)) for a, b in PAIRED if b != ZERO_SHOT]
+
+
+def run_job(args, task: str, arm: str, seed: int) -> str:
+    return run_config(Path(args.runs_dir) / job_name(task, arm, seed), overrides(args, task, arm, seed))
+
+
+def plan(args) -> list[tuple[str, str, int]]:
+    return [(t, a, s) for s in args.seeds for t in args.tasks for a in args.arms]
+
+
+def _final(args, task: str, arm: str, seed: int) -> dict | None:
+    out = Path(args.runs_dir) / job_name(task, arm, seed)
+    if not (out / "summary.json").exists():
+        return None
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return {"first": recs[0], "last": recs[-1], "recs": recs, "out": out,
+            "summary": json.loads((out / "summary.json").read_text())}
+
+
+def _accuracy(arm: str, run: dict) -> float | None:
+    return run["first" if arm == ZERO_SHOT else "last"].get("accuracy")
+
+
+def _per_client_round(run: dict, key: str) -> float | None:
+    vals = [c[key] for r in run["recs"] for c in r.get("clients") or [] if c.get("status") == "ok" and key in c]
+    return statistics.fmean(vals) if vals else None
+
+
+def _passes(run: dict) -> float | None:
+    """Forward passes per client-round: the zeroth-order trainer's count, or a gradient step's one forward (and one
+    backward) per step; FedBPT's candidates scored."""
+    zo = _per_client_round(run, "forward_passes")
+    if zo is not None:
+        return zo
+    return _per_client_round(run, "steps") or _per_client_round(run, "candidates")
+
+
+def _bytes(run: dict) -> tuple[float, float, float]:
+    s = run["summary"]
+    return (s.get("bytes_up_per_client_round") or 0.0, s.get("bytes_down_per_client_round") or 0.0,
+            (s.get("bytes_up_total") or 0) + (s.get("bytes_down_total") or 0))
+
+
+def _human(x: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= size:
+            return f"{x / size:.1f} {unit}"
+    return f"{x:.0f} B"
+
+
+def render(args) -> Path:
+    lines = ["# Seeded zeroth-order federated tuning: DeComFL and FedKSeed on SmolLM2-135M-Instruct", "",
+             (Path(args.notes).read_text() if Path(args.notes).exists() else ""), "",
+             f"Command: `python -m benchmarks.zeroth_order --runs-dir {args.runs_dir} --rounds {args.rounds} "
+             f"--clients {args.clients} --per-round {args.per_round} --alpha {args.alpha} --batch {args.batch} "
+             f"--max-train {args.max_train}` (resumable). {args.clients} Dirichlet (α = {args.alpha}) clients, "
+             f"{args.per_round} a round, {args.rounds} rounds; final-round dev accuracy in percent, mean ± std over "
+             "the finished seeds; bytes as the codec counted them.", ""]
+    for task in args.tasks:
+        runs = {(a, s): _final(args, task, a, s) for a in ARMS for s in args.seeds}
+        runs |= {(ZERO_SHOT, s): runs[DECOMFL, s] for s in args.seeds}
+        ref = [r for s in args.seeds if (r := runs[DECOMFL, s])]
+        hist = ref[0]["summary"].get("label_histograms") if ref else None
+        n = sum(map(sum, hist["test"])) if hist else None
+        lines += [f"## {task}" + (f" (dev n = {n}; standard error of one accuracy ≤ {accuracy_se(n):.1f} points)"
+                                  if n else ""), ""]
+        if ref:
+            maj = [majorities(r["summary"]["label_histograms"]) for r in ref]
+            lines += [f"Majority class: {mean_std([m[0] for m in maj])} %; per-client majority (each client's "
+                      f"training majority on its own dev shard): {mean_std([m[1] for m in maj])} %.", ""]
+        lines += ["| arm | accuracy % | bytes up / client-round | bytes down / client-round | bytes in total | "
+                  "forward passes / client-round | seeds done | budget / client-round | device |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for arm in [ZERO_SHOT, *args.arms]:
+            done = [runs[arm, s] for s in args.seeds if runs.get((arm, s))]
+            if arm == ZERO_SHOT:
+                lines.append(f"| {arm} | {mean_std([_accuracy(arm, r) for r in done])} | 0 | 0 | 0 | – | "
+                             f"{len(done)}/{len(args.seeds)} | none | {args.device if done else '–'} |")
+                continue
+            b = [_bytes(r) for r in done]
+            cells = [_human(statistics.fmean(x[i] for x in b)) if b else "–" for i in range(3)]
+            passes = [p for r in done if (p := _passes(r)) is not None]
+            lines.append(f"| {arm} | {mean_std([_accuracy(arm, r) for r in done])} | {' | '.join(cells)} | "
+                         f"{statistics.fmean(passes) if passes else '–'} | {len(done)}/{len(args.seeds)} | "
+                         f"{budget_cell([measured(r['out']) for r in done])} | {args.device if done else '–'} |")
+        lines += ["", "Paired differences by seed, final round, accuracy in points: mean [95 % CI] over the seeds "
+                  "both arms finished (n).", "", "| arms | Δ accuracy |", "|---|---|"]
+        for a, b in PAIRED:
+            d = [100 * (_accuracy(a, runs[a, s]) - _accuracy(b, runs[b, s])) for s in args.seeds
+                 if runs.get((a, s)) and runs.get((b, s))]
+            lines.append(f"| {a} − {b} | {paired_cell(d)} |")
+        lines.append("")
+    return write_results(args.results, lines)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = grid_parser("zeroth_order", __doc__.split("\n\n")[0], threads=1, workers=1)
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
+    p.add_argument("--rounds", type=int, default=100, help="rounds (DeComFL's iterations: one local step each)")
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--clients", type=int, default=3)
+    p.add_argument("--per-round", type=int, default=2)
+    p.add_argument("--alpha", type=float, default=1.0, help="Dirichlet concentration of the clients' labels")
+    p.add_argument("--batch", type=int, default=32, help="examples per client-round of every trained arm")
+    p.add_argument("--max-train", type=int, default=6000)
+    p.add_argument("--max-test", type=int, default=1000, help="cap on the dev set (SST-2 872, RTE 277: whole)")
+    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--device", default="cpu")
+    return parse_grid_args(p, argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    run_grid(args, run_job, plan(args), render)
+
+
+if __name__ == "__main__":
+    main()
