@@ -102,6 +102,8 @@ class ComposedMethod:
                                       sub_state(client.state, DOWN), self.initial_params)
         client.state = with_sub_state(client.state, DOWN, state)
         rest = {k: v for k, v in instruction.tensors.items() if k not in coded}
+        if self.downlink.stateful:  # the held copy stays as rebuilt: a trainer may work on what it is given in place
+            current = {k: v.clone() for k, v in current.items()}
         return Message(rest | current, dict(instruction.scalars))
 
     def reply_schema(self, state: Message) -> ReplySchema:

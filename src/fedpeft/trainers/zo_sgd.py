@@ -2,9 +2,9 @@
 
 Every local step draws a batch and P seeded perturbations of the trained tensors, estimates one projected gradient
 per perturbation from two (central) or 1 + 1/P (forward) forward passes, and moves θ <- θ - η Σ_i (g_i / P) z_i
-(``trainers.spsa``). No gradient and no optimizer state: one working copy of the tensors it was sent is perturbed
-and updated in place (the copy it holds, e.g. ``seed_history``'s, stays as the server's; DeComFL's client keeps such
-a snapshot too). What it uploads is the scalars (``formats.seeds``):
+(``trainers.spsa``). No gradient, no optimizer state and no copy: the tensors it is given (the client's own copy,
+decoded from its instruction) are perturbed and updated in place; a download that keeps a copy on the client
+(``seed_history``) gives the trainer a second one, as DeComFL's client keeps a snapshot. What it uploads is the scalars (``formats.seeds``):
 
 - ``seeds: server`` (DeComFL, Li et al. 2025, Alg. 2): the server draws one seed per local step and sends them with
   the instruction; every client uses the same seeds, so the reply is [local steps × P] scalars and the server averages
@@ -97,7 +97,7 @@ class ZOSGDTrainer(TrainerBase):
                              "of them or add a penalty")
         s, clf = self.settings, self.clf
         central, per = s.difference == "central", s.perturbations
-        work = {k: v.to(clf.device, torch.float32, copy=True) for k, v in params.items()}  # the held copy stays
+        work = {k: v.to(clf.device, torch.float32) for k, v in params.items()}  # in place: its own decoded copy
         fixed = set(clf.adapter.fixed(work))
         names = sorted(k for k, v in work.items() if k not in fixed and v.is_floating_point())
         if s.seeds == "server" and SEEDS not in instruction.tensors:
