@@ -4,7 +4,8 @@ Every local step draws a batch and P seeded perturbations of the trained tensors
 per perturbation from two (central) or 1 + 1/P (forward) forward passes, and moves θ <- θ - η Σ_i (g_i / P) z_i
 (``trainers.spsa``). No gradient, no optimizer state and no copy: the tensors it is given (the client's own copy,
 decoded from its instruction) are perturbed and updated in place; a download that keeps a copy on the client
-(``seed_history``) gives the trainer a second one, as DeComFL's client keeps a snapshot. What it uploads is the scalars (``formats.seeds``):
+(``seed_history``) gives the trainer a second one, as DeComFL's client keeps a snapshot. What it uploads is the
+scalars (``formats.seeds``):
 
 - ``seeds: server`` (DeComFL, Li et al. 2025, Alg. 2): the server draws one seed per local step and sends them with
   the instruction; every client uses the same seeds, so the reply is [local steps × P] scalars and the server averages
