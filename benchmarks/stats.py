@@ -1,5 +1,6 @@
 """The statistics every results file uses, in one place: mean ± std cells, paired 95 % t-intervals over seeds (with
-the pairs that mix devices counted), the standard error of an accuracy, and the bootstrap interval of a mean.
+the pairs that mix devices counted), Welch intervals for unpaired runs (fedpeft against an authors' code), the
+standard error of an accuracy, and the bootstrap interval of a mean.
 
 A contrast between two arms is read from paired seeds (the same partition, initial adapter and client sample within
 a seed): the differences d_s, their mean and a Student-t interval with n - 1 degrees of freedom. A pair whose two runs
@@ -49,6 +50,33 @@ def paired_cell(d: Sequence[float], mixed: int = 0) -> str:
     if ci is None:
         return "–" if not d else f"{d[0]:+.1f} (n=1{note})"
     return f"{ci[0]:+.1f} [{ci[1]:+.1f}, {ci[2]:+.1f}] (n={len(d)}{note})"
+
+
+def welch_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float] | None:
+    """(mean(a) - mean(b), low, high): a 95 % Welch t-interval for two unpaired samples (runs whose seeds mean
+    nothing to each other, as fedpeft's and an authors' code's), None below 2 values on either side."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    from scipy.stats import t
+
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    m = statistics.fmean(a) - statistics.fmean(b)
+    if va + vb == 0:
+        return m, m, m
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = float(t.ppf(0.975, df)) * math.sqrt(va + vb)
+    return m, m - half, m + half
+
+
+def welch_cell(a: Sequence[float], b: Sequence[float]) -> str:
+    """'+m [+lo, +hi] (n=ka vs kb, unpaired)' in points (values already in points); the bare difference of the
+    means below 2 values a side, '–' when a side has none."""
+    if not a or not b:
+        return "–"
+    ci = welch_ci(a, b)
+    if ci is None:
+        return f"{statistics.fmean(a) - statistics.fmean(b):+.1f} (n={len(a)} vs {len(b)}, no interval)"
+    return f"{ci[0]:+.1f} [{ci[1]:+.1f}, {ci[2]:+.1f}] (n={len(a)} vs {len(b)}, unpaired)"
 
 
 def resolved(d: Sequence[float]) -> str:

@@ -18,6 +18,12 @@ keeps its own recipe (CMA-ES over a projected prompt), read per forward pass and
     python -m benchmarks.zeroth_order --runs-dir runs/zeroth_order --workers 1      # CPU, resumable
     python -m benchmarks.zeroth_order --render-only                                  # rewrite the table
     python -m benchmarks.zeroth_order --rounds 1000 --device cuda                    # DeComFL's 1000 iterations (GPU)
+    python -m benchmarks.zeroth_order --arms decomfl --anchors --rounds 50 --eval-every 25 --seeds 0  # + authors' code
+
+``--anchors`` adds DeComFL's own code (``benchmarks/zo_decomfl_anchor.py`` on a checkout at ``--anchor-checkout``)
+for every task and seed, at the same iterations, clients, Dirichlet α, batch, P, η and μ as the ``decomfl`` arm; its
+seeds draw other clients and perturbations than fedpeft's (their RNG is Python's ``random``), so fedpeft − authors is
+an unpaired (Welch) interval over the seeds, never a paired one.
 
 Every run is a fedpeft run directory under --runs-dir; finished runs are skipped, interrupted ones resumed.
 """
@@ -27,17 +33,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 from benchmarks.budget import budget_cell, measured
 from benchmarks.grids import load_grid
 from benchmarks.lora_family import majorities
 from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
-from benchmarks.stats import accuracy_se, mean_std, paired_cell
+from benchmarks.stats import accuracy_se, mean_std, paired_cell, welch_cell
+from benchmarks.zo_decomfl_anchor import AUTHORS_COMMIT, AUTHORS_REPO
 
 GRID = load_grid("zeroth_order")
 TASKS, ARMS = GRID["tasks"], GRID["arms"]
 DECOMFL = "decomfl"
+ANCHOR = "DeComFL, authors' code"  # benchmarks/zo_decomfl_anchor.py (not a fedpeft config: no grid arm)
+AUTHORS = f"{AUTHORS_REPO} @ {AUTHORS_COMMIT}, decomfl_main.py"
 ZERO_SHOT = "zero-shot verbalizer (round 0)"
 PAIRED = [(DECOMFL, ZERO_SHOT), ("fedkseed", ZERO_SHOT), ("fedkseed", DECOMFL),
           ("FO FedAvg (SGD, all weights)", DECOMFL), ("fedit LoRA (AdamW)", DECOMFL), ("FedBPT", DECOMFL)]
@@ -50,7 +61,8 @@ def job_name(task: str, arm: str, seed: int) -> str:
 
 def overrides(args, task: str, arm: str, seed: int) -> list[str]:
     return [*TASKS[task], f"task.max_train={args.max_train}", f"task.max_test={args.max_test}",
-            f"task.max_length={args.max_length}", "model.name=smollm2", "model.readout=verbalizer", f"seed={seed}",
+            *([f"task.max_length={args.max_length}"] if args.max_length else []),
+            "model.name=smollm2", "model.readout=verbalizer", f"seed={seed}",
             f"federation.num_clients={args.clients}", f"federation.clients_per_round={args.per_round}",
             "federation.partition.scheme=dirichlet", f"federation.partition.alpha={args.alpha}",
             f"federation.rounds={args.rounds}", f"evaluation.every={args.eval_every}", "evaluation.local=false",
@@ -65,12 +77,85 @@ def contrasts(args) -> list[tuple[str, str, list[str], list[str]]]:
     return [(a, b, overrides(args, task, a, 0), overrides(args, task, b, 0)) for a, b in PAIRED if b != ZERO_SHOT]
 
 
+def anchor_argv(args, task: str, seed: int) -> list[str]:
+    """The authors'-code launcher's options: the ``decomfl`` arm's federation, rounds, batch and ZO settings (the
+    preset's P, η, μ are DeComFL's README values, which the launcher passes by default)."""
+    return ["--task", task, "--seed", str(seed), "--iterations", str(args.rounds), "--threads", str(args.threads),
+            "--eval-iterations", str(args.eval_every), "--num-clients", str(args.clients), "--num-sample-clients",
+            str(args.per_round), "--train-batch-size", str(args.batch), "--no-iid", "--dirichlet-alpha",
+            str(args.alpha)]
+
+
+def run_anchor(args, task: str, seed: int) -> str:
+    """One run of DeComFL's own code into ``<runs-dir>/<task>__decomfl-authors-code__s<seed>`` (skipped when its
+    ``decomfl.json`` holds a run of the same options; not resumable: their script keeps no checkpoint)."""
+    out = Path(args.runs_dir) / job_name(task, ANCHOR, seed)
+    opts = anchor_argv(args, task, seed)
+    done = out / "decomfl.json"
+    if done.exists():
+        if json.loads(done.read_text()).get("launcher_argv") == opts:
+            return f"{out.name}: done before"
+        raise ValueError(f"{out} holds an authors'-code run with other options; use another --runs-dir")
+    cmd = [sys.executable, "-m", "benchmarks.zo_decomfl_anchor", str(args.anchor_checkout), "--out", str(out), *opts]
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "launcher.log").open("w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    result = json.loads(done.read_text())
+    done.write_text(json.dumps(result | {"launcher_argv": opts}, indent=1))
+    return f"{out.name}: {result['wall_seconds']:.0f} s"
+
+
 def run_job(args, task: str, arm: str, seed: int) -> str:
+    if arm == ANCHOR:
+        return run_anchor(args, task, seed)
     return run_config(Path(args.runs_dir) / job_name(task, arm, seed), overrides(args, task, arm, seed))
 
 
 def plan(args) -> list[tuple[str, str, int]]:
-    return [(t, a, s) for s in args.seeds for t in args.tasks for a in args.arms]
+    arms = [*args.arms, *([ANCHOR] if args.anchors else [])]
+    return [(t, a, s) for s in args.seeds for t in args.tasks for a in arms]
+
+
+def _anchor(args, task: str, seed: int) -> dict | None:
+    path = Path(args.runs_dir) / job_name(task, ANCHOR, seed) / "decomfl.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def anchor_lines(args, task: str, runs: dict) -> list[str]:
+    """The authors'-code table: DeComFL's decomfl_main.py beside fedpeft's ``decomfl`` preset at the same
+    iterations, final dev accuracy (theirs: correct answers over the dev set; their own log's mean of per-batch
+    accuracies beside it) and the bytes each side moves per client-round and in total."""
+    theirs = {s: a for s in args.seeds if (a := _anchor(args, task, s))}
+    ours = {s: r for s in args.seeds if (r := runs.get((DECOMFL, s)))}
+    if not theirs:
+        return []
+    lines = [f"### {task}: DeComFL in fedpeft and in the authors' code ({AUTHORS})", "",
+             "| side | dev accuracy % | their log's accuracy % | bytes up / client-round | bytes down / client-round "
+             "| bytes in total | seeds done | iterations | wall seconds / iteration (evaluations included) |", "|---|---|---|---|---|---|---|---|---|"]
+    for side, rows in (("fedpeft `decomfl`", ours), ("authors' code", theirs)):
+        if side == "authors' code":
+            acc = [r["final_dev_accuracy_exact"] for r in rows.values()]
+            log = mean_std([r["final_dev_accuracy"] for r in rows.values()])
+            t = [r["traffic"] for r in rows.values()]
+            cells = [statistics.fmean(x[k] for x in t) for k in ("mean_up_bytes_per_client_round",
+                                                                   "mean_down_bytes_per_client_round", "total_bytes")]
+            iters = {r["options"].get("iterations") for r in rows.values()}
+            secs = statistics.fmean(r["wall_seconds"] / max(r["options"].get("iterations") or 1, 1)
+                                    for r in rows.values())
+        else:
+            acc, log = [_accuracy(DECOMFL, r) for r in rows.values()], "–"
+            b = [_bytes(r) for r in rows.values()]
+            cells = [statistics.fmean(x[i] for x in b) for i in range(3)] if b else [None] * 3
+            iters = {r["last"].get("round") for r in rows.values()}
+            secs = statistics.fmean(r["summary"]["wall_seconds"] / max(r["last"].get("round") or 1, 1)
+                                    for r in rows.values()) if rows else None
+        lines.append(f"| {side} | {mean_std(acc)} | {log} | "
+                     + " | ".join(_human(c) if c is not None else "–" for c in cells)
+                     + f" | {len(rows)}/{len(args.seeds)} | {', '.join(map(str, sorted(iters, key=str))) or '–'} | "
+                       f"{f'{secs:.0f}' if secs is not None else '–'} |")
+    diff = welch_cell([100 * _accuracy(DECOMFL, r) for r in ours.values()],
+                      [100 * r["final_dev_accuracy_exact"] for r in theirs.values()])
+    return lines + ["", f"fedpeft − authors' code, final dev accuracy in points: {diff}.", ""]
 
 
 def _final(args, task: str, arm: str, seed: int) -> dict | None:
@@ -154,7 +239,7 @@ def render(args) -> Path:
             d = [100 * (_accuracy(a, runs[a, s]) - _accuracy(b, runs[b, s])) for s in args.seeds
                  if runs.get((a, s)) and runs.get((b, s))]
             lines.append(f"| {a} − {b} | {paired_cell(d)} |")
-        lines.append("")
+        lines += ["", *anchor_lines(args, task, runs)]
     return write_results(args.results, lines)
 
 
@@ -170,7 +255,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32, help="examples per client-round of every trained arm")
     p.add_argument("--max-train", type=int, default=6000)
     p.add_argument("--max-test", type=int, default=1000, help="cap on the dev set (SST-2 872, RTE 277: whole)")
-    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=None, help="tokens per input (default: the grid's, "
+                                                                    "DeComFL's cut of each task)")
+    p.add_argument("--anchors", action="store_true", help="also run DeComFL's own code for every task and seed")
+    p.add_argument("--anchor-checkout", type=Path, default=Path("runs/decomfl/checkout"),
+                   help="a checkout of ZidongLiu/DeComFL at 0c426e6 (see benchmarks/zo_decomfl_anchor.py)")
     p.add_argument("--device", default="cpu")
     return parse_grid_args(p, argv)
 

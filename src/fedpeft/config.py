@@ -55,6 +55,11 @@ class TaskConfig(_Strict):
     encoding: str = Field("utf-8", min_length=1, description="file tasks: text encoding of csv/tsv/jsonl files")
     # readout overrides, any task: replace the task's own after loading
     label_words: list[str] | None = Field(None, min_length=2, description="one verbalizer word per class")
+    label_word_spacing: Literal["space", "as_written"] = Field(
+        "space", description="verbalizer: 'space' reads each label word's first token with a leading space where "
+                             "the tokenizer is space-sensitive (the word follows the template as after 'It was'); "
+                             "'as_written' reads the word as given (a template ending in a newline, as DeComFL's "
+                             "RTE prompt)")
     label_descriptions: list[str] | None = Field(None, min_length=2, description="one sentence per class "
                                                                                  "(similarity readout)")
     template: str | None = Field(None, min_length=1, description="masked-LM template with {text_a}, {mask} "
@@ -84,11 +89,12 @@ class TaskConfig(_Strict):
     max_response_length: int = Field(64, ge=1, description="generation: response tokens kept (longer responses "
                                                           "are cut at the end)")
     truncation: Literal["keep_start", "keep_end"] = Field(
-        "keep_start", description="generation: how a prompt longer than task.max_length is cut, longest field "
-                                  "first: keep_start cuts a field at its end (a structured input keeps its first "
-                                  "slots, as a tokenizer's right truncation), keep_end at its start (a long context "
-                                  "keeps the question that ends it); cuts are counted in the run log and --dry-run, "
-                                  "with a warning above 5 % of the examples")
+        "keep_start", description="how a text longer than task.max_length is cut, longest field first: "
+                                  "keep_start cuts a field at its end (a structured input keeps its first slots, "
+                                  "as a tokenizer's right truncation), keep_end at its start (a long context keeps "
+                                  "the question that ends it; DeComFL's left truncation of a review); generation "
+                                  "counts the cuts in the run log and --dry-run, with a warning above 5 % of the "
+                                  "examples")
 
     @field_validator("prompt_template")
     @classmethod

@@ -281,7 +281,8 @@ def build_experiment(cfg: ExperimentConfig, saved: TaskOnly | None = None) -> Ex
 
 
 # option -> (the readouts that read it, on which backbone families; None: any)
-READOUT_OPTIONS = {"task.label_words": ({"verbalizer"}, None), "task.label_descriptions": ({"similarity"}, None),
+READOUT_OPTIONS = {"task.label_words": ({"verbalizer"}, None), "task.label_word_spacing": ({"verbalizer"}, None),
+                   "task.label_descriptions": ({"similarity"}, None),
                    "task.template": ({"verbalizer"}, {"mlm"}), "task.causal_template": ({"verbalizer"}, {"causal"}),
                    "model.similarity_scale": ({"similarity"}, None)}
 

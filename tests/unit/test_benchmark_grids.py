@@ -16,6 +16,20 @@ def test_paired_interval_by_hand():
     assert paired_cell([-1.25]) == "-1.2 (n=1)" and paired_cell([]) == "–" and paired_ci([0.5]) is None
 
 
+def test_welch_interval_matches_scipy():
+    from scipy.stats import ttest_ind
+
+    from benchmarks.stats import welch_cell, welch_ci
+
+    a, b = [84.0, 85.5, 83.0], [82.0, 84.5, 81.0, 83.5]
+    ref = ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    m, lo, hi = welch_ci(a, b)
+    assert m == pytest.approx(sum(a) / 3 - sum(b) / 4)
+    assert (lo, hi) == (pytest.approx(ref.low), pytest.approx(ref.high))
+    assert welch_cell([1.0], [0.5]) == "+0.5 (n=1 vs 1, no interval)" and welch_cell([], b) == "–"
+    assert welch_cell(a, b).endswith("(n=3 vs 4, unpaired)")
+
+
 @pytest.mark.parametrize("argv", [
     [],
     ["--paper-scale"],

@@ -41,6 +41,43 @@ def test_text_is_truncated_never_the_template_or_mask():
     assert len(enc.input_ids[1]) < 10 and enc.lead == 1
 
 
+def test_keep_end_cuts_the_text_at_its_start_as_a_left_truncation():
+    """``task.truncation: keep_end`` (DeComFL's left truncation of a review) keeps a long text's end and the
+    template; the default keeps its start; a classification spec saved before the setting keeps the default."""
+    import dataclasses
+
+    from fedpeft.backbones.encoding import text_budget
+
+    bb = load_backbone("tiny-bert-mlm")
+    text = bb.tokenizer(EXAMPLES[0].text_a, add_special_tokens=False)["input_ids"]
+    budget = text_budget(bb, TASK, 10, "verbalizer")
+    assert 0 < budget < len(text)
+    for truncation, kept in (("keep_start", text[:budget]), ("keep_end", text[-budget:])):
+        task = dataclasses.replace(TASK, truncation=truncation)
+        enc = encode_examples(bb, task, EXAMPLES, max_length=10, readout="verbalizer")
+        assert enc.input_ids[0][1:1 + budget] == kept and enc.input_ids[0][enc.mask_index[0]] == bb.tokenizer.mask_token_id
+    spec = TASK.spec()
+    spec.pop("truncation")
+    assert TaskData.from_spec(spec).truncation == "keep_start"
+
+
+def test_label_words_as_written_skip_the_leading_space():
+    """``task.label_word_spacing: as_written`` reads "Yes" as the token after a newline (DeComFL's RTE verbalizer);
+    the default reads " Yes", the token after a space, on a space-sensitive (byte-level BPE) tokenizer."""
+    from types import SimpleNamespace
+
+    vocab: dict[str, int] = {}
+    bpe = lambda text, add_special_tokens=False: {  # noqa: E731  a space-sensitive tokenizer: " Yes" != "Yes"
+        "input_ids": [vocab.setdefault(w, len(vocab)) for w in text.replace(" ", "\0 ").split("\0") if w]}
+    bb = SimpleNamespace(tokenizer=bpe, name="bpe")
+    first = lambda w: bpe(w)["input_ids"][0]  # noqa: E731
+    assert first(" Yes") != first("Yes")
+    assert label_token_ids(bb, ["Yes", "No"]) == [first(" Yes"), first(" No")]
+    assert label_token_ids(bb, ["Yes", "No"], "as_written") == [first("Yes"), first("No")]
+    wordpiece = load_backbone("tiny-bert")  # not space-sensitive: both settings read the same tokens
+    assert label_token_ids(wordpiece, ["bad", "great"]) == label_token_ids(wordpiece, ["bad", "great"], "as_written")
+
+
 def test_soft_prompt_is_inserted_after_cls_and_mask_position_shifts():
     clf = _clf("tiny-bert-mlm", m=3)
     params = clf.init_params(torch.Generator().manual_seed(0))

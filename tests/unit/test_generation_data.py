@@ -225,6 +225,8 @@ def test_kind_and_keys_of_the_other_kind_are_refused(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=f"task.{next(iter(kw))} applies to classification tasks, not the "
                                               "generation task 'jsonl'"):
             load_task(gen_cfg(path, **kw), 0)
+    with pytest.raises(ConfigError, match="task.label_word_spacing applies to a classification task's verbalizer"):
+        load_task(gen_cfg(path, label_word_spacing="as_written"), 0)
     with pytest.raises(ConfigError, match="task.few_shot draws k examples per class; the generation task"):
         load_task(gen_cfg(path, few_shot=2), 0)
 

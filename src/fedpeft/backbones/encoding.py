@@ -124,7 +124,7 @@ def encode_examples(
     for ex in examples:
         texts = {"text_a": tok(ex.text_a, add_special_tokens=False, verbose=False)["input_ids"],
                  "text_b": tok(ex.text_b or "", add_special_tokens=False, verbose=False)["input_ids"]}
-        _truncate(texts, budget)
+        _truncate(texts, budget, keep_end=task.truncation == "keep_end")
         ids, mask_at = list(lead), -1
         for i, (kind, _) in enumerate(segs):
             if kind == "lit":
@@ -140,11 +140,12 @@ def encode_examples(
     return Encoded(ids_all, labels, np.array(mask_all, dtype=np.int64), len(lead))
 
 
-def _truncate(texts: dict[str, list[int]], budget: int) -> None:
-    """Cut the longest text first until both fit (HF's 'longest_first' strategy)."""
+def _truncate(texts: dict[str, list[int]], budget: int, keep_end: bool = False) -> None:
+    """Cut the longest text first until both fit (HF's 'longest_first' strategy), at its end, or at its start
+    with ``keep_end`` (``task.truncation: keep_end``, a tokenizer's left truncation)."""
     while len(texts["text_a"]) + len(texts["text_b"]) > budget:
         key = "text_a" if len(texts["text_a"]) >= len(texts["text_b"]) else "text_b"
-        texts[key].pop()
+        texts[key].pop(0 if keep_end else -1)
 
 
 def collate(enc: Encoded, idx: np.ndarray | list[int], pad_id: int) -> dict[str, torch.Tensor]:

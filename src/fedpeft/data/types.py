@@ -64,7 +64,8 @@ class TaskData:
     files: list[str] = field(default_factory=list)  # the user's data files read (fingerprinted by a run)
     kind: str = "classification"  # or "generation", "preference"
     prompt_template: str | None = None  # generation: user prompt with {instruction} and {input}
-    truncation: str = "keep_start"  # generation: where a too-long prompt's fields are cut (task.truncation)
+    truncation: str = "keep_start"  # where a too-long text's fields are cut (task.truncation)
+    label_word_spacing: str = "space"  # verbalizer: how a label word is tokenized (task.label_word_spacing)
 
     @property
     def num_classes(self) -> int:
@@ -82,7 +83,7 @@ class TaskData:
         return self.kind == "preference"
 
     SPEC_FIELDS = ("name", "class_names", "label_words", "label_descriptions", "template", "causal_template",
-                   "is_pair", "kind", "prompt_template", "truncation")
+                   "is_pair", "kind", "prompt_template", "truncation", "label_word_spacing")
 
     def spec(self) -> dict[str, Any]:
         """Everything a readout needs to score classes, without the examples (a run keeps it in ``task.json``)."""
@@ -91,7 +92,9 @@ class TaskData:
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> TaskData:
         """The task of ``spec()`` with empty splits: enough to classify new texts as the run did. A key missing
-        from an older spec (``kind``, ``prompt_template``) takes its default; a generation spec without
-        ``truncation`` was written when prompts were cut at their start (``keep_end``)."""
-        old = {"truncation": "keep_end"} if "truncation" not in spec else {}
+        from an older spec (``kind``, ``prompt_template``, ``label_word_spacing``) takes its default; a generation
+        spec without ``truncation`` was written when prompts were cut at their start (``keep_end``), a
+        classification one when texts were cut at their end (the default)."""
+        generation = spec.get("kind", "classification") in ("generation", "preference")
+        old = {"truncation": "keep_end"} if "truncation" not in spec and generation else {}
         return cls(**{k: spec[k] for k in cls.SPEC_FIELDS if k in spec} | old, train=[], test=[])

@@ -100,6 +100,7 @@ def apply_readout(data: TaskData, cfg: TaskConfig) -> TaskData:
             setattr(data, field, given)
     for field in ("label_words", "label_descriptions"):
         _check_distinct(field, getattr(data, field), data.class_names)
+    data.label_word_spacing, data.truncation = cfg.label_word_spacing, cfg.truncation
     return data
 
 
@@ -129,6 +130,9 @@ def _check_kind(data: TaskData, cfg: TaskConfig) -> None:
         if getattr(cfg, key) is not None:
             raise ConfigError(f"task.{key} applies to classification tasks, not the generation task '{cfg.name}' "
                               "(its prompt: task.prompt_template)")
+    if cfg.label_word_spacing != "space":
+        raise ConfigError(f"task.label_word_spacing applies to a classification task's verbalizer, not the "
+                          f"generation task '{cfg.name}'")
     if cfg.few_shot is not None:
         raise ConfigError(f"task.few_shot draws k examples per class; the generation task '{cfg.name}' has no "
                           "classes (cap its size with task.max_train)")

@@ -17,10 +17,12 @@ from fedpeft.model.readouts.base import READOUTS, Readout
 torch = lazy("torch")
 
 
-def label_token_ids(backbone: Backbone, words: list[str]) -> list[int]:
-    """First sub-token of each label word; with a leading space where the tokenizer is space-sensitive."""
+def label_token_ids(backbone: Backbone, words: list[str], spacing: str = "space") -> list[int]:
+    """First sub-token of each label word; with a leading space where the tokenizer is space-sensitive, unless
+    ``spacing`` is ``as_written`` (``task.label_word_spacing``: a word after a newline, as DeComFL's RTE prompt)."""
     tok = backbone.tokenizer
-    spaced = tok(" a", add_special_tokens=False)["input_ids"] != tok("a", add_special_tokens=False)["input_ids"]
+    spaced = spacing == "space" and (tok(" a", add_special_tokens=False)["input_ids"]
+                                     != tok("a", add_special_tokens=False)["input_ids"])
     ids = [tok((" " + w) if spaced else w, add_special_tokens=False)["input_ids"][0] for w in words]
     if len(set(ids)) != len(ids):
         raise ValueError(f"task.label_words: label words {words} share a first token for {backbone.name}; "
@@ -35,7 +37,8 @@ class Verbalizer(Readout):
     pooled = False
 
     def setup(self, clf: Any) -> None:
-        self.label_ids = torch.tensor(label_token_ids(clf.backbone, clf.task.label_words), device=clf.device)
+        self.label_ids = torch.tensor(label_token_ids(clf.backbone, clf.task.label_words,
+                                                       clf.task.label_word_spacing), device=clf.device)
 
     def logits(self, clf, out, prep: Prepared, batch: dict[str, torch.Tensor], params: Params) -> torch.Tensor:
         split = clf.backbone.body_and_head
