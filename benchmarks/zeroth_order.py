@@ -18,12 +18,13 @@ keeps its own recipe (CMA-ES over a projected prompt), read per forward pass and
     python -m benchmarks.zeroth_order --runs-dir runs/zeroth_order --workers 1      # CPU, resumable
     python -m benchmarks.zeroth_order --render-only                                  # rewrite the table
     python -m benchmarks.zeroth_order --rounds 1000 --device cuda                    # DeComFL's 1000 iterations (GPU)
-    python -m benchmarks.zeroth_order --arms decomfl --anchors --rounds 50 --eval-every 25 --seeds 0  # + authors' code
+    python -m benchmarks.zeroth_order --arms decomfl --anchors --rounds 25 --eval-every 25 --seeds 0  # + authors
 
-``--anchors`` adds DeComFL's own code (``benchmarks/zo_decomfl_anchor.py`` on a checkout at ``--anchor-checkout``)
-for every task and seed, at the same iterations, clients, Dirichlet α, batch, P, η and μ as the ``decomfl`` arm; its
-seeds draw other clients and perturbations than fedpeft's (their RNG is Python's ``random``), so fedpeft − authors is
-an unpaired (Welch) interval over the seeds, never a paired one.
+``--anchors [decomfl] [fedkseed]`` adds the authors' code of those arms (``benchmarks/zo_decomfl_anchor.py``,
+``benchmarks/zo_fedkseed_anchor.py``: their scripts unchanged, on checkouts under ``runs/``) for every task and seed,
+at the paired arm's iterations, clients, Dirichlet α, batch, local steps, P, η, μ and K, read from its config; their
+seeds draw other clients and perturbations than fedpeft's (their own RNGs), so fedpeft − authors is an unpaired
+(Welch) interval over the seeds, never a paired one.
 
 Every run is a fedpeft run directory under --runs-dir; finished runs are skipped, interrupted ones resumed.
 """
@@ -35,6 +36,7 @@ import json
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.budget import budget_cell, measured
@@ -42,15 +44,15 @@ from benchmarks.grids import load_grid
 from benchmarks.lora_family import majorities
 from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
 from benchmarks.stats import accuracy_se, mean_std, paired_cell, welch_cell
-from benchmarks.zo_decomfl_anchor import AUTHORS_COMMIT, AUTHORS_REPO
+from benchmarks.zo_decomfl_anchor import AUTHORS_COMMIT as DECOMFL_COMMIT, AUTHORS_REPO as DECOMFL_REPO
+from benchmarks.zo_fedkseed_anchor import AUTHORS_COMMIT as FEDKSEED_COMMIT, AUTHORS_REPO as FEDKSEED_REPO
+from fedpeft.resolve import load_config
 
 GRID = load_grid("zeroth_order")
 TASKS, ARMS = GRID["tasks"], GRID["arms"]
 DECOMFL = "decomfl"
-ANCHOR = "DeComFL, authors' code"  # benchmarks/zo_decomfl_anchor.py (not a fedpeft config: no grid arm)
-AUTHORS = f"{AUTHORS_REPO} @ {AUTHORS_COMMIT}, decomfl_main.py"
 ZERO_SHOT = "zero-shot verbalizer (round 0)"
-PAIRED = [(DECOMFL, ZERO_SHOT), ("fedkseed", ZERO_SHOT), ("fedkseed", DECOMFL),
+PAIRED = [(DECOMFL, ZERO_SHOT), ("fedkseed", ZERO_SHOT), ("fedkseed", DECOMFL), ("fedkseed-pro", "fedkseed"),
           ("FO FedAvg (SGD, all weights)", DECOMFL), ("fedit LoRA (AdamW)", DECOMFL), ("FedBPT", DECOMFL)]
 
 
@@ -77,84 +79,135 @@ def contrasts(args) -> list[tuple[str, str, list[str], list[str]]]:
     return [(a, b, overrides(args, task, a, 0), overrides(args, task, b, 0)) for a, b in PAIRED if b != ZERO_SHOT]
 
 
-def anchor_argv(args, task: str, seed: int) -> list[str]:
-    """The authors'-code launcher's options: the ``decomfl`` arm's federation, rounds, batch and ZO settings (the
-    preset's P, η, μ are DeComFL's README values, which the launcher passes by default)."""
-    return ["--task", task, "--seed", str(seed), "--iterations", str(args.rounds), "--threads", str(args.threads),
-            "--eval-iterations", str(args.eval_every), "--num-clients", str(args.clients), "--num-sample-clients",
-            str(args.per_round), "--train-batch-size", str(args.batch), "--no-iid", "--dirichlet-alpha",
-            str(args.alpha)]
+@dataclass(frozen=True)
+class Anchor:
+    """An authors' code run beside one fedpeft arm: its launcher module, the checkout it runs, the results file it
+    writes and how to read accuracy and bytes from it."""
+
+    arm: str  # the fedpeft arm it is compared with (the anchor's key in ANCHORS)
+    label: str  # its rows' and run directories' name
+    launcher: str
+    checkout: str
+    result: str
+    repo: str
+
+    def argv(self, args, task: str, seed: int) -> list[str]:
+        """The launcher's options: the paired arm's federation, rounds and zeroth-order settings, read from its
+        resolved config (never typed twice)."""
+        zo = load_config(None, overrides(args, task, self.arm, seed)).method.trainer
+        common = ["--task", task, "--seed", str(seed), "--threads", str(args.threads)]
+        if self.arm == DECOMFL:
+            return common + ["--iterations", str(args.rounds), "--eval-iterations", str(args.eval_every),
+                             "--num-clients", str(args.clients), "--num-sample-clients", str(args.per_round),
+                             "--train-batch-size", str(zo.batch_size), "--local-update-steps", str(zo.local_steps),
+                             "--num-pert", str(zo.perturbations), "--lr", str(zo.lr), "--mu", str(zo.mu),
+                             "--grad-estimate-method", f"rge-{zo.difference}", "--no-iid", "--dirichlet-alpha",
+                             str(args.alpha)]
+        return common + ["--rounds", str(args.rounds), "--num_clients", str(args.clients),
+                         "-m", f"{(args.per_round + 0.5) / args.clients:.6f}", "--local_step", str(zo.local_steps),
+                         "--batch_size", str(zo.batch_size), "--lr", str(zo.lr), "--zo_eps", str(zo.mu),
+                         "-K", str(zo.pool_size), "--iid", f"dir{args.alpha}", "--max-train", str(args.max_train)]
+
+    def accuracy(self, r: dict) -> float:
+        """Final dev accuracy, correct answers over the whole dev set."""
+        return r["final_dev_accuracy_exact"] if self.arm == DECOMFL else r["final_verbalizer_accuracy"]
+
+    def their_metric(self, r: dict) -> str:
+        """What their own code reports at the end (DeComFL: the mean of per-batch accuracies; FedKSeed: its loss)."""
+        if self.arm == DECOMFL:
+            return f"accuracy {100 * r['final_dev_accuracy']:.1f} %"
+        return f"{r['final_metric']['name']} {r['final_metric']['value']:.4f}"
+
+    def traffic(self, r: dict) -> tuple[float, float, float]:
+        """Bytes up and down per client-round and in total, as their protocol sends them (FedKSeed: the paper's
+        protocol, the pool entries changed since a client's last pull going down; their simulation deep-copies the
+        model instead)."""
+        t = r["traffic"]
+        if self.arm == DECOMFL:
+            return (t["mean_up_bytes_per_client_round"], t["mean_down_bytes_per_client_round"], t["total_bytes"])
+        p = t["paper"]
+        return (p["mean_up_bytes_per_client_round"], p["mean_down_bytes_sparse_per_client_round"],
+                p["total_up_bytes"] + p["total_down_bytes_sparse"])
+
+    def iterations(self, r: dict) -> int:
+        return r["options"]["iterations" if self.arm == DECOMFL else "rounds"]
 
 
-def run_anchor(args, task: str, seed: int) -> str:
-    """One run of DeComFL's own code into ``<runs-dir>/<task>__decomfl-authors-code__s<seed>`` (skipped when its
-    ``decomfl.json`` holds a run of the same options; not resumable: their script keeps no checkpoint)."""
-    out = Path(args.runs_dir) / job_name(task, ANCHOR, seed)
-    opts = anchor_argv(args, task, seed)
-    done = out / "decomfl.json"
+ANCHORS = {a.arm: a for a in (
+    Anchor(DECOMFL, "DeComFL, authors' code", "benchmarks.zo_decomfl_anchor", "runs/decomfl/checkout",
+           "decomfl.json", f"{DECOMFL_REPO} @ {DECOMFL_COMMIT}, decomfl_main.py"),
+    Anchor("fedkseed", "FedKSeed, authors' code", "benchmarks.zo_fedkseed_anchor", "runs/fedkseed/checkout",
+           "fedkseed.json", f"{FEDKSEED_REPO} @ {FEDKSEED_COMMIT}, main.py"))}
+ANCHOR_LABELS = {a.label: a for a in ANCHORS.values()}
+
+
+def run_anchor(args, task: str, label: str, seed: int) -> str:
+    """One run of an authors' code into ``<runs-dir>/<task>__<label>__s<seed>`` (skipped when its results file
+    holds a run of the same options; not resumable: their scripts keep no checkpoint)."""
+    anchor = ANCHOR_LABELS[label]
+    out = Path(args.runs_dir) / job_name(task, label, seed)
+    opts = anchor.argv(args, task, seed)
+    done = out / anchor.result
     if done.exists():
-        if json.loads(done.read_text()).get("launcher_argv") == opts:
+        if json.loads(done.read_text()).get("benchmark_argv") == opts:
             return f"{out.name}: done before"
         raise ValueError(f"{out} holds an authors'-code run with other options; use another --runs-dir")
-    cmd = [sys.executable, "-m", "benchmarks.zo_decomfl_anchor", str(args.anchor_checkout), "--out", str(out), *opts]
+    cmd = [sys.executable, "-m", anchor.launcher, anchor.checkout, "--out", str(out), *opts]
     out.mkdir(parents=True, exist_ok=True)
     with (out / "launcher.log").open("w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     result = json.loads(done.read_text())
-    done.write_text(json.dumps(result | {"launcher_argv": opts}, indent=1))
+    done.write_text(json.dumps(result | {"benchmark_argv": opts}, indent=1))
     return f"{out.name}: {result['wall_seconds']:.0f} s"
 
 
 def run_job(args, task: str, arm: str, seed: int) -> str:
-    if arm == ANCHOR:
-        return run_anchor(args, task, seed)
+    if arm in ANCHOR_LABELS:
+        return run_anchor(args, task, arm, seed)
     return run_config(Path(args.runs_dir) / job_name(task, arm, seed), overrides(args, task, arm, seed))
 
 
 def plan(args) -> list[tuple[str, str, int]]:
-    arms = [*args.arms, *([ANCHOR] if args.anchors else [])]
+    arms = [*args.arms, *(ANCHORS[a].label for a in args.anchors or [] if a in args.arms)]
     return [(t, a, s) for s in args.seeds for t in args.tasks for a in arms]
 
 
-def _anchor(args, task: str, seed: int) -> dict | None:
-    path = Path(args.runs_dir) / job_name(task, ANCHOR, seed) / "decomfl.json"
+def _anchor(args, task: str, anchor: Anchor, seed: int) -> dict | None:
+    path = Path(args.runs_dir) / job_name(task, anchor.label, seed) / anchor.result
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def anchor_lines(args, task: str, runs: dict) -> list[str]:
-    """The authors'-code table: DeComFL's decomfl_main.py beside fedpeft's ``decomfl`` preset at the same
-    iterations, final dev accuracy (theirs: correct answers over the dev set; their own log's mean of per-batch
-    accuracies beside it) and the bytes each side moves per client-round and in total."""
-    theirs = {s: a for s in args.seeds if (a := _anchor(args, task, s))}
-    ours = {s: r for s in args.seeds if (r := runs.get((DECOMFL, s)))}
+def anchor_lines(args, task: str, runs: dict, anchor: Anchor) -> list[str]:
+    """An authors'-code table: their script beside fedpeft's preset at the same iterations, final dev accuracy
+    (correct answers over the dev set; their own final metric beside it) and the bytes each side moves per
+    client-round and in total."""
+    theirs = {s: a for s in args.seeds if (a := _anchor(args, task, anchor, s))}
+    ours = {s: r for s in args.seeds if (r := runs.get((anchor.arm, s)))}
     if not theirs:
         return []
-    lines = [f"### {task}: DeComFL in fedpeft and in the authors' code ({AUTHORS})", "",
-             "| side | dev accuracy % | their log's accuracy % | bytes up / client-round | bytes down / client-round "
-             "| bytes in total | seeds done | iterations | wall seconds / iteration (evaluations included) |", "|---|---|---|---|---|---|---|---|---|"]
-    for side, rows in (("fedpeft `decomfl`", ours), ("authors' code", theirs)):
-        if side == "authors' code":
-            acc = [r["final_dev_accuracy_exact"] for r in rows.values()]
-            log = mean_std([r["final_dev_accuracy"] for r in rows.values()])
-            t = [r["traffic"] for r in rows.values()]
-            cells = [statistics.fmean(x[k] for x in t) for k in ("mean_up_bytes_per_client_round",
-                                                                   "mean_down_bytes_per_client_round", "total_bytes")]
-            iters = {r["options"].get("iterations") for r in rows.values()}
-            secs = statistics.fmean(r["wall_seconds"] / max(r["options"].get("iterations") or 1, 1)
-                                    for r in rows.values())
+    lines = [f"### {task}: {anchor.arm} in fedpeft and in the authors' code ({anchor.repo})", "",
+             "| side | dev accuracy % | their final metric | bytes up / client-round | bytes down / client-round "
+             "| bytes in total | seeds done | iterations | wall seconds / iteration (evaluations included) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for side, rows in ((f"fedpeft `{anchor.arm}`", ours), ("authors' code", theirs)):
+        if rows is theirs:
+            acc = [anchor.accuracy(r) for r in rows.values()]
+            metric = "; ".join(anchor.their_metric(r) for r in rows.values())
+            t = [anchor.traffic(r) for r in rows.values()]
+            iters = {anchor.iterations(r) for r in rows.values()}
+            secs = statistics.fmean(r["wall_seconds"] / max(anchor.iterations(r), 1) for r in rows.values())
         else:
-            acc, log = [_accuracy(DECOMFL, r) for r in rows.values()], "–"
-            b = [_bytes(r) for r in rows.values()]
-            cells = [statistics.fmean(x[i] for x in b) for i in range(3)] if b else [None] * 3
+            acc, metric = [_accuracy(anchor.arm, r) for r in rows.values()], "–"
+            t = [_bytes(r) for r in rows.values()]
             iters = {r["last"].get("round") for r in rows.values()}
             secs = statistics.fmean(r["summary"]["wall_seconds"] / max(r["last"].get("round") or 1, 1)
                                     for r in rows.values()) if rows else None
-        lines.append(f"| {side} | {mean_std(acc)} | {log} | "
-                     + " | ".join(_human(c) if c is not None else "–" for c in cells)
-                     + f" | {len(rows)}/{len(args.seeds)} | {', '.join(map(str, sorted(iters, key=str))) or '–'} | "
-                       f"{f'{secs:.0f}' if secs is not None else '–'} |")
-    diff = welch_cell([100 * _accuracy(DECOMFL, r) for r in ours.values()],
-                      [100 * r["final_dev_accuracy_exact"] for r in theirs.values()])
+        cells = [_human(statistics.fmean(x[i] for x in t)) if t else "–" for i in range(3)]
+        lines.append(f"| {side} | {mean_std(acc)} | {metric} | {' | '.join(cells)} | {len(rows)}/{len(args.seeds)} "
+                     f"| {', '.join(map(str, sorted(iters, key=str))) or '–'} | "
+                     f"{f'{secs:.0f}' if secs is not None else '–'} |")
+    diff = welch_cell([100 * _accuracy(anchor.arm, r) for r in ours.values()],
+                      [100 * anchor.accuracy(r) for r in theirs.values()])
     return lines + ["", f"fedpeft − authors' code, final dev accuracy in points: {diff}.", ""]
 
 
@@ -239,7 +292,7 @@ def render(args) -> Path:
             d = [100 * (_accuracy(a, runs[a, s]) - _accuracy(b, runs[b, s])) for s in args.seeds
                  if runs.get((a, s)) and runs.get((b, s))]
             lines.append(f"| {a} − {b} | {paired_cell(d)} |")
-        lines += ["", *anchor_lines(args, task, runs)]
+        lines += ["", *(x for a in ANCHORS.values() for x in anchor_lines(args, task, runs, a))]
     return write_results(args.results, lines)
 
 
@@ -257,11 +310,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-test", type=int, default=1000, help="cap on the dev set (SST-2 872, RTE 277: whole)")
     p.add_argument("--max-length", type=int, default=None, help="tokens per input (default: the grid's, "
                                                                     "DeComFL's cut of each task)")
-    p.add_argument("--anchors", action="store_true", help="also run DeComFL's own code for every task and seed")
-    p.add_argument("--anchor-checkout", type=Path, default=Path("runs/decomfl/checkout"),
-                   help="a checkout of ZidongLiu/DeComFL at 0c426e6 (see benchmarks/zo_decomfl_anchor.py)")
+    p.add_argument("--anchors", nargs="*", choices=list(ANCHORS), default=None, metavar="ANCHOR",
+                   help="also run the authors' code of these arms (all when given bare) for every task and seed "
+                        "(DeComFL's from runs/decomfl/checkout, FedKSeed's from runs/fedkseed/checkout; see "
+                        "benchmarks/zo_decomfl_anchor.py and zo_fedkseed_anchor.py)")
     p.add_argument("--device", default="cpu")
-    return parse_grid_args(p, argv)
+    args = parse_grid_args(p, argv)
+    if args.anchors == []:
+        args.anchors = list(ANCHORS)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

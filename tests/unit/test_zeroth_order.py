@@ -22,7 +22,7 @@ from fedpeft.runtime.embedded import run_embedded
 from fedpeft.tracking.rundir import RunDir
 from fedpeft.tracking.summary import TIMING_FIELDS
 from fedpeft.trainers.spsa import add_perturbation_, generator_seed, projected_gradients, replay_
-from fedpeft.trainers.zo_sgd import ZOSettings, seed_pool
+from fedpeft.trainers.zo_sgd import ZOSettings, importance_probabilities, seed_pool
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -108,9 +108,13 @@ def _strip(recs: list[dict]) -> list[dict]:
             for r in recs]
 
 
+PRO = {"method.trainer.local_steps": 6, "method.trainer.pool_size": 64, "method.trainer.sampling": "importance"}
+
+
 @pytest.mark.parametrize("preset, extra", [("decomfl", {}),
                                            ("fedkseed", {"method.trainer.local_steps": 6,
-                                                         "method.trainer.pool_size": 256})])
+                                                         "method.trainer.pool_size": 256}),
+                                           ("fedkseed", PRO)])
 def test_the_global_model_is_its_history_replayed_bit_for_bit(tmp_path: Path, preset: str, extra: dict) -> None:
     cfg = _cfg(preset, **extra)
     recs = _run(cfg, tmp_path / "run")
@@ -167,6 +171,45 @@ def test_the_seed_history_download_gives_the_dense_run_and_clients_catch_up(tmp_
     assert max(down) < 2048 < min(c["bytes_down"] for r in dense for c in r["clients"])
 
 
+def test_importance_probabilities_are_fedkseed_pro_s() -> None:
+    """FedKSeed-Pro's ``calculate_probabilities`` (its server.py) on per-seed histories, written out as there."""
+    import numpy as np
+
+    initial, clip = 0.5, 3.0
+    history = [[initial, 1.0, -2.0], [initial], [initial, 10.0], [initial, -0.25, 0.25, 0.5]]
+    psi = np.array([np.mean(np.abs(np.clip(h, -clip, clip))) for h in history])
+    norm = (psi - psi.min()) / (psi.max() + 1e-10 - psi.min())
+    theirs = np.exp(norm - norm.max()) / np.exp(norm - norm.max()).sum()
+    abs_sum = torch.tensor([sum(min(abs(g), clip) for g in h[1:]) for h in history])
+    hits = torch.tensor([len(h) - 1 for h in history], dtype=torch.float64)
+    ours = importance_probabilities(abs_sum, hits, initial, clip)
+    assert np.allclose(ours.numpy(), theirs, rtol=1e-12) and float(ours.sum()) == pytest.approx(1.0)
+    uniform = importance_probabilities(torch.zeros(5), torch.zeros(5), 0.0, clip)
+    assert torch.allclose(uniform, torch.full((5,), 0.2, dtype=torch.float64))
+
+
+def test_importance_sampling_keeps_every_draw_and_sends_its_probabilities(tmp_path: Path) -> None:
+    """FedKSeed-Pro: the server's history counts every draw of every client (3 rounds x 3 clients x 6 steps), its
+    amplitude sums are the clipped |g| the clients reported, the probabilities travel down (K floats, counted) and
+    stop being uniform after round 1; plain pool sampling sends none."""
+    recs = _run(_cfg("fedkseed", **PRO), tmp_path / "pro")
+    _, server, _, _ = RunDir(tmp_path / "pro").load_checkpoint()
+    st = ServerState.from_message(server)
+    hits, amp = st.agg.tensors["importance.hits"], st.agg.tensors["importance.abs_sum"]
+    assert float(hits.sum()) == pytest.approx(3 * 3 * 6, rel=1e-5) and float(amp.min()) >= 0
+    assert hits.shape == (64,) and int((hits > 0.5).sum()) > 1
+    probs = importance_probabilities(amp, hits, 0.0, 1000.0)
+    assert float(probs.max() / probs.min()) > 1.01  # not uniform any more
+    plain = _run(_cfg("fedkseed", **(PRO | {"method.trainer.sampling": "uniform"})), tmp_path / "plain")
+    for pro_round, plain_round in zip(recs, plain):  # + K float32 probabilities down, + 2K floats up
+        assert min(c["bytes_down"] - q["bytes_down"] for c, q in zip(pro_round["clients"], plain_round["clients"])) \
+            >= 64 * 4
+        assert min(c["bytes_up"] - q["bytes_up"] for c, q in zip(pro_round["clients"], plain_round["clients"])) \
+            >= 2 * 64 * 2
+    with pytest.raises(ValueError, match="sampling: importance draws among the K candidate seeds"):
+        _cfg("decomfl", **{"method.trainer.sampling": "importance"})
+
+
 def test_pool_is_the_run_seed_s_and_zo_refuses_plain_aggregators() -> None:
     a, b = seed_pool(7, 16), seed_pool(7, 16)
     assert (a == b).all() and a.min() >= 1 and len(set(a.tolist())) == 16
@@ -181,6 +224,12 @@ def test_secure_aggregation_gives_the_plain_run(tmp_path: Path) -> None:
     secure = _run(_cfg("decomfl", **over, **secagg), tmp_path / "sec")
     for p, s in zip(plain, secure):
         assert s["loss"] == pytest.approx(p["loss"], abs=1e-6)
+    # FedKSeed-Pro's draw counts and amplitudes are sums too: weight x the secure mean gives them back, within
+    # SecAgg+'s quantization step times the total weight per candidate (here a few per cent of 36 draws)
+    _run(_cfg("fedkseed", **PRO, **over, **secagg), tmp_path / "pro")
+    _, server, _, _ = RunDir(tmp_path / "pro").load_checkpoint()
+    assert float(ServerState.from_message(server).agg.tensors["importance.hits"].sum()) == \
+        pytest.approx(2 * 3 * 6, rel=0.1)
 
 
 @pytest.mark.slow

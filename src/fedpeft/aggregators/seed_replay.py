@@ -9,7 +9,10 @@ scalars of one seed add) and computable from the mean alone, so it runs under se
 
 State: the seeds of the coming round (DeComFL: drawn by the server, broadcast with the instruction) and the history
 of every round's seeds and mean scalars, which rebuilds the global tensors from the initial ones bit for bit
-(``replay_history``) and is what a client that missed rounds would replay.
+(``replay_history``) and is what a client that missed rounds would replay. With FedKSeed-Pro's importance sampling
+(``method.trainer.sampling: importance``) also, per candidate seed, the sum of every clipped amplitude |g| the
+clients reported and how many there were; the instruction carries the probabilities made of them
+(``trainers.zo_sgd.importance_probabilities``, K floats down per client-round).
 """
 
 from __future__ import annotations
@@ -22,16 +25,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedpeft.aggregators.base import AGGREGATORS, SEEDS, AggregatorBase, AggregatorContext, Params
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Update
-from fedpeft.formats.seeds import COEF
+from fedpeft.formats.seeds import ABS, COEF, HITS, PROBS
 from fedpeft.formats.seeds import SEEDS as SEED_TENSOR
 from fedpeft.lazy import lazy
 from fedpeft.rng import SERVER, numpy_rng
 from fedpeft.trainers.spsa import replay_
-from fedpeft.trainers.zo_sgd import ZOSettings, seed_pool
+from fedpeft.trainers.zo_sgd import ZOSettings, importance_probabilities, seed_pool
 
 torch = lazy("torch")
 
 NEXT, HIST_SEEDS, HIST_COEF = "next_seeds", "history.seeds", "history.coef"
+IMP_ABS, IMP_HITS = "importance.abs_sum", "importance.hits"  # FedKSeed-Pro's per-candidate history, summed
 
 
 class SeedReplaySettings(BaseModel):
@@ -75,15 +79,23 @@ class SeedReplay(AggregatorBase):
         self.uniform_weights = settings.weighting == "uniform"
         self.server_seeds = self.zo.seeds == "server"
         self.pool = None if self.server_seeds else torch.from_numpy(seed_pool(ctx.seed, self.zo.pool_size))
+        self.importance = self.zo.sampling == "importance"
 
     def _next(self, round: int) -> dict[str, "torch.Tensor"]:
         return {NEXT: round_seeds(self.ctx.seed, round, self.zo.local_steps)} if self.server_seeds else {}
 
     def init(self, glob: Params) -> Message:
-        return Message(self._next(1))
+        zeros = torch.zeros(self.zo.pool_size, dtype=torch.float64)
+        return Message(self._next(1) | ({IMP_ABS: zeros, IMP_HITS: zeros.clone()} if self.importance else {}))
 
     def broadcast(self, state: Message) -> Message:
-        return Message({SEED_TENSOR: state.tensors[NEXT]}) if self.server_seeds else Message()
+        if self.server_seeds:
+            return Message({SEED_TENSOR: state.tensors[NEXT]})
+        if self.importance:
+            return Message({PROBS: importance_probabilities(state.tensors[IMP_ABS], state.tensors[IMP_HITS],
+                                                            self.zo.importance_initial,
+                                                            self.zo.importance_clip).float()})
+        return Message()
 
     def aggregate(self, glob: Params, updates: Sequence[Update], state: Message, round: int):
         weights = [1.0 if self.uniform_weights else float(u.weight) for u in updates]
@@ -98,6 +110,9 @@ class SeedReplay(AggregatorBase):
         rows = {HIST_COEF: coef[None]} | ({HIST_SEEDS: seeds[None]} if seeds is not None else {})
         for k, v in rows.items():
             hist[k] = torch.cat([hist[k], v]) if k in hist else v
+        if self.importance:  # the replies hold sums over weight: weight x reply adds up to the plain sums
+            for key, name in ((IMP_ABS, ABS), (IMP_HITS, HITS)):
+                hist[key] = state.tensors[key] + sum(float(u.weight) * u.tensors[name].double() for u in updates)
         return new, Message(hist | self._next(round + 1), dict(state.scalars))
 
     def diagnostics(self, state: Message) -> dict[str, float]:

@@ -12,7 +12,12 @@ scalars (``formats.seeds``):
   them per position;
 - ``seeds: pool`` (FedKSeed, Qin et al. 2024, §4.1): K candidate seeds fixed by the run seed (both sides draw the
   same pool, ``seed_pool``); each perturbation samples one uniformly; the reply is one summed scalar per candidate
-  (a [K] vector, zero where unsampled), the server's weighted mean of them per seed is the exact aggregate.
+  (a [K] vector, zero where unsampled), the server's weighted mean of them per seed is the exact aggregate;
+- ``sampling: importance`` (FedKSeed-Pro, §4.2): each perturbation samples a candidate with the probability the
+  server sends (``importance_probabilities``: a softmax of the min-max-normalised mean amplitude |g| each candidate
+  has had, Eq. 6-7); the reply adds, per candidate, the sum of this round's clipped amplitudes and the number of
+  draws, each divided by the client's weight, so that the weighted mean of the replies times the total weight is
+  their plain sum, which the server adds to its history (and secure aggregation can give it).
 
 The tensors' scalars are rounded to float32 (the wire's float) before the client applies them, so its step is the
 replay's arithmetic. Works with any adapter whose tensors are floats (``full``: every backbone weight, as
@@ -25,12 +30,12 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
 from fedpeft.comm.update import Params, Update
-from fedpeft.formats.seeds import COEF, SEEDS, SeedFormat
+from fedpeft.formats.seeds import ABS, COEF, HITS, PROBS, SEEDS, SeedFormat
 from fedpeft.lazy import lazy, no_grad
 from fedpeft.rng import SHARED, numpy_rng, torch_rng
 from fedpeft.trainers.base import SEEDS as SEED_KIND
@@ -57,12 +62,38 @@ class ZOSettings(BaseModel):
                               "uses them (DeComFL); pool: each perturbation samples one of K candidate seeds fixed "
                               "by the run seed (FedKSeed)")
     pool_size: int = Field(4096, ge=1, description="K, candidate seeds of seeds: pool (FedKSeed's default)")
+    sampling: Literal["uniform", "importance"] = Field(
+        "uniform", description="seeds: pool: how a perturbation picks its candidate: uniform (FedKSeed) or "
+                               "importance (FedKSeed-Pro: by the probabilities the server sends, from the mean "
+                               "amplitude of each candidate's scalars so far)")
+    importance_clip: float = Field(1000.0, gt=0, description="sampling: importance: amplitudes are clipped at "
+                                                             "this value (FedKSeed-Pro's bias_loss_clip)")
+    importance_initial: float = Field(0.0, description="sampling: importance: the scalar every candidate's "
+                                                       "history starts with (FedKSeed-Pro's grad_initial)")
+
+    @model_validator(mode="after")
+    def _importance_needs_a_pool(self) -> "ZOSettings":
+        if self.sampling == "importance" and self.seeds != "pool":
+            raise ValueError("sampling: importance draws among the K candidate seeds of seeds: pool; set "
+                             "method.trainer.seeds: pool")
+        return self
 
 
 def seed_pool(seed: int, size: int) -> np.ndarray:
     """FedKSeed's K candidate seeds (``np.random.randint(1, 1e11, K)`` in its ``main.py``), drawn from the run seed
     by server and clients alike."""
     return numpy_rng(seed, 0, SHARED, "zo-seed-pool").integers(1, 10**11, size, dtype=np.int64)
+
+
+def importance_probabilities(abs_sum: "torch.Tensor", hits: "torch.Tensor", initial: float,
+                             clip: float) -> "torch.Tensor":
+    """FedKSeed-Pro's sampling probabilities (Qin et al. 2024, Eq. 6-7; ``calculate_probabilities`` in its
+    ``server.py``): ψ_j, the mean of the clipped amplitudes |g| of every scalar candidate j has had, its history
+    starting with ``initial``; p = softmax((ψ - min ψ) / (max ψ - min ψ + 1e-10)). ``abs_sum`` and ``hits`` are
+    the sums of the amplitudes and the number of scalars per candidate."""
+    psi = (min(abs(initial), clip) + abs_sum.double()) / (1.0 + hits.double())
+    norm = (psi - psi.min()) / (psi.max() + 1e-10 - psi.min())
+    return torch.softmax(norm, 0)
 
 
 def reply_length(s: ZOSettings) -> int:
@@ -83,7 +114,7 @@ class ZOSGDTrainer(TrainerBase):
         self._pool: tuple[int, np.ndarray] | None = None  # (run seed, its candidate seeds)
 
     def update_format(self) -> SeedFormat:
-        return SeedFormat(reply_length(self.settings))
+        return SeedFormat(reply_length(self.settings), self.settings.sampling == "importance")
 
     def pool(self, seed: int) -> np.ndarray:
         if self._pool is None or self._pool[0] != seed:
@@ -105,8 +136,14 @@ class ZOSGDTrainer(TrainerBase):
             raise ValueError(f"zo_sgd with seeds: server needs the round's seeds ('{SEEDS}') in its instruction; use "
                              "method.aggregator.name: seed_replay")
         step_seeds = [int(x) for x in instruction.tensors[SEEDS].tolist()] if s.seeds == "server" else []
+        importance = s.sampling == "importance"
+        if importance and PROBS not in instruction.tensors:
+            raise ValueError(f"zo_sgd with sampling: importance needs the candidates' probabilities ('{PROBS}') in "
+                             "its instruction; use method.aggregator.name: seed_replay")
+        probs = instruction.tensors[PROBS].double().numpy() if importance else None
         draw = numpy_rng(client.seed, round, client.client_id, "zo-pool-draw")
         coef = torch.zeros(reply_length(s), dtype=torch.float32)
+        amp, hits = torch.zeros_like(coef, dtype=torch.float64), torch.zeros_like(coef, dtype=torch.float64)
         order = torch.empty(0, dtype=torch.long)
         gen, n, total = torch_rng(client.seed, round, client.client_id, "local-train"), len(client.train), 0.0
         for t in range(s.local_steps):
@@ -122,14 +159,19 @@ class ZOSGDTrainer(TrainerBase):
                 seeds = [generator_seed(step_seeds[t], i) for i in range(per)]
                 slots = list(range(t * per, (t + 1) * per))
             else:  # each perturbation samples a candidate (its perturbation 0); reply position: the candidate
-                slots = draw.integers(0, s.pool_size, per).tolist()
+                slots = (draw.choice(s.pool_size, per, p=probs / probs.sum()) if importance
+                         else draw.integers(0, s.pool_size, per)).tolist()
                 seeds = [generator_seed(int(self.pool(client.seed)[j]), 0) for j in slots]
             grads, value = projected_gradients(work, names, loss, seeds, s.mu, central)
             g = torch.tensor(grads, dtype=torch.float32)  # as they travel
             for seed, slot, gi in zip(seeds, slots, g.tolist()):
                 add_perturbation_(work, names, seed, -s.lr * gi / per)
                 coef[slot] += gi if s.seeds == "server" else gi / per
+                amp[slot] += min(abs(gi), s.importance_clip)
+                hits[slot] += 1
             total += value
         scalars = {"train_loss": total / s.local_steps, "steps": s.local_steps,
                    "forward_passes": s.local_steps * forward_passes(per, central)}
-        return Update(client.client_id, work, client.num_examples, {COEF: coef}, scalars), {}
+        aux = {COEF: coef} | ({ABS: (amp / client.num_examples).float(), HITS: (hits / client.num_examples).float()}
+                              if importance else {})
+        return Update(client.client_id, work, client.num_examples, aux, scalars), {}
