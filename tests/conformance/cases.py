@@ -30,7 +30,7 @@ LEAST: dict[str, dict[str, dict[str, Any]]] = {
                    "hetlora": {}, "flexlora": {}, "stack": {}, "head_weighted": {}, "server_cmaes": {},
                    "seed_replay": {}},
     "wrappers": {"clip": {"max_norm": 0.5}, "dp_fedavg": {"clip": 1.0, "noise_multiplier": 0.5},
-                 "outlier_filter": {}},
+                 "dp_seeds": {"clip": 1.0, "noise_multiplier": 0.5}, "outlier_filter": {}},
     "selector": {"all": {}, "uniform": {}, "loss_difference": {}},
     "sharing": {"all": {}, "ffa": {}, "fedsa": {}, "local": {}, "fixed_split": {}, "head_pruning": {},
                 "layer_selection": {"warmup_rounds": 1}, "ranks": {}, "stacking": {}, "private": {}, "fedex": {},
@@ -75,6 +75,7 @@ AGGREGATOR_CASES: dict[str, AggregatorCase] = {
     "seed_replay": AggregatorCase(skip="accepts zeroth-order scalars, not tensors (tests/unit/test_zeroth_order.py)"),
     "clip": AggregatorCase(fixed_point=True),  # x_c within the clipping norm of x_t
     "dp_fedavg": AggregatorCase(inner="uniform", zero_fixed_point=False),  # the noise moves the mean
+    "dp_seeds": AggregatorCase(skip="accepts zeroth-order scalars, not tensors (tests/unit/test_zeroth_order.py)"),
     "outlier_filter": AggregatorCase(fixed_point=True),
 }
 

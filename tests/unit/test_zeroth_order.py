@@ -210,6 +210,53 @@ def test_importance_sampling_keeps_every_draw_and_sends_its_probabilities(tmp_pa
         _cfg("decomfl", **{"method.trainer.sampling": "importance"})
 
 
+def test_dp_seeds_releases_the_clipped_mean_scalars_plus_noise_of_std_z_s_over_m() -> None:
+    """DP-FedAvg on the scalars: the inner seed_replay replays the uniform mean of the clipped vectors plus
+    N(0, (zS/m)^2) from the round's stream; epsilon from the accountant."""
+    from fedpeft.aggregators.base import AGGREGATORS, WRAPPERS, AggregatorContext
+    from fedpeft.aggregators.dp_seeds import DpSeedsSettings
+    from fedpeft.aggregators.seed_replay import SeedReplaySettings
+    from fedpeft.comm.update import Update
+    from fedpeft.privacy import gaussian_epsilon
+    from fedpeft.rng import SHARED, torch_rng
+
+    zo = ZOSettings(local_steps=1, perturbations=2)
+    ctx = AggregatorContext(num_clients=4, seed=3, sampling_rate=0.5, trainer=zo)
+    inner = AGGREGATORS.get("seed_replay")(SeedReplaySettings(weighting="uniform"), ctx)
+    agg = WRAPPERS.get("dp_seeds")(DpSeedsSettings(clip=1.0, noise_multiplier=0.8), ctx, inner)
+    glob = _params()
+    ups = [Update(0, {COEF: torch.tensor([3.0, 4.0])}, 50), Update(1, {COEF: torch.tensor([0.3, -0.4])}, 1)]
+    new, state = agg.aggregate(glob, ups, agg.init(glob), 2)
+    std = 0.8 * 1.0 / 2
+    noise = std * torch.randn(2, generator=torch_rng(3, 2, SHARED, "dp-seeds"), dtype=torch.float64)
+    expect = (torch.tensor([0.6 + 0.3, 0.8 - 0.4], dtype=torch.float64) / 2 + noise).float()  # weights ignored
+    assert torch.allclose(state.tensors["history.coef"][-1], expect, atol=1e-6)
+    plain_new, _ = inner.aggregate(glob, [Update(0, {COEF: state.tensors["history.coef"][-1]}, 1)],
+                                   inner.init(glob), 2)
+    assert all(torch.equal(new[k], plain_new[k]) for k in glob)  # the model is the replay of the noised mean
+    assert state.scalars["clipped"] == 1 and state.scalars["dp_noise_std"] == pytest.approx(std)
+    assert state.scalars["epsilon"] == pytest.approx(gaussian_epsilon(2, 0.8, 0.5, 1e-5))
+    with pytest.raises(ValueError, match="weighting: uniform"):
+        WRAPPERS.get("dp_seeds")(DpSeedsSettings(clip=1.0, noise_multiplier=0.8), ctx,
+                                 AGGREGATORS.get("seed_replay")(SeedReplaySettings(), ctx))
+
+
+def test_dp_seeds_runs_decomfl_and_refuses_what_it_cannot_protect(tmp_path: Path) -> None:
+    dp = {"method.wrappers": "[{name: dp_seeds, clip: 50.0, noise_multiplier: 0.5}]", "federation.rounds": 2}
+    recs = _run(_cfg("decomfl", **dp), tmp_path / "dp")
+    assert [r["num_ok"] for r in recs] == [3, 3]
+    eps = [r["server"]["epsilon"] for r in recs]
+    assert 0 < eps[0] < eps[1]
+    _, server, _, _ = RunDir(tmp_path / "dp").load_checkpoint()
+    st = ServerState.from_message(server)
+    cfg = _cfg("decomfl", **dp)
+    initial = build_method(cfg, build_experiment(cfg)).initial_params()
+    rebuilt = replay_history(initial, st.agg, ZOSettings(**cfg.method.trainer.typed_settings.model_dump()), cfg.seed)
+    assert all(torch.equal(rebuilt[k], st.glob[k]) for k in st.glob)  # post-processing of the noised history
+    with pytest.raises(ValueError, match=r"'dp_seeds' combines \(seed, scalar\) pairs"):
+        _cfg("fedavg-full", **{"method.wrappers": "[{name: dp_seeds, clip: 1.0, noise_multiplier: 0.5}]"})
+
+
 def test_pool_is_the_run_seed_s_and_zo_refuses_plain_aggregators() -> None:
     a, b = seed_pool(7, 16), seed_pool(7, 16)
     assert (a == b).all() and a.min() >= 1 and len(set(a.tolist())) == 16

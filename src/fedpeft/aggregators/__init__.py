@@ -5,6 +5,7 @@ from fedpeft.aggregators.fedavg import uniform_mean, weighted_mean
 from fedpeft.aggregators import (  # noqa: F401  (registration)
     clipping,
     dp_fedavg,
+    dp_seeds,
     fedavg,
     flexlora,
     fedopt,
