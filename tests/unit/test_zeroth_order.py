@@ -131,6 +131,26 @@ def test_the_global_model_is_its_history_replayed_bit_for_bit(tmp_path: Path, pr
     assert st.agg.tensors["history.coef"].shape[0] == 3
 
 
+@pytest.mark.parametrize("task", ["generation", "linear"])
+def test_lora_on_a_generation_task_and_a_linear_readout_train_from_forward_passes(tmp_path: Path, task) -> None:
+    """zo_sgd on an adapter's tensors (LoRA on a causal LM writing responses; the linear readout's head on an
+    encoder): the server's tensors are still the replay of the history, and only the adapter moved."""
+    from conformance.test_adapters import _generation_task
+
+    over = ({"model.name": "tiny-llama", "method.adapter.name": "lora", **_generation_task(tmp_path)}
+            if task == "generation" else {"model.readout": "linear", "method.adapter.name": "soft_prompt",
+                                          "method.adapter.num_tokens": 3})
+    cfg = _cfg("decomfl", **over, **{"federation.rounds": 2})
+    recs = _run(cfg, tmp_path / "run")
+    assert [r["num_ok"] for r in recs] == [3, 3] and all(r["loss"] == r["loss"] for r in recs)  # finite
+    _, server, _, _ = RunDir(tmp_path / "run").load_checkpoint()
+    st = ServerState.from_message(server)
+    initial = build_method(cfg, build_experiment(cfg)).initial_params()
+    rebuilt = replay_history(initial, st.agg, ZOSettings(**cfg.method.trainer.typed_settings.model_dump()), cfg.seed)
+    assert all(torch.equal(rebuilt[k], st.glob[k]) for k in st.glob)
+    assert any(not torch.equal(st.glob[k], initial[k]) for k in st.glob)
+
+
 def test_decomfl_uploads_its_scalars_under_a_kilobyte_and_fedkseed_one_per_candidate(tmp_path: Path) -> None:
     dec = _run(_cfg("decomfl", **{"federation.rounds": 1}), tmp_path / "d")[0]
     per_client = [c["bytes_up"] for c in dec["clients"]]
