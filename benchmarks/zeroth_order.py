@@ -68,7 +68,7 @@ def overrides(args, task: str, arm: str, seed: int) -> list[str]:
             f"federation.num_clients={args.clients}", f"federation.clients_per_round={args.per_round}",
             "federation.partition.scheme=dirichlet", f"federation.partition.alpha={args.alpha}",
             f"federation.rounds={args.rounds}", f"evaluation.every={args.eval_every}", "evaluation.local=false",
-            "evaluation.batch_size=32", f"evaluation.round_zero={arm == DECOMFL}", "runtime.progress=false",
+            "evaluation.batch_size=32", f"evaluation.round_zero={arm in ANCHORS}", "runtime.progress=false",
             f"runtime.threads={args.threads}", f"runtime.device={args.device}",
             *(["method.trainer.batch_size=" + str(args.batch)] if arm == DECOMFL else []), *ARMS[arm]]
 
@@ -111,6 +111,10 @@ class Anchor:
     def accuracy(self, r: dict) -> float:
         """Final dev accuracy, correct answers over the whole dev set."""
         return r["final_dev_accuracy_exact"] if self.arm == DECOMFL else r["final_verbalizer_accuracy"]
+
+    def initial(self, r: dict) -> float | None:
+        """Dev accuracy of the untouched model in their pipeline (their eval before any step)."""
+        return r.get("initial_dev_accuracy_exact" if self.arm == DECOMFL else "round0_verbalizer_accuracy")
 
     def their_metric(self, r: dict) -> str:
         """What their own code reports at the end (DeComFL: the mean of per-batch accuracies; FedKSeed: its loss)."""
@@ -186,24 +190,26 @@ def anchor_lines(args, task: str, runs: dict, anchor: Anchor) -> list[str]:
     if not theirs:
         return []
     lines = [f"### {task}: {anchor.arm} in fedpeft and in the authors' code ({anchor.repo})", "",
-             "| side | dev accuracy % | their final metric | bytes up / client-round | bytes down / client-round "
-             "| bytes in total | seeds done | iterations | wall seconds / iteration (evaluations included) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| side | dev accuracy % before training | dev accuracy %, final | their final metric | bytes up / "
+             "client-round | bytes down / client-round | bytes in total | seeds done | iterations | wall seconds / "
+             "iteration (evaluations included) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for side, rows in ((f"fedpeft `{anchor.arm}`", ours), ("authors' code", theirs)):
         if rows is theirs:
-            acc = [anchor.accuracy(r) for r in rows.values()]
+            acc, first = [anchor.accuracy(r) for r in rows.values()], [anchor.initial(r) for r in rows.values()]
             metric = "; ".join(anchor.their_metric(r) for r in rows.values())
             t = [anchor.traffic(r) for r in rows.values()]
             iters = {anchor.iterations(r) for r in rows.values()}
             secs = statistics.fmean(r["wall_seconds"] / max(anchor.iterations(r), 1) for r in rows.values())
         else:
             acc, metric = [_accuracy(anchor.arm, r) for r in rows.values()], "–"
+            first = [r["first"].get("accuracy") if r["first"].get("round") == 0 else None for r in rows.values()]
             t = [_bytes(r) for r in rows.values()]
             iters = {r["last"].get("round") for r in rows.values()}
             secs = statistics.fmean(r["summary"]["wall_seconds"] / max(r["last"].get("round") or 1, 1)
                                     for r in rows.values()) if rows else None
         cells = [_human(statistics.fmean(x[i] for x in t)) if t else "–" for i in range(3)]
-        lines.append(f"| {side} | {mean_std(acc)} | {metric} | {' | '.join(cells)} | {len(rows)}/{len(args.seeds)} "
+        lines.append(f"| {side} | {mean_std(first)} | {mean_std(acc)} | {metric} | {' | '.join(cells)} | "
+                     f"{len(rows)}/{len(args.seeds)} "
                      f"| {', '.join(map(str, sorted(iters, key=str))) or '–'} | "
                      f"{f'{secs:.0f}' if secs is not None else '–'} |")
     diff = welch_cell([100 * _accuracy(anchor.arm, r) for r in ours.values()],
@@ -257,8 +263,9 @@ def render(args) -> Path:
              f"Command: `python -m benchmarks.zeroth_order --runs-dir {args.runs_dir} --rounds {args.rounds} "
              f"--clients {args.clients} --per-round {args.per_round} --alpha {args.alpha} --batch {args.batch} "
              f"--max-train {args.max_train}` (resumable). {args.clients} Dirichlet (α = {args.alpha}) clients, "
-             f"{args.per_round} a round, {args.rounds} rounds; final-round dev accuracy in percent, mean ± std over "
-             "the finished seeds; bytes as the codec counted them.", ""]
+             f"{args.per_round} a round; each arm's rounds as its runs ran them (the \"rounds\" column); "
+             "final-round dev accuracy in percent, mean ± std over the finished seeds; bytes as the codec counted "
+             "them.", ""]
     for task in args.tasks:
         runs = {(a, s): _final(args, task, a, s) for a in ARMS for s in args.seeds}
         runs |= {(ZERO_SHOT, s): runs[DECOMFL, s] for s in args.seeds}
@@ -271,19 +278,20 @@ def render(args) -> Path:
             maj = [majorities(r["summary"]["label_histograms"]) for r in ref]
             lines += [f"Majority class: {mean_std([m[0] for m in maj])} %; per-client majority (each client's "
                       f"training majority on its own dev shard): {mean_std([m[1] for m in maj])} %.", ""]
-        lines += ["| arm | accuracy % | bytes up / client-round | bytes down / client-round | bytes in total | "
-                  "forward passes / client-round | seeds done | budget / client-round | device |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| arm | rounds | accuracy % | bytes up / client-round | bytes down / client-round | bytes in total "
+                  "| forward passes / client-round | seeds done | budget / client-round | device |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for arm in [ZERO_SHOT, *args.arms]:
             done = [runs[arm, s] for s in args.seeds if runs.get((arm, s))]
+            rounds = ", ".join(sorted({str(r["last"].get("round")) for r in done})) or "–"
             if arm == ZERO_SHOT:
-                lines.append(f"| {arm} | {mean_std([_accuracy(arm, r) for r in done])} | 0 | 0 | 0 | – | "
+                lines.append(f"| {arm} | 0 | {mean_std([_accuracy(arm, r) for r in done])} | 0 | 0 | 0 | – | "
                              f"{len(done)}/{len(args.seeds)} | none | {args.device if done else '–'} |")
                 continue
             b = [_bytes(r) for r in done]
             cells = [_human(statistics.fmean(x[i] for x in b)) if b else "–" for i in range(3)]
             passes = [p for r in done if (p := _passes(r)) is not None]
-            lines.append(f"| {arm} | {mean_std([_accuracy(arm, r) for r in done])} | {' | '.join(cells)} | "
+            lines.append(f"| {arm} | {rounds} | {mean_std([_accuracy(arm, r) for r in done])} | {' | '.join(cells)} | "
                          f"{statistics.fmean(passes) if passes else '–'} | {len(done)}/{len(args.seeds)} | "
                          f"{budget_cell([measured(r['out']) for r in done])} | {args.device if done else '–'} |")
         lines += ["", "Paired differences by seed, final round, accuracy in points: mean [95 % CI] over the seeds "

@@ -32,7 +32,9 @@ Instrumentation only (results unchanged): ``CeZO_Server.train_one_step`` / ``eva
 ``cezo_fl.run_client_jobs.parallalizable_client_job`` are wrapped to record what they return and what one client
 pulls and sends, and the dev accuracy metric to count correct answers (their accuracy is the mean of per-batch
 means); when ``--iterations`` is no multiple of ``--eval-iterations`` the launcher calls their ``eval_model`` once
-more after the last iteration.
+more after the last iteration, and it calls it once before the first iteration (the untouched model: the zero-shot
+row in their own pipeline; ``--no-eval-first`` skips it), putting torch's and Python's random states back after
+it (a dev loader's iterator draws a seed from torch's), so the run that follows is unchanged.
 
     python -m benchmarks.zo_decomfl_anchor runs/decomfl/checkout --out runs/decomfl/sst2_s0 --task sst2 --seed 0 \
         --iterations 3 [--eval-iterations 3 ... any other DeComFL option]
@@ -131,6 +133,8 @@ class Record:
         self.evals: list[dict] = []
         self.client_rounds: list[dict] = []
         self.correct = self.seen = 0
+        self.eval_first = True
+        self.test_loader = None
 
 
 def _patch(checkout: Path, data: Path, deps: Path | None, rec: Record) -> None:
@@ -158,6 +162,14 @@ def _patch(checkout: Path, data: Path, deps: Path | None, rec: Record) -> None:
     for name in stubs:
         del sys.modules[name]
     data_mod.huggingface_load_dataset = local_glue(data)
+    loaders = data_mod.get_dataloaders
+
+    def get_dataloaders(*a, **k):  # instrumentation: keep their dev loader for the evaluation before iteration 0
+        train, test = loaders(*a, **k)
+        rec.test_loader = test
+        return train, test
+
+    data_mod.get_dataloaders = get_dataloaders
 
     import cezo_fl.run_client_jobs as jobs
     import cezo_fl.server as server_mod
@@ -181,6 +193,14 @@ def _patch(checkout: Path, data: Path, deps: Path | None, rec: Record) -> None:
     step, evaluate = server_mod.CeZO_Server.train_one_step, server_mod.CeZO_Server.eval_model
 
     def train_one_step(self, iteration):
+        if iteration == 0 and rec.eval_first:  # the untouched model, with their own eval_model
+            import torch
+
+            states = torch.get_rng_state(), random.getstate()  # a DataLoader's iterator draws its base seed
+            self.eval_model(rec.test_loader)
+            torch.set_rng_state(states[0])
+            random.setstate(states[1])
+            rec.evals[-1]["before_training"] = True
         t0 = time.perf_counter()
         loss, acc = step(self, iteration)
         rec.train.append({"iteration": iteration, "loss": loss, "accuracy": acc,
@@ -286,6 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", type=Path, default=shared_data_dir(), help="folder holding SST-2/ and RTE/")
     p.add_argument("--deps", type=Path, default=None, help="folder with pydantic_settings (<checkout>/../deps)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-eval-first", action="store_true", help="skip the evaluation before the first iteration")
     args, rest = p.parse_known_args(argv)
     if args.data is None:
         p.error("--data: no shared/data folder found")
@@ -295,6 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     rec = Record()
+    rec.eval_first = not args.no_eval_first
     _patch(args.checkout.resolve(), args.data, args.deps or args.checkout.resolve().parent / "deps", rec)
     random.seed(args.seed)  # 5
     sys.argv = their_argv(args, rest)
@@ -317,7 +339,10 @@ def main(argv: list[str] | None = None) -> None:
         "task": args.task, "seed": args.seed, "argv": sys.argv, "options": opts.model_dump(mode="json"),
         "model_folder": opts.get_hf_model_name(), "verbalizer_ids": verbalizer,
         "final_dev_accuracy": final["accuracy"], "final_dev_accuracy_exact": final["accuracy_exact"],
-        "final_dev_loss": final["loss"], "evals": rec.evals, "train": rec.train, "wall_seconds": wall,
+        "final_dev_loss": final["loss"], "evals": rec.evals,
+        "initial_dev_accuracy_exact": next((e["accuracy_exact"] for e in rec.evals if e.get("before_training")),
+                                           None),
+        "train": rec.train, "wall_seconds": wall,
         "train_seconds_per_iteration": sum(r["seconds"] for r in rec.train) / max(len(rec.train), 1),
         "dev_labels": label_check(g["test_loader"], list(verbalizer.values())),
         "traffic": traffic(rec, g["server"].clients),
