@@ -228,6 +228,8 @@ def test_importance_sampling_keeps_every_draw_and_sends_its_probabilities(tmp_pa
             >= 2 * 64 * 2
     with pytest.raises(ValueError, match="sampling: importance draws among the K candidate seeds"):
         _cfg("decomfl", **{"method.trainer.sampling": "importance"})
+    with pytest.raises(ValueError, match="set method.aggregator.weighting: examples"):
+        _run(_cfg("fedkseed", **PRO, **{"method.aggregator.weighting": "uniform"}), tmp_path / "uniform")
 
 
 def test_dp_seeds_releases_the_clipped_mean_scalars_plus_noise_of_std_z_s_over_m() -> None:

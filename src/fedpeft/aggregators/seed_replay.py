@@ -80,6 +80,11 @@ class SeedReplay(AggregatorBase):
         self.server_seeds = self.zo.seeds == "server"
         self.pool = None if self.server_seeds else torch.from_numpy(seed_pool(ctx.seed, self.zo.pool_size))
         self.importance = self.zo.sampling == "importance"
+        if self.importance and self.uniform_weights:
+            raise ValueError("method.aggregator.weighting: FedKSeed-Pro's amplitude sums and draw counts are "
+                             "recovered from the example-weighted mean of the replies (as secure aggregation gives "
+                             "it); set method.aggregator.weighting: examples with method.trainer.sampling: "
+                             "importance")
 
     def _next(self, round: int) -> dict[str, "torch.Tensor"]:
         return {NEXT: round_seeds(self.ctx.seed, round, self.zo.local_steps)} if self.server_seeds else {}
