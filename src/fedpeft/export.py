@@ -17,6 +17,9 @@ The format is each adapter's own (``to_peft``): ``adapter_config.json`` (the PEF
 - ``deep_prompt`` with ``shift_positions: true``: PEFT prefix tuning without projection.
 - Projected prompts and full fine-tuning are not exported: a projected prompt needs the shared projection
   (FedBPT's ``A``), and full fine-tuning is a whole model (save it with ``save_pretrained`` instead).
+
+``--format hub`` (this folder with a model card, the training curve and the config) and ``--to mlflow`` are
+``fedpeft.publish``; both write the adapter with ``write_peft``.
 """
 
 from __future__ import annotations
@@ -39,8 +42,13 @@ def export_peft(run_dir: str | Path, out: str | Path, best: bool = False,
     kept), or client ``client``'s personalised one (e.g. FedSA-LoRA's own B), as a PEFT adapter directory ``out``;
     returns ``out`` and a line saying which adapter of which round it is."""
     model = open_model(run_dir, client=client, best=best)
+    return write_peft(model, out), f"exported {model.describe()}"
+
+
+def write_peft(model: TrainedModel, out: str | Path) -> Path:
+    """Write ``model``'s adapter as a PEFT adapter directory ``out`` (created if missing); returns ``out``."""
     cfg, glob = model.cfg, model.params
-    record = RunDir(run_dir).read_record() or {}
+    record = RunDir(model.run_dir).read_record() or {}
     backbone = model.objective.backbone
     base = (record.get("backbone") or {}).get("source") or backbone.source or cfg.model.name
     out = Path(out)
@@ -55,7 +63,7 @@ def export_peft(run_dir: str | Path, out: str | Path, best: bool = False,
     (out / "adapter_config.json").write_text(json.dumps(peft_config.to_dict(), indent=2, default=_json) + "\n")
     (out / TASK_FILE).write_text(json.dumps(task_metadata(model, record, base), indent=2, ensure_ascii=False) + "\n",
                                  encoding="utf-8")
-    return out, f"exported {model.describe()}"
+    return out
 
 
 def task_metadata(model: TrainedModel, record: dict[str, Any], base: str) -> dict[str, Any]:

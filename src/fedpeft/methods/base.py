@@ -10,6 +10,7 @@ implementation, ``methods.composed.ComposedMethod``; a preset only names its com
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,6 +71,7 @@ class Preset:
     name: str
     description: str
     method_defaults: dict[str, Any]
+    module: str = ""  # the module that registered it, whose docstring names the paper (a model card cites it)
 
     def defaults(self) -> dict[str, Any]:
         return copy.deepcopy(self.method_defaults)
@@ -85,5 +87,7 @@ DEFAULTS = {"selector": {"name": "uniform"}, "sharing": {"name": "all"}, "downli
 def preset(name: str, description: str, **components: Any) -> None:
     """Register a preset: ``components`` are the ``method`` sections (adapter=..., trainer=..., ...); selector,
     sharing policy, download codec, post-tuning and wire dtype default to uniform selection, everything shared,
-    the tensors as they are, none, float32."""
-    PRESETS.add(name, Preset(name, description, copy.deepcopy(DEFAULTS) | components))
+    the tensors as they are, none, float32. The calling module is recorded (``Preset.module``): its docstring's first
+    paragraph names the paper the preset follows."""
+    module = sys._getframe(1).f_globals.get("__name__", "")  # the caller: fedpeft.methods.<paper>, or a plugin's
+    PRESETS.add(name, Preset(name, description, copy.deepcopy(DEFAULTS) | components, module))

@@ -1,7 +1,9 @@
 """MLflow: one MLflow run per fedpeft run, in a local store in the run directory by default (``mlflow.db``, SQLite,
 artifacts in ``mlartifacts/``: MLflow 3 refuses its older ``./mlruns`` file store unless told to) or at any
-tracking URI (``mlflow ui --backend-store-uri sqlite:///<run>/mlflow.db`` shows the default one). The resolved config as parameters, every round's scalars as metrics with the round as the step,
-``summary.json``'s scalars as ``summary/...`` metrics, and ``summary.json`` and ``report.html`` as artifacts.
+tracking URI (``mlflow ui --backend-store-uri sqlite:///<run>/mlflow.db`` shows the default one). The resolved
+config as parameters, every round's scalars as metrics with the round as the step, ``summary.json``'s scalars as
+``summary/...`` metrics, and ``summary.json`` and ``report.html`` as artifacts. ``fedpeft export --to mlflow`` logs
+the run's adapter as a model into the same store and MLflow run (``publish.mlflow_model``).
 
 Written through ``MlflowClient`` with an explicit run id (no active-run global), so a resumed run appends to the same
 MLflow run."""
@@ -11,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,7 +22,7 @@ from fedpeft.tracking.sinks.base import SINKS, SinkBase
 BATCH = 1000  # MLflow's log_batch limit on metrics per call (and 100 parameters)
 
 
-def _key(name: str) -> str:
+def safe_key(name: str) -> str:
     """MLflow accepts letters, digits, ``_-./`` and spaces in keys; anything else becomes ``_``."""
     return re.sub(r"[^\w\-./ ]", "_", name)
 
@@ -27,6 +30,17 @@ def _key(name: str) -> str:
 def local_store(root: Path) -> str:
     """The default tracking URI: a SQLite database in the run directory."""
     return f"sqlite:///{(root / 'mlflow.db').absolute()}"
+
+
+def experiment_id(client: Any, name: str, root: Path, tracking_uri: str | None) -> str:
+    """The id of the MLflow experiment ``name`` (created if missing: on the default local store of ``root`` with
+    its artifacts in ``<run>/mlartifacts``, elsewhere where the tracking server puts them). The sink and
+    ``fedpeft export --to mlflow`` (``publish.mlflow_model``) both open it here."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    artifacts = None if tracking_uri else (root / "mlartifacts").absolute().as_uri()
+    return client.create_experiment(name, artifacts)
 
 
 class MlflowSettings(BaseModel):
@@ -49,16 +63,13 @@ class MlflowSink(SinkBase):
 
         self.client = MlflowClient(tracking_uri=settings.tracking_uri or local_store(root))
         if self.run_id is None:
-            found = self.client.get_experiment_by_name(settings.experiment)
-            artifacts = None if settings.tracking_uri else (root / "mlartifacts").absolute().as_uri()
-            experiment = found.experiment_id if found else self.client.create_experiment(settings.experiment,
-                                                                                         artifacts)
+            experiment = experiment_id(self.client, settings.experiment, root, settings.tracking_uri)
             self.run_id = self.client.create_run(experiment, run_name=name).info.run_id
 
     def log_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(_key(k), v[:6000]) for k, v in params.items()]
+        items = [Param(safe_key(k), v[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i:i + 100])
 
@@ -66,7 +77,7 @@ class MlflowSink(SinkBase):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(_key(k), v, now, step) for k, v in scalars.items()]
+        items = [Metric(safe_key(k), v, now, step) for k, v in scalars.items()]
         for i in range(0, len(items), BATCH):
             self.client.log_batch(self.run_id, metrics=items[i:i + BATCH])
 
