@@ -333,6 +333,10 @@ def _generation_finals(args) -> dict[str, dict[int, tuple[dict, dict, str, Budge
     the generation benchmark's zero-shot (fedit's round 0), fedit and local-only runs."""
     from benchmarks import generation
 
+    if not Path(args.generation_runs).is_dir():  # its rows would render empty, as if those runs had never been done
+        raise SystemExit(f"--generation-runs {args.generation_runs}: no such folder; extract "
+                         "benchmarks/results/generation_runs.tgz (tar xzf) or pass the generation benchmark's "
+                         "runs folder")
     sources = {a: (Path(args.generation_runs), g) for a, g in FROM_GENERATION.items()}
     sources |= {a: (Path(args.runs_dir), None) for a in GENERATION}
     finals: dict[str, dict[int, tuple[dict, dict, str, Budget]]] = {}

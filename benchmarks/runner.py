@@ -37,7 +37,12 @@ def parse_grid_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 
 def run_grid(args, job: Callable[..., str], jobs: list[tuple], render: Callable[..., Path]) -> None:
-    """Run the jobs ``job(args, *j)`` not finished yet (unless ``--render-only``), then rewrite the results file."""
+    """Run the jobs ``job(args, *j)`` not finished yet (unless ``--render-only``), then rewrite the results file;
+    ``--render-only`` without the runs folder is refused (the table would be rewritten empty: a fresh checkout holds
+    the runs only in ``results/*_runs.tgz``)."""
+    if args.render_only and not Path(args.runs_dir).is_dir():
+        raise SystemExit(f"--runs-dir {args.runs_dir}: no such folder, so every row would render empty; extract the "
+                         "benchmark's archive first (tar xzf benchmarks/results/<name>_runs.tgz) or pass the folder")
     if not args.render_only:
         run_pool(job, [(args, *j) for j in jobs], args.workers)
     print(f"wrote {render(args)}")

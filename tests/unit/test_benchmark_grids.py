@@ -113,6 +113,7 @@ def test_every_lora_family_job_resolves_and_the_empty_table_renders(tmp_path, ar
             assert cfg.method.adapter.lora_alpha / cfg.method.adapter.r == 2
         if part == "headprune":
             assert cfg.method.sharing.name == "head_pruning" and cfg.federation.partition.scheme == "iid"
+    (tmp_path / "gen").mkdir()  # the generation benchmark's runs folder, empty
     table = render(args).read_text()
     assert table.count("| 0/3 |") == len(jobs) // 3 + 3  # every arm unfinished, and the generation rows read back
 
@@ -292,6 +293,21 @@ def test_each_archived_benchmark_renders_its_committed_table(name, tmp_path):
     assert len(rows) > 10
     missing = [row for row in rows if row not in committed]
     assert not missing, f"{len(missing)} rendered rows differ from benchmarks/results/{name}.md, e.g. {missing[:3]}"
+
+
+def test_render_only_without_the_runs_folder_is_refused_not_an_empty_table(tmp_path):
+    """A fresh checkout has the runs only in the archives: rendering without them must not rewrite a results file
+    with empty rows (lora_family.md lost its generation rows that way for three sessions)."""
+    from benchmarks.lora_family import main
+
+    out = tmp_path / "table.md"
+    with pytest.raises(SystemExit, match="no such folder"):
+        main(["--render-only", "--runs-dir", str(tmp_path / "absent"), "--results", str(out)])
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(SystemExit, match="--generation-runs .*: no such folder"):
+        main(["--render-only", "--runs-dir", str(tmp_path / "runs"), "--results", str(out),
+              "--generation-runs", str(tmp_path / "absent")])
+    assert not out.exists()
 
 
 def test_a_finished_run_counts_on_any_device_but_not_with_another_config(tmp_path):
