@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedpeft.backbones.encoding import Encoded
 from fedpeft.comm.codec import Message
@@ -25,6 +25,7 @@ class ClientContext:
     malicious: bool = False                          # poisons its data (and boosts its delta when asked)
     forward: ForwardGather | None = None             # model calls shared with other clients (client_batch)
     profile: ClientProfile | None = None             # its resource tier (federation.client_profiles)
+    external: Any = None                             # the user's own training loop (integrations.transformers)
 
     @property
     def num_examples(self) -> int:

@@ -23,7 +23,8 @@ LEAST: dict[str, dict[str, dict[str, Any]]] = {
                 "projected_prompt": {"num_tokens": 3, "intrinsic_dim": 8}, "soft_prompt": {"num_tokens": 3}, "template_only": {}, "token_prompt": {"num_tokens": 3}},
     "trainer": {"adam": {"max_steps": 2}, "adamw": {"max_steps": 2}, "sgd": {"max_steps": 2},
                 "cmaes": {"iterations": 2}, "discrete_search": {"steps": 3}, "no-training": {},
-                "dpo": {"max_steps": 2}, "zo_sgd": {"local_steps": 2, "pool_size": 64}},
+                "dpo": {"max_steps": 2}, "zo_sgd": {"local_steps": 2, "pool_size": 64},
+                "hf_trainer": {"local_steps": 2}},
     "aggregator": {"fedavg": {}, "uniform": {}, "fedavgm": {}, "fedadam": {}, "fedyogi": {}, "fedadagrad": {},
                    "median": {}, "trimmed_mean": {}, "krum": {"num_malicious": 1},
                    "multi_krum": {"num_malicious": 1, "num_selected": 3}, "momentum_cv": {}, "keep-global": {},
@@ -118,6 +119,13 @@ TRAINER_CASES: dict[str, tuple[str, str]] = {
 TRAINER_TASKS: dict[str, dict[str, Any]] = {
     "dpo": {"task.name": "synthetic-preference", "model.name": "tiny-llama", "task.max_length": 64,
             "task.max_response_length": 8},
+}
+
+
+# trainers the shared one-round tests cannot drive from a config alone, and where they are tested instead
+TRAINER_SKIPS: dict[str, str] = {
+    "hf_trainer": "trains through the user's transformers Trainer, which a config alone does not hold "
+                  "(tests/unit/test_integrations_transformers.py)",
 }
 
 

@@ -1,7 +1,7 @@
 """The compatibility check over a seeded sample of the component matrix (adapter × trainer × aggregator × sharing ×
 selector, each with its least settings): every combination it refuses fails before anything loads, naming a
-``method`` field; the first 8 it accepts run a round on tiny BERT. The sample (seed 0): 200 of the 9 × 6 × 17 × 11 × 3
-combinations, 15 accepted (the full product is too slow to run)."""
+``method`` field; the first 8 it accepts run a round on tiny BERT. The sample (seed 0): 200 of the 10 × 9 × 18 × 12 × 3
+combinations, 12 accepted (the full product is too slow to run)."""
 
 from __future__ import annotations
 

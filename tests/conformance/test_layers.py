@@ -14,7 +14,7 @@ LAYERS = [  # lowest first; a module may import from its own layer and those bel
     {"model", "clients", "attacks", "generation_eval", "suites"},
     {"trainers", "formats", "aggregators", "selection", "sharing", "downlink", "transforms", "post_tuning"},  # axes
     {"components", "exchange", "methods", "experiment", "tracking", "plugins"},
-    {"build", "dryrun", "predict", "export", "publish", "report", "resolve", "runtime", "catalogue"},
+    {"build", "dryrun", "predict", "export", "publish", "report", "resolve", "runtime", "catalogue", "integrations"},
     {"cli"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

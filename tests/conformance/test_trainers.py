@@ -13,7 +13,7 @@ from fedpeft.experiment import build_experiment
 from fedpeft.resolve import load_config
 from fedpeft.trainers import TRAINERS
 
-from tests.conformance.cases import TRAINER_TASKS, least, trainer_case
+from tests.conformance.cases import TRAINER_SKIPS, TRAINER_TASKS, least, trainer_case
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,6 +23,8 @@ def _one_round_method(name: str):
     adapter and aggregator, at their least settings)."""
     from conftest import tiny_overrides
 
+    if name in TRAINER_SKIPS:
+        pytest.skip(TRAINER_SKIPS[name])
     adapter, aggregator = trainer_case(name)
     over = {"method.adapter.name": adapter, "method.trainer.name": name, "method.aggregator.name": aggregator,
             "method.adapter.num_tokens": None, "method.trainer.max_steps": None, "method.trainer.batch_size": None,

@@ -197,6 +197,7 @@ def test_registry_holds_every_documented_task() -> None:
         "bbc", "sst2", "agnews", "rte", "mrpc", "cola", "qnli", "mnli", "snli", "boolq",
         "imdb", "mr", "mpqa", "yelp", "20ng", "synthetic-sentiment", "synthetic-topic", "synthetic-pair",
         "sentiment-domains", "csv", "tsv", "jsonl", "parquet", "webnlg", "dolly", "hh-rlhf", "synthetic-preference",
+        "hf-trainers",
     }  # fmt: skip
     assert set(TASKS.names()) == expected
     assert all(entry.description for entry in TASKS.entries())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fedpeft.adapters import ADAPTERS
 from fedpeft.config import ExperimentConfig
+from fedpeft.data.tasks.trainers import NAME as TRAINERS_TASK
 from fedpeft.aggregators import AGGREGATORS, WRAPPERS
 from fedpeft.downlink import DOWNLINKS
 from fedpeft.post_tuning import POST_TUNING
@@ -111,6 +112,10 @@ def check_combination(cfg: ExperimentConfig) -> None:
     if trainer.adapters is not None and m.adapter.name not in trainer.adapters:
         raise ValueError(f"method.trainer.name: '{m.trainer.name}' trains {' or '.join(sorted(trainer.adapters))}, "
                          f"not the adapter '{m.adapter.name}'")
+    if getattr(trainer, "external", False) and cfg.task.name != TRAINERS_TASK:
+        raise ValueError(f"method.trainer.name: '{m.trainer.name}' trains through the user's own trainers, whose data "
+                         f"are task '{TRAINERS_TASK}' (fedpeft.integrations.transformers writes that config), not "
+                         f"'{cfg.task.name}'")
     if cfg.runtime.client_batch > 1 and not trainer.vectorised:
         able = sorted(n for n in TRAINERS.names() if TRAINERS.get(n).vectorised)
         raise ValueError(f"runtime.client_batch: trainer '{m.trainer.name}' cannot run its clients' model calls "

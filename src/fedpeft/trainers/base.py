@@ -111,6 +111,7 @@ class TrainerBase:
     summable: ClassVar[bool] = True  # its update tensors can be summed across clients (secure aggregation)
     forward_only: ClassVar[bool] = False  # it never computes a gradient (black-box access to the model suffices)
     preference: ClassVar[bool] = False  # it learns from preference pairs (a preference task's trainer)
+    external: ClassVar[bool] = False  # it trains through the user's own loop (``ClientContext.external``)
 
     @classmethod
     def summable_with(cls, settings: Any) -> bool:

@@ -26,7 +26,7 @@ import numpy as np
 from fedpeft.config import ConfigError, TaskConfig
 from fedpeft.data.partition import few_shot_indices, stratified_subsample
 from fedpeft.data.tasks import (  # noqa: F401  (registration)
-    bbc, benchmarks, domains, generation, preference, synthetic_tasks)
+    bbc, benchmarks, domains, generation, preference, synthetic_tasks, trainers)
 from fedpeft.data.tasks.base import SPLIT_SEED, TASKS, TaskSpec, domains_of, groups_of, labels_of
 from fedpeft.data.tasks.bbc import bbc_data_dir, read_bbc
 from fedpeft.data.tasks.files import FORMATS, load_file_task

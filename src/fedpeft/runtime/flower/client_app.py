@@ -14,6 +14,7 @@ benchmark data, i.e. ``FEDPEFT_DATA_DIR``), ``node-worker`` and the worker's set
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -37,54 +38,66 @@ def owned_clients(node_config: dict[str, Any]) -> list[int]:
     return sorted(set(ids))
 
 
-def _run(settings: dict[str, Any], payloads: dict[int, bytes], node_config: dict[str, Any], train: bool) -> Reply:
+Build = Callable[[str, dict[str, Any]], Any]  # (config YAML, node config) -> what a node's clients train with
+
+
+def _run(settings: dict[str, Any], payloads: dict[int, bytes], node_config: dict[str, Any], train: bool,
+         build: Build | None = None) -> Reply:
     if node_worker.uses_worker(node_config):
+        if build is not None:
+            raise ValueError("node-worker: this ClientApp builds its clients itself (your own trainers); it runs them "
+                             "in its own process: drop node-worker from the node config")
         return node_worker.request(node_config, settings, payloads, train)
     # imported here: a ClientApp process that only forwards to the node worker never loads torch
     from fedpeft.runtime.flower.node_service import serve
 
-    return serve(settings, payloads, node_config, train)
+    return serve(settings, payloads, node_config, train, build)
 
 
-def _serve(msg: Message, context: Context, train: bool) -> Message:
-    ins = Instruction.from_content(msg.content)
-    return Message(_run(ins.settings, ins.payloads, dict(context.node_config), train).content(), reply_to=msg)
+def make_client_app(build: Build | None = None) -> ClientApp:
+    """fedpeft's ClientApp; ``build(config_yaml, node_config)`` makes the ``build.Built`` a node's clients train with
+    (default: the config's own experiment, ``node_service``; ``integrations.transformers`` passes the user's
+    trainers)."""
+    app = ClientApp(mods=[secure_mod])
+
+    def serve_message(msg: Message, context: Context, train: bool) -> Message:
+        ins = Instruction.from_content(msg.content)
+        return Message(_run(ins.settings, ins.payloads, dict(context.node_config), train, build).content(),
+                       reply_to=msg)
+
+    def serve_masked(msg: Message, context: Context) -> Message:
+        """The masked-vector stage of secure aggregation (behind ``secure_mod``): the node's clients train, and
+        their update tensors become the FitRes Flower's mod quantizes and masks."""
+        from fedpeft.runtime.secure.protocol import masked_train
+
+        def run_node(settings: dict[str, Any], payloads: dict[int, bytes]) -> tuple[dict[int, bytes], dict[int, str]]:
+            reply = _run(settings, payloads, dict(context.node_config), True, build)
+            return reply.payloads, reply.errors
+
+        return masked_train(run_node)(msg, context)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        """``client_update`` for every client of this node named in the message (under secure aggregation, their
+        masked update: see ``runtime.secure``)."""
+        if is_secure(msg):
+            return serve_masked(msg, context)
+        return serve_message(msg, context, train=True)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        """``client_evaluate`` on each named client's local test shard."""
+        return serve_message(msg, context, train=False)
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        """Discovery: which fedpeft client ids this node owns."""
+        ids = owned_clients(dict(context.node_config))
+        content = RecordDict({CLIENTS: ConfigRecord({"client_ids": ids}),
+                              NODE: MetricRecord({"pid": os.getpid()})})
+        return Message(content, reply_to=msg)
+
+    return app
 
 
-def _serve_masked(msg: Message, context: Context) -> Message:
-    """The masked-vector stage of secure aggregation (behind ``secure_mod``): the node's clients train, and their
-    update tensors become the FitRes Flower's mod quantizes and masks."""
-    from fedpeft.runtime.secure.protocol import masked_train
-
-    def run_node(settings: dict[str, Any], payloads: dict[int, bytes]) -> tuple[dict[int, bytes], dict[int, str]]:
-        reply = _run(settings, payloads, dict(context.node_config), True)
-        return reply.payloads, reply.errors
-
-    return masked_train(run_node)(msg, context)
-
-
-client_app = ClientApp(mods=[secure_mod])
-
-
-@client_app.train()
-def train(msg: Message, context: Context) -> Message:
-    """``client_update`` for every client of this node named in the message (under secure aggregation, their
-    masked update: see ``runtime.secure``)."""
-    if is_secure(msg):
-        return _serve_masked(msg, context)
-    return _serve(msg, context, train=True)
-
-
-@client_app.evaluate()
-def evaluate(msg: Message, context: Context) -> Message:
-    """``client_evaluate`` on each named client's local test shard."""
-    return _serve(msg, context, train=False)
-
-
-@client_app.query()
-def query(msg: Message, context: Context) -> Message:
-    """Discovery: which fedpeft client ids this node owns."""
-    ids = owned_clients(dict(context.node_config))
-    content = RecordDict({CLIENTS: ConfigRecord({"client_ids": ids}),
-                          NODE: MetricRecord({"pid": os.getpid()})})
-    return Message(content, reply_to=msg)
+client_app = make_client_app()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -87,12 +88,15 @@ def _use_threads(settings: dict[str, Any]) -> None:
                     threads, usable_cores())
 
 
-def serve(settings: dict[str, Any], payloads: dict[int, bytes], node_config: dict[str, Any], train: bool) -> Reply:
+def serve(settings: dict[str, Any], payloads: dict[int, bytes], node_config: dict[str, Any], train: bool,
+          build: Callable[[str, dict[str, Any]], Built] | None = None) -> Reply:
     """``client_update`` (``train``) or ``client_evaluate`` for every client in ``payloads``, each from its stored
-    state; a client that raises is reported in ``Reply.errors`` and does not take the node's other clients down."""
+    state; a client that raises is reported in ``Reply.errors`` and does not take the node's other clients down.
+    ``build(config_yaml, node_config)``: what the clients train with, in place of the config's own experiment
+    (``integrations.transformers``: the user's trainers)."""
     _use_threads(settings)  # (a build applies a pinned runtime.threads, which is this same count)
     store = ClientStateStore(state_root(node_config, settings))
-    b = _built(str(settings["config_yaml"]), node_config)
+    b = (build or _built)(str(settings["config_yaml"]), node_config)
     rnd = int(settings["round"])
     reply = Reply()
     for cid in sorted(payloads):

@@ -35,18 +35,19 @@ def run_key(config_yaml: str, out_dir: Path) -> str:
 
 def serve(grid: Grid, cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
           stop_after_round: int | None = None, round_timeout: float | None = None, join_timeout: float = 300.0,
-          rejoin_wait: float = 0.0, registry: str | Path | None = None) -> dict[str, Any]:
+          rejoin_wait: float = 0.0, registry: str | Path | None = None, experiment: Any = None) -> dict[str, Any]:
     """Run (or resume) the experiment with clients reached through ``grid``; returns the summary.
     ``round_timeout`` (seconds) overrides ``federation.round_timeout``. The run's torch thread count
     (``runtime.threads``, else resolved here) goes to every ClientApp with each message. ``registry``: the node
-    registry (``runtime.flower.node_registry``) whose bindings of clients to nodes discovery enforces."""
+    registry (``runtime.flower.node_registry``) whose bindings of clients to nodes discovery enforces.
+    ``experiment``: the server's experiment, built already (``integrations.transformers``), in place of the config's."""
     config_yaml, plan = dump_config(cfg), run_plan(cfg)
     with open_run(plan, out_dir, resume) as run, log_to(run.root / "run.log"), \
             progress(plan.runtime.progress) as bar, for_run(plan.runtime, run, resume) as threads:
         settings = {"config_yaml": config_yaml, "run_key": run_key(config_yaml, run.root),
                     "state_dir": str((run.root / "client_state").resolve()), "checkpointed_round": 0,
                     "threads": threads}
-        b = build(cfg)
+        b = build(cfg, experiment)
         transport = FlowerTransport(grid, settings, plan.federation.num_clients,
                                     round_timeout=round_timeout or plan.federation.round_timeout,
                                     join_timeout=join_timeout, rejoin_wait=rejoin_wait,

@@ -46,9 +46,12 @@ def flower_logging(quiet: bool) -> Iterator[None]:
 
 
 def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False,
-                   stop_after_round: int | None = None, num_actors: int | None = None) -> dict[str, Any]:
+                   stop_after_round: int | None = None, num_actors: int | None = None, client_app: Any = None,
+                   experiment: Any = None) -> dict[str, Any]:
     """Run (or resume) ``cfg`` in Flower's simulation runtime; returns the summary (as summary.json). ``num_actors``:
-    the Ray actors that run at once (default: as many as the usable cores hold at the run's thread count)."""
+    the Ray actors that run at once (default: as many as the usable cores hold at the run's thread count).
+    ``client_app`` and ``experiment``: the nodes' ClientApp and the server's experiment in place of fedpeft's own
+    (``integrations.transformers``: the user's trainers)."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
@@ -58,7 +61,7 @@ def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
-    from fedpeft.runtime.flower.client_app import client_app
+    from fedpeft.runtime.flower.client_app import client_app as fedpeft_client_app
     from fedpeft.runtime.flower.server_app import serve
 
     cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"name": "flower-sim"})})
@@ -68,7 +71,7 @@ def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
         out["summary"] = serve(grid, cfg, out_dir, resume=resume, stop_after_round=stop_after_round,
-                               join_timeout=120.0)
+                               join_timeout=120.0, experiment=experiment)
 
     threads, _ = run_threads(cfg.runtime, RunDir(out_dir), resume)  # what ``serve`` resolves too, in this process
     actors = num_actors or max(1, min(cfg.federation.num_clients, usable_cores() // threads))
@@ -80,7 +83,8 @@ def run_flower_sim(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", category=FutureWarning, module="ray")  # Ray's advice on GPU env vars
         try:
-            run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.federation.num_clients,
+            run_simulation(server_app=server, client_app=client_app or fedpeft_client_app,
+                           num_supernodes=cfg.federation.num_clients,
                            backend_config=backend)
         except StopAfterRound:
             raise

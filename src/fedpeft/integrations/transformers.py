@@ -1,0 +1,231 @@
+"""Federate your own transformers ``Trainer`` or TRL ``SFTTrainer``: one per client, each on its client's data, with a
+fedpeft method on the server.
+
+Your script builds its trainers as usual (a PEFT model with one LoRA adapter, a dataset, its ``TrainingArguments`` or
+``SFTConfig``) and hands them over::
+
+    fed = federate([trainer_a, trainer_b, trainer_c], rounds=5, local_steps=20, method="fedit")
+    summary = fed.run("runs/mine")           # in this process: fedpeft's embedded runtime
+
+or, under Flower, ``client_app(make_trainer)`` is the ClientApp each node runs (``make_trainer(client_id)`` builds that
+node's trainer; the config comes with every message) and ``server_federation(trainer, num_clients=...)``'s
+``serve(grid, out_dir)`` the ServerApp's body (``fed.run_flower_sim`` runs both in Flower's simulation). The
+trainers of one process may share one PEFT model. A run is an ordinary fedpeft run directory: metrics, bytes per
+client and direction, checkpoints, ``--resume``, report, ``fedpeft export``.
+
+What happens, and where (each module's doc says why it is so):
+
+- the clients' data are their trainers' prepared rows, the backbone their base model shared in place, the adapter
+  fedpeft's ``lora`` at the trainers' r, alpha and modules (``integrations.trainer_data``, ``backbones.shared``,
+  ``adapters.peft_model``);
+- each round, a client's ``hf_trainer`` writes the global tensors into its PEFT model, runs ``local_steps`` of its
+  own ``train()``, the learning-rate schedule running over rounds × local steps and the optimizer state over the
+  client's rounds, and hands the trained tensors to the method's exchange (``trainers.hf_trainer``,
+  ``trainers.hf_rounds``): the codec counts the bytes, the server validates and aggregates the replies as any
+  client's;
+- the global adapter (and each client's, under ``evaluation.local``) is scored by fedpeft's language-modelling
+  objective on the trainers' ``eval_dataset`` rows: the loss per scored token (SFTTrainer's ``eval_loss``),
+  perplexity and next-token accuracy.
+
+Supported: causal LMs under ``Trainer`` or ``SFTTrainer`` with a PEFT LoRA adapter; methods whose client trains the
+LoRA tensors it receives: the FedAvg and FedOpt families (``fedit``, ``fedavg-lora``, ``method.aggregator``),
+FFA-LoRA (``ffa-lora``), robust aggregators, ``method.wrappers`` (clipping, DP-FedAvg), secure aggregation
+(``federation.secure_aggregation``), client selection (``federation.clients_per_round``). Refused with an error
+naming the option: models that are not PEFT LoRA models, and LoRA settings fedpeft's adapter does not compute (the
+list in ``adapters.peft_model``); trainer options a round cannot keep (``trainers.hf_trainer``); exchanges that
+reshape the client's training (head pruning, HetLoRA's penalty, static backbone weights) or send it tensors its PEFT
+model does not hold (FedEx-LoRA's residuals, FLoRA's stacked ranks, per-client ranks); evaluation that re-tokenizes
+prompts in fedpeft's own format (``evaluation.generate_every``, ``suites``, ``round_suites``, ``keep_best``); forked
+client workers. Not yet: ``DPOTrainer`` (its loss is the pair's, its rows two sequences: fedpeft's own ``dpo``
+trainer is the federated DPO), quantized base models, several processes per client, multi-turn rows scored in
+several blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from fedpeft.config import ExperimentConfig, TaskConfig
+from fedpeft.data.tasks.trainers import NAME
+from fedpeft.integrations.trainer_data import TrainerExperiment, eval_set, trainer_experiment
+from fedpeft.resolve import load_config
+from fedpeft.trainers.hf_trainer import check_trainer
+
+__all__ = ["Federation", "client_app", "federate", "federation_config", "server_federation"]
+
+TRAINER = "hf_trainer"
+
+
+def _longest(trainers: Sequence[Any]) -> int:
+    """The longest prepared row of every trainer's datasets (``task.max_length`` holds it: the rows are the trainers'
+    own, never cut here; ``fedpeft generate`` on the run frames prompts in fedpeft's format within it)."""
+    longest = 0
+    for t in trainers:
+        for ds in (t.train_dataset, eval_set(t)):
+            if ds is not None and len(ds) and "input_ids" in ds[0]:
+                longest = max(longest, max(len(ds[i]["input_ids"]) for i in range(len(ds))))
+    return longest
+
+
+def federation_config(trainers: Sequence[Any], *, rounds: int, local_steps: int | None = None,
+                      method: str = "fedit", seed: int = 0, model_name: str | None = None,
+                      settings: Mapping[str, Any] | None = None, num_clients: int | None = None) -> ExperimentConfig:
+    """The fedpeft config of a federation of ``trainers`` (the module doc); ``settings``: any further config keys,
+    dotted (``{"method.aggregator.name": "fedadam", "federation.secure_aggregation": {...}}``), applied last;
+    ``num_clients``: the federation's clients where ``trainers`` are not all of them (a Flower server's)."""
+    if rounds < 1:
+        raise ValueError(f"rounds: at least 1, got {rounds}")
+    lora = check_trainer(trainers[0])
+    base = trainers[0].model.get_base_model().config
+    name = model_name or getattr(base, "_name_or_path", "") or ""
+    if not name:
+        raise ValueError("model_name: the trainers' model was built in code (its config names no checkpoint); name "
+                         "it (a hub id, a folder, or a fedpeft backbone such as tiny-llama) so that the run records "
+                         "which weights its adapter belongs to")
+    room = max(_longest(trainers) + 1, TaskConfig.model_fields["max_length"].default)  # every row fits
+    keys: dict[str, Any] = {
+        "seed": seed, "method.name": method, "task.name": NAME, "task.kind": "generation", "task.max_length": room,
+        "model.name": name, "federation.num_clients": num_clients or len(trainers), "federation.rounds": rounds,
+        "evaluation.generate_every": 0, "method.adapter.name": "lora",
+        **{f"method.adapter.{k}": v for k, v in lora.settings().items()}}
+    other = dict(settings or {})
+    if other.get("method.trainer.name", TRAINER) == TRAINER:
+        local_steps = local_steps or _split_steps(trainers[0].args.max_steps, rounds)
+        keys |= {"method.trainer.name": TRAINER, "method.trainer.local_steps": local_steps,
+                 "method.trainer.schedule_steps": rounds * local_steps}
+    cfg = load_config(None, [f"{k}={json.dumps(v)}" for k, v in (keys | other).items()])
+    check_config(cfg)
+    return cfg
+
+
+def _split_steps(max_steps: int, rounds: int) -> int:
+    """The steps per round of a trainer's ``max_steps`` split evenly over the rounds."""
+    if max_steps <= 0 or max_steps % rounds:
+        raise ValueError(f"local_steps: give the optimizer steps per round, or set TrainingArguments.max_steps to a "
+                         f"multiple of rounds ({rounds}), split evenly over them (it is {max_steps})")
+    return max_steps // rounds
+
+
+def check_config(cfg: ExperimentConfig) -> None:
+    """ValueError naming a setting a federation of trainers cannot honour (the module doc)."""
+    ev, rt = cfg.evaluation, cfg.runtime
+    refusals = [
+        (cfg.task.name != NAME, f"task.name: a federation of trainers reads the trainers' data (task '{NAME}')"),
+        (ev.generate_every not in (0, None) or ev.suites or ev.round_suites,
+         "evaluation.generate_every, suites, round_suites: generating re-tokenizes prompts in fedpeft's own format, "
+         "not your trainer's; leave them off (evaluate with your trainer on the exported adapter)"),
+        (ev.keep_best, "evaluation.keep_best: the validation split would come from fedpeft's own task loading"),
+        (rt.client_workers > 1, "runtime.client_workers: the trainers live in this process; leave it at 1"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise ValueError(why)
+
+
+@dataclass
+class Federation:
+    """A federation of transformers trainers: its resolved config and experiment (``federate`` makes one)."""
+
+    config: ExperimentConfig
+    experiment: TrainerExperiment
+
+    def run(self, out_dir: str | Path, resume: bool = False, stop_after_round: int | None = None,
+            reply_hook: Any = None) -> dict[str, Any]:
+        """Run (or resume) the rounds in this process (fedpeft's embedded runtime); returns summary.json's dict.
+        ``reply_hook(round, client, bytes) -> bytes`` stands for the wire (tests corrupt a reply with it)."""
+        from fedpeft.runtime.embedded import run_embedded
+
+        if set(self.experiment.trainers) != set(range(self.config.federation.num_clients)):
+            raise ValueError("run: this process holds the trainers of clients "
+                             f"{sorted(self.experiment.trainers)} of {self.config.federation.num_clients}; the "
+                             "embedded runtime trains them all here (serve the others under Flower)")
+        return run_embedded(self.config, out_dir, resume, stop_after_round, reply_hook, experiment=self.experiment)
+
+    def serve(self, grid: Any, out_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
+        """The rounds with the clients reached through a Flower ``Grid`` (the body of your ServerApp's main; the
+        nodes run ``client_app``); ``kwargs``: ``runtime.flower.server_app.serve``'s."""
+        from fedpeft.runtime.flower.server_app import serve
+
+        return serve(grid, self.config, out_dir, experiment=self.experiment, **kwargs)
+
+    def run_flower_sim(self, out_dir: str | Path, make_trainer: Callable[[int], Any],
+                       resume: bool = False) -> dict[str, Any]:
+        """The rounds in Flower's simulation runtime: this process serves, each virtual node builds its client's
+        trainer with ``make_trainer(client_id)`` (picklable: a module-level function) in its own process."""
+        from fedpeft.runtime.flower.simulation import run_flower_sim
+
+        return run_flower_sim(self.config, out_dir, resume, client_app=client_app(make_trainer),
+                              experiment=self.experiment)
+
+
+def federate(trainers: Sequence[Any] | Mapping[int, Any], *, rounds: int, local_steps: int | None = None,
+             method: str = "fedit", seed: int = 0, model_name: str | None = None,
+             settings: Mapping[str, Any] | None = None) -> Federation:
+    """A federation of ``trainers`` (client ``i`` trains with ``trainers[i]``): ``rounds`` rounds of ``local_steps``
+    optimizer steps each (default: each trainer's ``max_steps`` split over the rounds), the method preset
+    ``method`` with its components, any further config keys in ``settings``. ``model_name``: what the base model
+    is loaded as later (a hub id or a folder; default: its config's ``name_or_path``). Errors name what is not
+    supported (the module doc)."""
+    listed = [trainers[c] for c in sorted(trainers)] if isinstance(trainers, Mapping) else list(trainers)
+    if isinstance(trainers, Mapping) and sorted(trainers) != list(range(len(listed))):
+        raise ValueError(f"trainers: client ids must be 0..{len(listed) - 1}, got {sorted(trainers)}")
+    if not listed:
+        raise ValueError("trainers: none given")
+    cfg = federation_config(listed, rounds=rounds, local_steps=local_steps, method=method, seed=seed,
+                            model_name=model_name, settings=settings)
+    return Federation(cfg, trainer_experiment(cfg, dict(enumerate(listed))))
+
+
+def server_federation(trainer: Any, *, num_clients: int, rounds: int, local_steps: int | None = None,
+                      method: str = "fedit", seed: int = 0, model_name: str | None = None,
+                      settings: Mapping[str, Any] | None = None) -> Federation:
+    """The federation as a Flower server without the clients' trainers sees it (``Federation.serve``): ``trainer``,
+    of the clients' model and LoRA settings and the same ``TrainingArguments`` (``local_steps``' default), gives the
+    backbone, the adapter and, from its ``eval_dataset``, the global test set; each reply's ``num_examples`` is
+    taken as its client's weight."""
+    cfg = federation_config([trainer], rounds=rounds, local_steps=local_steps, method=method, seed=seed,
+                            model_name=model_name, settings=settings, num_clients=num_clients)
+    return Federation(cfg, trainer_experiment(cfg, {}, server=trainer))
+
+
+# ---------------------------------------------------------------- Flower nodes
+
+_NODE_LOCK = threading.Lock()
+_NODE_BUILT: dict[tuple[str, tuple[int, ...]], Any] = {}  # one federation per node process, built once
+
+
+def _node_built(make_trainer: Callable[[int], Any], config_yaml: str, node_config: dict[str, Any]) -> Any:
+    """What a node's clients train with: the run's config (sent with every message), the node's trainers made by
+    ``make_trainer``, their experiment and the method; built once per process."""
+    import yaml
+
+    from fedpeft.build import Built, build_method, run_plan
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.flower.client_app import owned_clients
+
+    ids = tuple(owned_clients(node_config))
+    with _NODE_LOCK:
+        key = (config_yaml, ids)
+        if key not in _NODE_BUILT:
+            cfg = resolve(yaml.safe_load(config_yaml))
+            check_config(cfg)
+            exp = trainer_experiment(cfg, {c: make_trainer(c) for c in ids})
+            _NODE_BUILT.clear()  # a node serves one federation at a time: the last run's trainers go
+            _NODE_BUILT[key] = Built(run_plan(cfg), exp, build_method(cfg, exp))
+        return _NODE_BUILT[key]
+
+
+def client_app(make_trainer: Callable[[int], Any]) -> Any:
+    """A Flower ``ClientApp`` serving fedpeft's ServerApp with your trainers: the node's clients (``partition-ids``,
+    in simulation its ``partition-id``) each get ``make_trainer(client_id)``, built once per process; everything
+    else (state on disk between rounds, secure aggregation, errors reported per client) is fedpeft's ClientApp
+    (``runtime.flower.client_app``)."""
+    from fedpeft.runtime.flower.client_app import make_client_app
+
+    return make_client_app(partial(_node_built, make_trainer))
