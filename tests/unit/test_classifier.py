@@ -55,7 +55,8 @@ def test_keep_end_cuts_the_text_at_its_start_as_a_left_truncation():
     for truncation, kept in (("keep_start", text[:budget]), ("keep_end", text[-budget:])):
         task = dataclasses.replace(TASK, truncation=truncation)
         enc = encode_examples(bb, task, EXAMPLES, max_length=10, readout="verbalizer")
-        assert enc.input_ids[0][1:1 + budget] == kept and enc.input_ids[0][enc.mask_index[0]] == bb.tokenizer.mask_token_id
+        first = enc.input_ids[0]
+        assert first[1:1 + budget] == kept and first[enc.mask_index[0]] == bb.tokenizer.mask_token_id
     spec = TASK.spec()
     spec.pop("truncation")
     assert TaskData.from_spec(spec).truncation == "keep_start"

@@ -100,31 +100,22 @@ def test_the_hub_folder_is_the_peft_export_with_a_card_a_curve_and_the_config(lo
 
 
 def test_peft_loads_the_hub_folder_and_reproduces_fedpeft_predict(lora_run, hub_dir):
-    """As tests/unit/test_export.py's reuse test: transformers and PEFT alone, the similarity readout of
-    fedpeft_task.json, on the base model the adapter config names."""
-    import torch.nn.functional as F
-    from peft import PeftModel
-    from transformers import AutoModel, AutoTokenizer
+    """tests/unit/test_export.py's reuse script on the hub folder: a fresh process with transformers and PEFT alone,
+    the similarity readout of fedpeft_task.json, on the base model the adapter config names."""
+    import os
+    import subprocess
+    import sys
+
+    from test_export import REUSE
 
     out, _ = hub_dir
-    meta = json.loads((out / "fedpeft_task.json").read_text())
-    base = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
-    tok = AutoTokenizer.from_pretrained(base)
-    model = PeftModel.from_pretrained(AutoModel.from_pretrained(base), out).eval()
-
-    def pooled(batch):
-        hidden, mask = model(**batch).last_hidden_state, batch["attention_mask"].unsqueeze(-1).float()
-        return F.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
-
-    with torch.no_grad():
-        with model.disable_adapter():
-            anchors = pooled(tok(meta["task"]["label_descriptions"], padding=True, truncation=True, max_length=128,
-                                 return_tensors="pt"))
-        x = tok(TEXTS, padding=True, truncation=True, max_length=meta["max_length"], return_tensors="pt")
-        theirs = torch.softmax(meta["similarity_scale"] * pooled(x) @ anchors.T, dim=-1)
-    ours = torch.tensor([[r[f"p({c})"] for c in meta["task"]["class_names"]] for r in predict(lora_run, TEXTS)])
-    assert torch.allclose(theirs, ours, atol=1e-5)
-    assert (theirs[:, 0] - 0.5).abs().max() > 1e-3  # a real classifier, not a constant
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
+    got = subprocess.run([sys.executable, "-c", REUSE, str(out), json.dumps(TEXTS)], env=env, capture_output=True,
+                         text=True, check=True)
+    theirs = json.loads(got.stdout.strip().splitlines()[-1])
+    ours = torch.tensor([[r[f"p({c})"] for c in theirs["classes"]] for r in predict(lora_run, TEXTS)])
+    assert torch.allclose(torch.tensor(theirs["probs"]), ours, atol=1e-5)
+    assert any(abs(p[0] - 0.5) > 1e-3 for p in theirs["probs"])  # a real classifier, not a constant
 
 
 def test_a_card_without_a_hub_id_or_a_license_says_so_and_leaves_them_out(lora_run, tmp_path):
