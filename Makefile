@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 PIN    := -c constraints.txt
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test test-fast docs docs-serve clean
+.PHONY: install demo test test-fast test-flower-versions docs docs-serve clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -45,6 +45,14 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+
+# The Flower tests on each listed Flower release, each in a fresh venv (.venv-flwr-V): not in `make test` (a fresh
+# install and ~15-30 min of tests per version on 2 cores); run before a release and before widening flwr's bound.
+# Writes benchmarks/results/flower_versions.md.
+FLOWER_VERSIONS ?= 1.41.0 1.42.0
+
+test-flower-versions: install
+	$(PY) tests/flower_versions.py $(FLOWER_VERSIONS)
 
 # The documentation site: the reference pages are regenerated from the code, then built with no warning allowed.
 docs: install

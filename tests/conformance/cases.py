@@ -24,7 +24,7 @@ LEAST: dict[str, dict[str, dict[str, Any]]] = {
     "trainer": {"adam": {"max_steps": 2}, "adamw": {"max_steps": 2}, "sgd": {"max_steps": 2},
                 "cmaes": {"iterations": 2}, "discrete_search": {"steps": 3}, "no-training": {},
                 "dpo": {"max_steps": 2}, "zo_sgd": {"local_steps": 2, "pool_size": 64},
-                "hf_trainer": {"local_steps": 2}},
+                "hf_trainer": {"local_steps": 2}, "hf_dpo_trainer": {"local_steps": 2}},
     "aggregator": {"fedavg": {}, "uniform": {}, "fedavgm": {}, "fedadam": {}, "fedyogi": {}, "fedadagrad": {},
                    "median": {}, "trimmed_mean": {}, "krum": {"num_malicious": 1},
                    "multi_krum": {"num_malicious": 1, "num_selected": 3}, "momentum_cv": {}, "keep-global": {},
@@ -126,6 +126,8 @@ TRAINER_TASKS: dict[str, dict[str, Any]] = {
 TRAINER_SKIPS: dict[str, str] = {
     "hf_trainer": "trains through the user's transformers Trainer, which a config alone does not hold "
                   "(tests/unit/test_integrations_transformers.py)",
+    "hf_dpo_trainer": "trains through the user's TRL DPOTrainer, which a config alone does not hold "
+                      "(tests/unit/test_integrations_transformers.py)",
 }
 
 

@@ -381,6 +381,11 @@ def test_deployment_over_tls_admits_only_registered_supernodes(tmp_path):
     assert "served train" not in intruder_log and "served train" not in rogue_log
     run_log = (tmp_path / "run" / "run.log").read_text()
     assert "claims client 1, which the registry binds to node" in run_log and set(owners(registry)) == {0, 1}
+    # submitted as the FAB v1 app in the run directory (`flwr run` builds it as `flwr build` does): the embedded
+    # run's records, bytes included, to the last digit
+    assert (tmp_path / "run" / "flower-app" / "LICENSE").exists()
+    run_embedded(cfg, tmp_path / "embedded")
+    assert _comparable(records) == _comparable(RunDir(tmp_path / "embedded").read_metrics())
 
 
 def _own_address() -> str | None:

@@ -12,6 +12,10 @@ whatever ``target_modules``, ``exclude_modules`` or ``layers_to_transform`` said
 exactly the same modules (the usual ``["q_proj", "v_proj"]``), else every module's full path. ``lora_dropout`` only
 acts in the user's training steps (fedpeft's shared backbone runs in eval mode, as ``adapters.lora`` says).
 
+One second adapter is taken: ``ref``, the frozen copy of the user's adapter that TRL's ``DPOTrainer`` adds to a
+PEFT model to compute its reference with, when it adds nothing (every B zero: a fresh adapter), so that TRL's
+reference is the base model, as fedpeft's is; it is never exchanged.
+
 Refused, naming the ``LoraConfig`` field: several adapters, other PEFT methods, and every LoraConfig field that
 changes what LoRA computes or trains beyond ΔW = (alpha / r)·B A on the adapted modules (DoRA, rsLoRA's scaling,
 per-module ranks or alphas, ``modules_to_save``, bias training, trainable tokens, target parameters, ...: any field
@@ -37,6 +41,19 @@ READ = {"task_type", "peft_type", "auto_mapping", "peft_version", "base_model_na
         "layers_to_transform", "layers_pattern", "fan_in_fan_out", "init_lora_weights", "megatron_core",
         "qalora_group_size", "runtime_config", "ensure_weight_tying"}
 PLAIN_INITS = (True, False, "gaussian")  # initialisations of A and B alone, which fedpeft's global init replaces
+REFERENCE = "ref"  # TRL's DPOTrainer: the frozen copy of a user's adapter it computes the reference with
+
+
+def _check_reference(model: Any) -> None:
+    """ValueError unless TRL's reference copy of the adapter adds nothing (every B zero: the reference is the base
+    model, fedpeft's reference, ``model.preference``)."""
+    for name, p in model.named_parameters():
+        m = _LIVE.fullmatch(name)
+        if m and m.group(3) == REFERENCE and m.group(2) == "lora_B" and bool(p.detach().abs().max() > 0):
+            raise ValueError("model: the PEFT model's 'ref' adapter (TRL DPOTrainer's reference: a copy of your "
+                             "adapter when the trainer was made) is not zero, so TRL's reference is not the base "
+                             "model that fedpeft scores against: start from a fresh LoRA adapter (B = 0), or give the "
+                             "DPOTrainer a plain model and peft_config=")
 _LIVE = re.compile(r"(.+)\.(lora_[AB])\.([^.]+)\.weight")
 
 
@@ -53,9 +70,12 @@ class PeftLora:
         if not isinstance(model, PeftModel):
             raise ValueError(f"model: the trainer's model is a {type(model).__name__}, not a PEFT model; wrap it with "
                              "peft.get_peft_model(model, LoraConfig(...)) or give the TRL trainer peft_config=")
-        if len(model.peft_config) != 1:
+        active = model.active_adapter
+        if set(model.peft_config) not in ({active}, {active, REFERENCE}) or active == REFERENCE:
             raise ValueError(f"model: the PEFT model holds adapters {sorted(model.peft_config)}; fedpeft federates one")
-        (self.adapter_name, config), = model.peft_config.items()
+        self.adapter_name, config = active, model.peft_config[active]
+        if REFERENCE in model.peft_config:
+            _check_reference(model)
         if not isinstance(config, LoraConfig):
             raise ValueError(f"model: the PEFT adapter is {type(config).__name__}; fedpeft federates LoRA (LoraConfig)")
         defaults = LoraConfig().to_dict()
@@ -75,6 +95,8 @@ class PeftLora:
             m = _LIVE.fullmatch(name)
             if m and m.group(3) == self.adapter_name and name.startswith(PEFT_PREFIX):
                 self.params[f"{m.group(1)[len(PEFT_PREFIX):]}.{m.group(2)}.weight"] = p
+            elif m and m.group(3) == REFERENCE and not p.requires_grad:
+                continue  # TRL's frozen reference copy (checked above)
             elif p.requires_grad:
                 raise ValueError(f"model: parameter '{name}' is trainable but is no LoRA A or B tensor; fedpeft "
                                  "exchanges those only (freeze it, or leave LoraConfig.modules_to_save unset)")

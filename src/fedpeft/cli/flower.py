@@ -188,6 +188,42 @@ def flower_register(
                                                     else ""))
 
 
+@app.command("app")
+def flower_app(
+    out: Annotated[Path, typer.Argument(help="the app directory to write (letters, digits and hyphens)")],
+    config: Annotated[Optional[Path], typer.Argument(help="experiment YAML (omit to use the defaults)")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="override a key, e.g. federation.rounds=2")] = [],
+    run_dir_: Annotated[Optional[Path], typer.Option(
+        "--run-dir", help="the run directory on the SuperLink machine, as the app's default (else flwr run gives "
+                          "--run-config \"out='DIR'\")")] = None,
+    license_file: Annotated[Optional[Path], typer.Option(
+        "--license", help="the app's LICENSE file (default: fedpeft's, Apache-2.0)")] = None,
+) -> None:
+    """Write a Flower app (FAB format v1) that runs the experiment: `flwr build` bundles it for Flower Hub, `flwr
+    run OUT FEDERATION` submits it; every experiment key is in its run config (`--run-config "federation.rounds=5"`)."""
+    from fedpeft.config import ConfigError
+    from fedpeft.resolve import load_config
+    from fedpeft.runtime.flower.app_bundle import write_app
+
+    try:
+        cfg = load_config(config, list(set_) + ["runtime.name=flower"])
+    except ConfigError as e:
+        fail(str(e))
+    for note in cfg.notes:
+        warn(note)
+    if license_file is not None and not license_file.is_file():
+        fail(f"--license: no such file {license_file}")
+    if (out / "pyproject.toml").exists():
+        fail(f"{out} already holds an app (pyproject.toml); give another directory")
+    try:
+        write_app(out, cfg, {"out": str(run_dir_.expanduser().resolve())} if run_dir_ is not None else None,
+                  license_file)
+    except (FileNotFoundError, ValueError) as e:
+        fail(str(e))
+    console.print(f"Flower app written to {out}: `flwr build --app {out}` bundles it, `flwr run {out} FEDERATION"
+                  "` submits it")
+
+
 @app.command("run")
 def flower_run(
     config: Annotated[Optional[Path], typer.Argument(help="experiment YAML (omit to use the defaults)")] = None,

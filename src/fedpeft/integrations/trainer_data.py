@@ -10,6 +10,12 @@ positions must be one block at the end of the row; a row scored elsewhere (a mul
 is refused. The task's examples are those rows decoded (prompt, response) for the records and the data's
 fingerprint; training and scoring use the token ids themselves.
 
+Pairs. A TRL ``DPOTrainer``'s rows (``prompt_ids``, ``chosen_ids``, ``rejected_ids``) make a preference task: each
+pair is prompt + chosen and prompt + rejected, cut as TRL's ``DataCollatorForPreference`` cuts them when it trains
+(``DPOConfig.max_length``: ``keep_start`` keeps the first tokens, so both sequences keep the same prompt; a pair that
+``keep_end`` would cut is refused, since its two sequences would then start at different prompt tokens), scored on
+the response tokens (``model.preference``).
+
 Everything else is fedpeft's ``Experiment``: ``client(c)`` is client ``c``'s rows with its trainer attached
 (``ClientContext.external``, what the ``hf_trainer`` trains through), and its weight the rows' count, which the
 server checks against each reply's ``num_examples`` where it holds every client's data (else it takes the replies'
@@ -25,6 +31,7 @@ import numpy as np
 
 from fedpeft.adapters import ADAPTERS, AdapterContext
 from fedpeft.backbones.encoding import Encoded
+from fedpeft.backbones.preference_encoding import PairEncoded
 from fedpeft.backbones.shared import shared_backbone
 from fedpeft.clients import ClientContext
 from fedpeft.config import ExperimentConfig
@@ -81,11 +88,58 @@ def encoded_rows(dataset: Any, tokenizer: Any, what: str) -> tuple[Encoded, list
     return enc, examples
 
 
-def _concat(parts: list[Encoded]) -> Encoded:
+def is_pair_row(row: Any) -> bool:
+    """Whether a prepared row is a preference pair (TRL's ``DPOTrainer``)."""
+    return isinstance(row, dict) and {"prompt_ids", "chosen_ids", "rejected_ids"} <= set(row)
+
+
+def encoded_pairs(dataset: Any, tokenizer: Any, what: str, max_length: int | None,
+                  truncation_mode: str = "keep_start") -> tuple[PairEncoded, list[Example]]:
+    """fedpeft's encoded pairs of a DPOTrainer's prepared dataset, cut as its collator cuts them (the module doc),
+    and the pairs decoded; ``what`` names the dataset in errors."""
+    chosen, rejected, starts, examples = [], [], [], []
+    for i in range(len(dataset)):
+        row = dataset[i]
+        if not is_pair_row(row):
+            raise ValueError(f"{what} row {i}: no prompt_ids, chosen_ids and rejected_ids; give the DPOTrainer a "
+                             "preference dataset (TRL tokenizes it)")
+        prompt = [int(t) for t in row["prompt_ids"]]
+        good = prompt + [int(t) for t in row["chosen_ids"]]
+        bad = prompt + [int(t) for t in row["rejected_ids"]]
+        if max_length is not None and max(len(good), len(bad)) > max_length:
+            if truncation_mode != "keep_start":
+                raise ValueError(f"{what} row {i}: DPOConfig.truncation_mode '{truncation_mode}' cuts this pair's "
+                                 "two sequences at different prompt tokens; fedpeft scores pairs that share their "
+                                 "prompt: use keep_start, or a max_length that holds the pair")
+            good, bad = good[:max_length], bad[:max_length]
+        start = max(1, min(len(prompt), len(good), len(bad)))  # the first token is never predicted
+        chosen.append(good)
+        rejected.append(bad)
+        starts.append(start)
+        examples.append(Example(tokenizer.decode(prompt), 0, target=tokenizer.decode(good[start:]),
+                                rejected=tokenizer.decode(bad[start:])))
+    n = len(chosen)
+    enc = PairEncoded(chosen, np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64), 0,
+                      np.asarray(starts, dtype=np.int64), rejected_ids=rejected)
+    return enc, examples
+
+
+def trainer_rows(dataset: Any, trainer: Any, tokenizer: Any, what: str) -> tuple[Encoded, list[Example]]:
+    """A trainer's prepared dataset as fedpeft's rows: pairs for a DPOTrainer's, single rows otherwise."""
+    if len(dataset) and is_pair_row(dataset[0]):
+        return encoded_pairs(dataset, tokenizer, what, getattr(trainer.args, "max_length", None),
+                             str(getattr(trainer.args, "truncation_mode", "keep_start")))
+    return encoded_rows(dataset, tokenizer, what)
+
+
+def _concat(parts: list[Encoded], pairs: bool) -> Encoded:
     ids = [r for p in parts for r in p.input_ids]
     starts = np.concatenate([p.response_start for p in parts]) if parts else np.zeros(0, dtype=np.int64)
     n = len(ids)
-    return Encoded(ids, np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64), 0, starts.astype(np.int64))
+    base = (ids, np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64), 0, starts.astype(np.int64))
+    if pairs:
+        return PairEncoded(*base, rejected_ids=[r for p in parts for r in p.rejected_ids])
+    return Encoded(*base)
 
 
 def eval_set(trainer: Any) -> Any:
@@ -140,13 +194,14 @@ def trainer_experiment(cfg: ExperimentConfig, trainers: dict[int, Any], server: 
     backbone = shared_backbone(views[first].base, tokenizer, cfg.model.name)
     if backbone.family != "causal":
         raise ValueError(f"model: the trainers' model is {'an' if backbone.family[0] in 'aeiou' else 'a'} "
-                         f"{backbone.family} model; fedpeft federates the trainers of causal LMs (SFT) for now")
+                         f"{backbone.family} model; fedpeft federates the trainers of causal LMs for now")
+    kind = cfg.task.kind if cfg.task.kind == "preference" else "generation"
     train, test, train_parts, test_parts, offsets = [], [], [], [], [0, 0]
     for c in range(num):
         t = trainers.get(c)
-        tr = encoded_rows(t.train_dataset, tokenizer, f"client {c}'s train_dataset") if t is not None else None
+        tr = trainer_rows(t.train_dataset, t, tokenizer, f"client {c}'s train_dataset") if t is not None else None
         ev = eval_set(t) if t is not None else None
-        te = encoded_rows(ev, tokenizer, f"client {c}'s eval_dataset") if ev is not None else None
+        te = trainer_rows(ev, t, tokenizer, f"client {c}'s eval_dataset") if ev is not None else None
         for rows, parts, out, k in ((tr, train_parts, train, 0), (te, test_parts, test, 1)):
             size = len(rows[0]) if rows is not None else 0
             parts.append(np.arange(offsets[k], offsets[k] + size, dtype=np.int64))
@@ -154,12 +209,16 @@ def trainer_experiment(cfg: ExperimentConfig, trainers: dict[int, Any], server: 
             if rows is not None:
                 out.append(rows)
     if server is not None and eval_set(server) is not None:  # the server's own test set, no client's shard
-        test.append(encoded_rows(eval_set(server), tokenizer, "the server trainer's eval_dataset"))
+        test.append(trainer_rows(eval_set(server), server, tokenizer, "the server trainer's eval_dataset"))
+    pairs = [isinstance(rows, PairEncoded) for rows, _ in train + test]
+    if any(p != (kind == "preference") for p in pairs):
+        raise ValueError("trainers: a federation's trainers are all DPOTrainers (preference pairs) or all "
+                         "SFT/Trainer ones (single rows), their eval_datasets too")
     task = TaskData(name=NAME, class_names=[], train=[e for _, ex in train for e in ex],
-                    test=[e for _, ex in test for e in ex], label_words=[], label_descriptions=[], kind="generation",
-                    info={"kind": "generation", "source": "the clients' transformers Trainers"})
+                    test=[e for _, ex in test for e in ex], label_words=[], label_descriptions=[], kind=kind,
+                    info={"kind": kind, "source": "the clients' transformers Trainers"})
     adapter = ADAPTERS.get(cfg.method.adapter.name)(ADAPTERS.settings_of(cfg.method.adapter))
-    objective = OBJECTIVES.get("generation")(backbone, adapter, task, ObjectiveSettings(
+    objective = OBJECTIVES.get(kind)(backbone, adapter, task, ObjectiveSettings(
         cfg.model, cfg.task.max_length, cfg.task.max_response_length, cfg.runtime.autocast, cfg.runtime.padding_free))
     adapter.bind(AdapterContext(cfg.seed, task, objective.readout, backbone))
     fresh = objective.init_params(torch_rng(cfg.seed, 0, SERVER, "adapter-init"))
@@ -167,8 +226,8 @@ def trainer_experiment(cfg: ExperimentConfig, trainers: dict[int, Any], server: 
         view.check(fresh)
     exp = TrainerExperiment(cfg.seed, cfg.attack, cfg.model.name, task, backbone, objective, train_parts, test_parts,
                             profiles=[None] * num, trainers=dict(trainers))
-    exp._encoded["train"] = _concat([e for e, _ in train])
-    exp._encoded["test"] = _concat([e for e, _ in test])
+    exp._encoded["train"] = _concat([e for e, _ in train], kind == "preference")
+    exp._encoded["test"] = _concat([e for e, _ in test], kind == "preference")
     return exp
 
 

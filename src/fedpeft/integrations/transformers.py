@@ -1,5 +1,5 @@
-"""Federate your own transformers ``Trainer`` or TRL ``SFTTrainer``: one per client, each on its client's data, with a
-fedpeft method on the server.
+"""Federate your own transformers ``Trainer`` or TRL ``SFTTrainer`` or ``DPOTrainer``: one per client, each on its
+client's data, with a fedpeft method on the server.
 
 Your script builds its trainers as usual (a PEFT model with one LoRA adapter, a dataset, its ``TrainingArguments`` or
 ``SFTConfig``) and hands them over::
@@ -25,9 +25,13 @@ What happens, and where (each module's doc says why it is so):
   client's;
 - the global adapter (and each client's, under ``evaluation.local``) is scored by fedpeft's language-modelling
   objective on the trainers' ``eval_dataset`` rows: the loss per scored token (SFTTrainer's ``eval_loss``),
-  perplexity and next-token accuracy.
+  perplexity and next-token accuracy;
+- DPOTrainers' pairs make a preference task (``integrations.trainer_data``), trained by ``hf_dpo_trainer`` (the same
+  round through the trainer's own DPO ``train()``) and scored as fedpeft's ``dpo`` trainer scores, with the
+  trainers' ``beta``, ``loss_type`` and ``label_smoothing``, against the base model with the adapter disabled (TRL's
+  reference for a PEFT model): reward accuracy, DPO loss, rewards (``trainers.hf_dpo_trainer``).
 
-Supported: causal LMs under ``Trainer`` or ``SFTTrainer`` with a PEFT LoRA adapter; methods whose client trains the
+Supported: causal LMs under ``Trainer``, ``SFTTrainer`` or ``DPOTrainer`` with a PEFT LoRA adapter; methods whose client trains the
 LoRA tensors it receives: the FedAvg and FedOpt families (``fedit``, ``fedavg-lora``, ``method.aggregator``),
 FFA-LoRA (``ffa-lora``), robust aggregators, ``method.wrappers`` (clipping, DP-FedAvg), secure aggregation
 (``federation.secure_aggregation``), client selection (``federation.clients_per_round``). Refused with an error
@@ -36,9 +40,8 @@ list in ``adapters.peft_model``); trainer options a round cannot keep (``trainer
 reshape the client's training (head pruning, HetLoRA's penalty, static backbone weights) or send it tensors its PEFT
 model does not hold (FedEx-LoRA's residuals, FLoRA's stacked ranks, per-client ranks); evaluation that re-tokenizes
 prompts in fedpeft's own format (``evaluation.generate_every``, ``suites``, ``round_suites``, ``keep_best``); forked
-client workers. Not yet: ``DPOTrainer`` (its loss is the pair's, its rows two sequences: fedpeft's own ``dpo``
-trainer is the federated DPO), quantized base models, several processes per client, multi-turn rows scored in
-several blocks.
+client workers; what fedpeft's DPO scoring cannot follow (``trainers.hf_dpo_trainer``). Not yet: quantized base
+models, several processes per client, multi-turn rows scored in several blocks.
 """
 
 from __future__ import annotations
@@ -53,13 +56,23 @@ from typing import Any
 
 from fedpeft.config import ExperimentConfig, TaskConfig
 from fedpeft.data.tasks.trainers import NAME
-from fedpeft.integrations.trainer_data import TrainerExperiment, eval_set, trainer_experiment
+from fedpeft.integrations.trainer_data import TrainerExperiment, eval_set, is_pair_row, trainer_experiment
 from fedpeft.resolve import load_config
+from fedpeft.trainers.hf_dpo_trainer import dpo_settings, is_dpo_trainer
 from fedpeft.trainers.hf_trainer import check_trainer
 
 __all__ = ["Federation", "client_app", "federate", "federation_config", "server_federation"]
 
 TRAINER = "hf_trainer"
+DPO_TRAINER = "hf_dpo_trainer"
+
+
+def _row_length(row: Mapping[str, Any], cap: int | None) -> int:
+    """A prepared row's tokens (a pair's longer sequence, within the DPO collator's ``cap``)."""
+    if is_pair_row(row):
+        n = len(row["prompt_ids"]) + max(len(row["chosen_ids"]), len(row["rejected_ids"]))
+        return min(n, cap) if cap else n
+    return len(row.get("input_ids", ()))
 
 
 def _longest(trainers: Sequence[Any]) -> int:
@@ -67,10 +80,27 @@ def _longest(trainers: Sequence[Any]) -> int:
     own, never cut here; ``fedpeft generate`` on the run frames prompts in fedpeft's format within it)."""
     longest = 0
     for t in trainers:
+        cap = getattr(t.args, "max_length", None) if is_dpo_trainer(t) else None
         for ds in (t.train_dataset, eval_set(t)):
-            if ds is not None and len(ds) and "input_ids" in ds[0]:
-                longest = max(longest, max(len(ds[i]["input_ids"]) for i in range(len(ds))))
+            if ds is not None and len(ds):
+                longest = max(longest, max(_row_length(ds[i], cap) for i in range(len(ds))))
     return longest
+
+
+def _trainer_keys(trainers: Sequence[Any]) -> dict[str, Any]:
+    """The trainer axis of the config: ``hf_dpo_trainer`` with the DPOConfig's loss for DPOTrainers (all alike),
+    ``hf_trainer`` for the others."""
+    dpo = [is_dpo_trainer(t) for t in trainers]
+    if any(dpo) != all(dpo):
+        raise ValueError("trainers: all DPOTrainers or none (one task per federation: preference pairs or rows)")
+    if not all(dpo):
+        return {"task.kind": "generation", "method.trainer.name": TRAINER}
+    settings = [dpo_settings(t) for t in trainers]
+    if any(s != settings[0] for s in settings):
+        raise ValueError(f"trainers: their DPOConfigs differ in beta, loss_type or label_smoothing ({settings[0]} "
+                         "and others); the server scores every client with one")
+    return {"task.kind": "preference", "method.trainer.name": DPO_TRAINER,
+            **{f"method.trainer.{k}": v for k, v in settings[0].items()}}
 
 
 def federation_config(trainers: Sequence[Any], *, rounds: int, local_steps: int | None = None,
@@ -90,15 +120,17 @@ def federation_config(trainers: Sequence[Any], *, rounds: int, local_steps: int 
                          "which weights its adapter belongs to")
     room = max(_longest(trainers) + 1, TaskConfig.model_fields["max_length"].default)  # every row fits
     keys: dict[str, Any] = {
-        "seed": seed, "method.name": method, "task.name": NAME, "task.kind": "generation", "task.max_length": room,
+        "seed": seed, "method.name": method, "task.name": NAME, "task.max_length": room,
         "model.name": name, "federation.num_clients": num_clients or len(trainers), "federation.rounds": rounds,
         "evaluation.generate_every": 0, "method.adapter.name": "lora",
         **{f"method.adapter.{k}": v for k, v in lora.settings().items()}}
     other = dict(settings or {})
-    if other.get("method.trainer.name", TRAINER) == TRAINER:
+    ours = _trainer_keys(trainers)
+    if other.get("method.trainer.name", ours["method.trainer.name"]) == ours["method.trainer.name"]:
         local_steps = local_steps or _split_steps(trainers[0].args.max_steps, rounds)
-        keys |= {"method.trainer.name": TRAINER, "method.trainer.local_steps": local_steps,
-                 "method.trainer.schedule_steps": rounds * local_steps}
+        keys |= ours | {"method.trainer.local_steps": local_steps, "method.trainer.schedule_steps": rounds * local_steps}
+    else:
+        keys["task.kind"] = ours["task.kind"]
     cfg = load_config(None, [f"{k}={json.dumps(v)}" for k, v in (keys | other).items()])
     check_config(cfg)
     return cfg

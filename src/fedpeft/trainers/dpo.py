@@ -120,30 +120,55 @@ def pair_metrics(policy: dict[str, np.ndarray], reference: dict[str, np.ndarray]
             "logp_preference_per_token": ranked(*per_token)}
 
 
+class PairScoring:
+    """The evaluation of a preference trainer: the policy's per-pair log-probabilities against the reference's
+    (computed once per set of pairs in this process), scored by ``pair_metrics`` with the trainer's ``beta``,
+    ``loss_type`` and ``label_smoothing``. Shared by ``dpo`` and ``hf_dpo_trainer``."""
+
+    clf: Any
+    ctx: Any
+    settings: Any
+
+    def _reference(self, data: Encoded) -> dict[str, np.ndarray]:
+        """The reference's per-pair log-probabilities of ``data``, computed once per set of pairs in this process
+        (in ``pair_logps``'s fixed batches: the same numbers whenever they are computed)."""
+        cached = self.__dict__.setdefault("_cached", {})
+        key = fingerprint(data)
+        if key not in cached:
+            cached[key] = self.clf.pair_logps(None, data, self.ctx.eval_batch)
+        return cached[key]
+
+    def _stats(self, params: Params, data: Encoded) -> dict[str, np.ndarray]:
+        policy = self.clf.pair_logps(floats(params), data, self.ctx.eval_batch)
+        reference = self._reference(data)
+        return pair_metrics(policy, reference, self.settings)
+
+    def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
+        if len(data) == 0:
+            return {"num_examples": 0}
+        stats = self._stats(params, data)
+        return self.clf.summarise(stats) | ({"predictions": stats} if predictions else {})
+
+    def evaluate_parts(self, params: Params, data: Encoded,
+                       parts: list[np.ndarray]) -> tuple[dict[str, float], list[dict[str, float]]]:
+        if len(data) == 0:
+            return {"num_examples": 0}, [{"num_examples": 0} for _ in parts]
+        stats = self._stats(params, data)
+        return self.clf.summarise(stats) | {"predictions": stats}, [self.clf.summarise(stats, p) for p in parts]
+
+
 @TRAINERS.register("dpo", "direct preference optimisation (DPO; IPO, robust and conservative variants) of the "
                           "adapter against the frozen backbone as reference", DPOSettings)
-class DPOTrainer(GradientTrainer):
+class DPOTrainer(PairScoring, GradientTrainer):
     """Local DPO on a client's preference pairs (``model.preference``); the update is the trained tensors."""
 
     kind = PARAMS
     vectorised = False
     preference = True
 
-    def __init__(self, settings: DPOSettings, ctx) -> None:
-        super().__init__(settings, ctx)
-        self._cached: dict[str, dict[str, np.ndarray]] = {}  # the reference's numbers per set of pairs
-
     @property
     def optimizer(self) -> str:  # type: ignore[override]
         return self.settings.optimizer
-
-    def _reference(self, data: Encoded) -> dict[str, np.ndarray]:
-        """The reference's per-pair log-probabilities of ``data``, computed once per set of pairs in this process
-        (in ``pair_logps``'s fixed batches: the same numbers whenever they are computed)."""
-        key = fingerprint(data)
-        if key not in self._cached:
-            self._cached[key] = self.clf.pair_logps(None, data, self.ctx.eval_batch)
-        return self._cached[key]
 
     def fit(self, params: Params, instruction: Message, client: ClientContext, round: int,
             state: Params, frozen: dict[str, torch.Tensor] | None = None,
@@ -171,21 +196,3 @@ class DPOTrainer(GradientTrainer):
         update = Update(client.client_id, res.params, client.num_examples,
                         scalars={"train_loss": res.mean_loss, "steps": res.steps})
         return update, (res.optimizer_state or {})
-
-    def _stats(self, params: Params, data: Encoded) -> dict[str, np.ndarray]:
-        policy = self.clf.pair_logps(floats(params), data, self.ctx.eval_batch)
-        reference = self._reference(data)
-        return pair_metrics(policy, reference, self.settings)
-
-    def evaluate(self, params: Params, data: Encoded, predictions: bool = False) -> dict[str, Any]:
-        if len(data) == 0:
-            return {"num_examples": 0}
-        stats = self._stats(params, data)
-        return self.clf.summarise(stats) | ({"predictions": stats} if predictions else {})
-
-    def evaluate_parts(self, params: Params, data: Encoded,
-                       parts: list[np.ndarray]) -> tuple[dict[str, float], list[dict[str, float]]]:
-        if len(data) == 0:
-            return {"num_examples": 0}, [{"num_examples": 0} for _ in parts]
-        stats = self._stats(params, data)
-        return self.clf.summarise(stats) | {"predictions": stats}, [self.clf.summarise(stats, p) for p in parts]

@@ -90,14 +90,16 @@ def superlink_cmd(host: str, port: int, certs: Certificates | None = None, node_
                   control_from: Sequence[str] | None = ()) -> list[str]:
     """Flower's SuperLink on ``host:port`` behind fedpeft's Control API guard (``runtime.flower.superlink``): TLS
     with ``certs`` (else ``--insecure``), admitting only registered SuperNodes with ``node_auth``; the Control and
-    Runtime APIs answer loopback, the bound host and ``control_from`` only (``None``: every address)."""
+    Runtime APIs answer loopback, the bound host and ``control_from`` only (``None``: every address). The app's
+    dependencies are not installed at run time (fedpeft is installed on the machine: ``runtime.flower.app_bundle``)."""
     from fedpeft.runtime.flower.superlink import ANY, CONTROL_FROM, trusted_networks
 
     tls = (["--ssl-ca-certfile", str(certs.ca_cert), "--ssl-certfile", str(certs.server_cert),
             "--ssl-keyfile", str(certs.server_key)] if certs is not None else ["--insecure"])
     trusted = ANY if control_from is None else ",".join(trusted_networks(host, control_from))
     return [sys.executable, "-m", "fedpeft.runtime.flower.superlink", CONTROL_FROM, trusted, *tls,
-            *(["--enable-supernode-auth"] if node_auth else []), "--host", host, "--port", str(port)]
+            *(["--enable-supernode-auth"] if node_auth else []), "--disable-runtime-dependency-installation",
+            "--host", host, "--port", str(port)]
 
 
 def node_config(partition_ids: list[int], state_dir: str | Path | None = None,

@@ -3,8 +3,9 @@
 ``serve`` is what both Flower runtimes call: it opens the run directory (same contract as the
 embedded runtime), builds the experiment on the server (the global test set and the backbone for
 ``evaluate_global``), and runs the rounds with a ``FlowerTransport``. ``server_app`` is the
-deployment entry point loaded by ``flwr run``; it reads its arguments from the run config
-(``config``, ``out``, ``resume``, ``round-timeout``, ``rejoin-wait``, ``join-timeout``, ``node-registry``).
+deployment entry point loaded by ``flwr run``: the experiment and its run keys (``out``, ``resume``,
+``round-timeout``, ``rejoin-wait``, ``join-timeout``, ``node-registry``) come from the run config of the app
+(``runtime.flower.app_bundle``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedpeft.build import build, run_plan
 from fedpeft.config import ExperimentConfig, dump_config
-from fedpeft.resolve import load_config
+from fedpeft.runtime.flower.app_bundle import experiment_of
 from fedpeft.runtime.flower.node_registry import owners
 from fedpeft.runtime.flower.transport import FlowerTransport
 from fedpeft.runtime.session import log_to, open_run, progress, run_rounds
@@ -62,13 +63,13 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Deployment entry point (``flwr run``): arguments come from the run config."""
+    """Deployment entry point (``flwr run``): the experiment and the run's arguments come from the run config."""
     rc = dict(context.run_config)
-    if not rc.get("config") or not rc.get("out"):
-        raise ValueError("run config needs config='<experiment yaml>' and out='<run dir>' "
-                         "(use `fedpeft flower run`, which sets them)")
+    if not rc.get("out"):
+        raise ValueError("the run config needs out='<run dir on the SuperLink machine>' (flwr run APP --run-config "
+                         "\"out='/path/run'\"; `fedpeft flower run` and `fedpeft flower app --run-dir` set it)")
     logging.getLogger("fedpeft").setLevel(logging.INFO)
-    cfg = load_config(str(rc["config"]))
+    cfg = experiment_of(rc)
     timeout = float(rc.get("round-timeout", 0) or 0)
     serve(grid, cfg, str(rc["out"]), resume=bool(rc.get("resume", False)),
           round_timeout=timeout or None, join_timeout=float(rc.get("join-timeout", 300)),
