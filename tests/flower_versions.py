@@ -84,16 +84,26 @@ def one(version: str, keep: bool, select: str | None) -> dict:
 
 
 def write(results: list[dict]) -> None:
-    rows = "\n".join(f"| {r['version']} | {r.get('flwr', '')} | {'yes' if r.get('rc') == 0 else 'no'} | "
-                     f"{r['summary'].strip('= ')} | `{r['log']}` |" for r in results)
+    """The results file, its rows of versions not run now kept (each row says the date it was run)."""
+    today = dt.date.today().isoformat()
+    new = {r["version"]: f"| {r['version']} | {r.get('flwr', '')} | {'yes' if r.get('rc') == 0 else 'no'} | "
+                         f"{r['summary'].strip('= ')} | {today} | `{r['log']}` |" for r in results}
+    old = {}
+    if RESULTS.exists():
+        for line in RESULTS.read_text().splitlines():
+            m = re.match(r"\| (\d+\.\d+\.\d+) \|", line)
+            if m:
+                old[m.group(1)] = line
+    merged = old | new
+    rows = "\n".join(merged[v] for v in sorted(merged, key=lambda v: tuple(map(int, v.split(".")))))
     RESULTS.write_text(f"""# fedpeft's Flower tests on each Flower release
 
-Written by `make test-flower-versions` (`python tests/flower_versions.py`), {dt.date.today()}, on
-{platform.machine()} CPU ({platform.python_version()}); a fresh virtual environment per version, fedpeft's other
-dependencies at `constraints.txt`'s pins. Tests: {', '.join(f'`{t}`' for t in TESTS)}.
+Written by `make test-flower-versions` (`python tests/flower_versions.py VERSION ...`) on {platform.machine()} CPU
+(Python {platform.python_version()}): a fresh virtual environment per version, fedpeft's other dependencies at
+`constraints.txt`'s pins. Tests: {', '.join(f'`{t}`' for t in TESTS)}.
 
-| Flower asked | installed | all passed | pytest's summary | log (repository root, not committed) |
-|---|---|---|---|---|
+| Flower asked | installed | all passed | pytest's summary | run on | log (repository root, not committed) |
+|---|---|---|---|---|---|
 {rows}
 
 `flwr`'s bound in `pyproject.toml` (and in the Flower app fedpeft writes) covers only versions whose row passes.
