@@ -55,13 +55,23 @@ def run(cmd: list[str], log: Path, **kw) -> int:
         return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, **kw).returncode
 
 
-def one(version: str, keep: bool, select: str | None) -> dict:
+def installed(py: Path) -> str:
+    """The Flower version a venv's python imports ('' where none)."""
+    if not py.exists():
+        return ""
+    return subprocess.run([str(py), "-c", "import flwr; print(flwr.__version__)"], capture_output=True, text=True,
+                          cwd=ROOT).stdout.strip()
+
+
+def one(version: str, keep: bool, select: str | None, reuse: bool = False) -> dict:
     venv = ROOT / f".venv-flwr-{version}"
     log = ROOT / f".venv-flwr-{version}.log"
     log.write_text(f"Flower {version}, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC\n")
-    shutil.rmtree(venv, ignore_errors=True)
     py = venv / "bin" / "python"
     result = {"version": version, "summary": "", "log": log.name}
+    if reuse and installed(py) == version:
+        return test(py, result, log, keep, venv, select)
+    shutil.rmtree(venv, ignore_errors=True)
     if run([sys.executable, "-m", "venv", str(venv)], log) != 0:
         return result | {"summary": "venv creation failed"}
     pin = ["-c", str(constraints(venv))]
@@ -70,9 +80,12 @@ def one(version: str, keep: bool, select: str | None) -> dict:
                 [*pip, "--no-deps", "-e", "."], [*pip, "--no-deps", *PACKAGES]):
         if run(cmd, log) != 0:
             return result | {"summary": f"install failed: {' '.join(cmd[4:])[:120]}"}
-    got = subprocess.run([str(py), "-c", "import flwr; print(flwr.__version__)"], capture_output=True, text=True,
-                         cwd=ROOT).stdout.strip()
-    result["flwr"] = got
+    return test(py, result, log, keep, venv, select)
+
+
+def test(py: Path, result: dict, log: Path, keep: bool, venv: Path, select: str | None) -> dict:
+    """The Flower tests in the venv of ``py``."""
+    result["flwr"] = installed(py)
     cmd = [str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, *(["-k", select] if select else [])]
     rc = run(cmd, log)
     tail = log.read_text().strip().splitlines()
@@ -115,8 +128,9 @@ def main() -> None:
     ap.add_argument("versions", nargs="+", help="Flower releases, e.g. 1.41.0 1.42.0")
     ap.add_argument("--keep", action="store_true", help="keep each version's venv (.venv-flwr-V)")
     ap.add_argument("-k", dest="select", help="pytest -k expression (a subset of the Flower tests)")
+    ap.add_argument("--reuse", action="store_true", help="test in a kept venv of the same Flower (no fresh install)")
     args = ap.parse_args()
-    results = [one(v, args.keep, args.select) for v in args.versions]
+    results = [one(v, args.keep or args.reuse, args.select, args.reuse) for v in args.versions]
     write(results)
     print(RESULTS.read_text())
     sys.exit(0 if all(r.get("rc") == 0 for r in results) else 1)

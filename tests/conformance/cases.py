@@ -127,7 +127,7 @@ TRAINER_SKIPS: dict[str, str] = {
     "hf_trainer": "trains through the user's transformers Trainer, which a config alone does not hold "
                   "(tests/unit/test_integrations_transformers.py)",
     "hf_dpo_trainer": "trains through the user's TRL DPOTrainer, which a config alone does not hold "
-                      "(tests/unit/test_integrations_transformers.py)",
+                      "(tests/unit/test_integrations_dpo.py)",
 }
 
 

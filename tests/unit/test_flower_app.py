@@ -90,3 +90,23 @@ def test_flower_app_command_writes_a_fab_v1_that_flwr_build_accepts(tmp_path):
 def test_app_directory_names_flwr_build_refuses_are_refused_here(tmp_path):
     with pytest.raises(ValueError, match="letters, digits and hyphens"):
         write_app(tmp_path / "flower_app", load_config(None))
+
+
+def test_a_flower_past_the_tested_range_is_declared_with_a_warning(monkeypatch, caplog):
+    """`make test-flower-versions` tries a release before fedpeft's bound moves: the app then declares up to that
+    release's minor (flwr-version-target must satisfy the requirement), and says so; inside the range it is fedpeft's
+    own bound."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    import fedpeft.runtime.flower.app_bundle as bundle
+
+    own = Requirement(bundle.requirement("flwr"))
+    assert bundle.flwr_requirement() == str(own) and flwr.__version__ in own.specifier
+    real = metadata.version
+    monkeypatch.setattr(bundle.metadata, "version", lambda name: "7.3.1" if name == "flwr" else real(name))
+    lower = next(s.version for s in own.specifier if s.operator == ">=")
+    with caplog.at_level("WARNING", logger="fedpeft.flower"):
+        assert bundle.flwr_requirement() == f"flwr>={lower},<7.4"
+    assert "outside fedpeft's tested range" in caplog.text
