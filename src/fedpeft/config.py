@@ -197,13 +197,24 @@ class ClientProfile(_Strict):
     """One resource tier: the share of clients in it and what they can afford (HetLoRA, FlexLoRA, FLoRA)."""
 
     name: str = Field(min_length=1, description="the tier's name, shown in the run records")
-    share: float = Field(gt=0, le=1, description="share of the clients in this tier (the shares sum to 1; counts "
-                                                 "are rounded by largest remainder, clients drawn by the seed)")
+    share: float | None = Field(None, gt=0, le=1, description="share of the clients in this tier (the shares sum to "
+                                                              "1; counts are rounded by largest remainder, clients "
+                                                              "drawn by the seed); or give clients")
+    clients: list[int] | None = Field(None, min_length=1, description="the ids of the tier's clients, in place of a "
+                                                                      "share (every client in one tier; "
+                                                                      "fedpeft.integrations.transformers sets them "
+                                                                      "from each trainer's LoRA rank)")
     rank: int | None = Field(None, ge=1, description="LoRA rank r_k the tier trains and exchanges (at most the "
                                                      "adapter's r; None: the adapter's r), with a rank-aware "
                                                      "sharing policy (method.sharing.name: ranks)")
     max_steps: int | None = Field(None, ge=1, description="cap on the tier's local optimizer steps per round "
                                                           "(gradient trainers; None: the trainer's)")
+
+    @model_validator(mode="after")
+    def _share_or_clients(self) -> ClientProfile:
+        if (self.share is None) == (self.clients is None):
+            raise ValueError(f"client_profiles: tier '{self.name}' gives its share or its clients (one of the two)")
+        return self
 
 
 class SecureAggregationConfig(_Strict):
@@ -271,8 +282,8 @@ class FederationConfig(_Strict):
     secure_aggregation: SecureAggregationConfig | None = Field(
         None, description="SecAgg+: the server learns only the weighted sum of the clients' updates (None: off)")
     client_profiles: list[ClientProfile] = Field(
-        [], description="resource tiers (rank, local steps) assigned to seeded shares of the clients; empty: every "
-                        "client alike")
+        [], description="resource tiers (rank, local steps) assigned to seeded shares of the clients, or to the "
+                        "clients each tier names; empty: every client alike")
 
     @model_validator(mode="after")
     def _check_counts(self) -> FederationConfig:
@@ -284,9 +295,18 @@ class FederationConfig(_Strict):
                 f"clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})"
             )
         if self.client_profiles:
-            total = sum(p.share for p in self.client_profiles)
-            if abs(total - 1) > 1e-6:
-                raise ValueError(f"client_profiles: the shares must sum to 1, got {total:g}")
+            listed = [p.clients is not None for p in self.client_profiles]
+            if any(listed) and not all(listed):
+                raise ValueError("client_profiles: every tier gives its clients, or every tier its share")
+            if all(listed):
+                ids = sorted(c for p in self.client_profiles for c in p.clients or ())
+                if ids != list(range(self.num_clients)):
+                    raise ValueError(f"client_profiles: the tiers' clients must be 0..{self.num_clients - 1}, each "
+                                     f"once (num_clients), got {ids}")
+            else:
+                total = sum(p.share or 0 for p in self.client_profiles)
+                if abs(total - 1) > 1e-6:
+                    raise ValueError(f"client_profiles: the shares must sum to 1, got {total:g}")
             names = [p.name for p in self.client_profiles]
             if len(set(names)) != len(names):
                 raise ValueError(f"client_profiles: tier names must be distinct, got {names}")

@@ -162,3 +162,18 @@ def test_gradient_checkpointing_is_refused_for_an_adapter_that_does_not_declare_
                        "runtime.gradient_checkpointing=true"])
     with pytest.raises(ConfigError, match=r"runtime.gradient_checkpointing: adapter 'deep_prompt' does not declare"):
         load_config(None, ["method.name=fedpeptao", "runtime.gradient_checkpointing=true"])
+
+
+def test_tiers_name_their_clients_or_give_shares_never_both():
+    from fedpeft.data.participants import profile_of_clients
+
+    base = ["model.name=tiny-bert", "method.name=flexlora", "federation.num_clients=3"]
+    named = load_config(None, [*base, 'federation.client_profiles=[{name: a, rank: 2, clients: [0, 2]}, '
+                                      '{name: b, rank: 4, clients: [1]}]'])
+    tiers = profile_of_clients(named.federation.client_profiles, 3, seed=0)
+    assert [p.name for p in tiers] == ["a", "b", "a"]
+    for bad, why in (('[{name: a, share: 1.0, clients: [0, 1, 2]}]', "its share or its clients"),
+                     ('[{name: a, share: 0.5}, {name: b, clients: [0, 1, 2]}]', "every tier gives its clients"),
+                     ('[{name: a, clients: [0, 1]}, {name: b, clients: [1]}]', r"each once \(num_clients\)")):
+        with pytest.raises(ConfigError, match=why):
+            load_config(None, [*base, f"federation.client_profiles={bad}"])

@@ -123,6 +123,37 @@ def test_one_round_equals_fedpeft_adamw_on_the_same_batches(tmp_path: Path) -> N
     assert rec_hf["loss"] == pytest.approx(rec_ours["loss"], abs=1e-5)  # the global adapter on the eval rows
 
 
+@pytest.mark.parametrize("method,extra", [("flexlora", {}), ("hetlora", {"method.sharing.self_prune": False})])
+def test_rank_tiers_of_trainers_equal_fedpeft_adamw_at_the_same_tiers(tmp_path: Path, method: str, extra: dict) -> None:
+    """Three clients whose trainers' LoRA ranks differ (4, 4 and 8, alpha scaled to one alpha/r): federate makes the
+    tiers from the ranks (client_profiles naming each client), each lower-rank trainer trains the first r_k ranks of
+    the global rank-8 adapter, and the round of FlexLoRA (SVD) and HetLoRA (zero-padding) equals fedpeft's own adamw
+    at the same tiers, per client rank on the wire too."""
+    def trainers():
+        return [sft(0), sft(1), sft(2, lora={"r": 8, "lora_alpha": 16})]
+
+    hf = federate(trainers(), rounds=1, local_steps=2, method=method, model_name="tiny-llama", settings=QUIET | extra)
+    profiles = hf.config.federation.client_profiles
+    assert [(p.name, p.rank, p.clients) for p in profiles] == [("r4", 4, [0, 1]), ("r8", 8, [2])]
+    assert hf.config.method.adapter.r == 8
+    ours = federate(trainers(), rounds=1, method=method, model_name="tiny-llama", settings=QUIET | extra | {
+        "method.trainer.name": "adamw", "method.trainer.lr": 1e-2, "method.trainer.batch_size": 3,
+        "method.trainer.max_steps": 2, "method.trainer.schedule": "linear", "method.trainer.grad_clip": 1.0})
+    hf.run(tmp_path / "hf")
+    ours.run(tmp_path / "ours")
+    a, b = _glob(tmp_path / "hf"), _glob(tmp_path / "ours")
+    assert _max_diff(b, _init(hf)) > 1e-3
+    assert _max_diff(a, b) < 1e-6
+    rec_hf, rec_ours = RunDir(tmp_path / "hf").read_metrics()[-1], RunDir(tmp_path / "ours").read_metrics()[-1]
+    for c_hf, c_ours in zip(rec_hf["clients"], rec_ours["clients"]):
+        assert c_hf["status"] == c_ours["status"] == "ok"
+        assert c_hf["bytes_down"] == c_ours["bytes_down"] and abs(c_hf["bytes_up"] - c_ours["bytes_up"]) <= 16
+    assert rec_hf["clients"][0]["bytes_up"] < rec_hf["clients"][2]["bytes_up"]  # rank 4 uploads less than rank 8
+    with pytest.raises(ValueError, match="set its lora_alpha to 8"):
+        federate([sft(0, lora={"lora_alpha": 16}), sft(2, lora={"r": 8, "lora_alpha": 16})], rounds=1,
+                 local_steps=1, method=method, model_name="tiny-llama")
+
+
 # ---------------------------------------------------------------- (b, c) the schedule and Adam run on
 
 

@@ -104,6 +104,7 @@ class PeftLora:
             raise ValueError("model: the PEFT model has no LoRA A/B weights (LoRA on embeddings or convolutions is "
                              "not supported yet)")
         self.modules = sorted({k.rsplit(".", 2)[0] for k in self.params})
+        self.rank = int(config.r)
 
     def settings(self) -> dict[str, Any]:
         """``method.adapter`` keys of fedpeft's ``lora`` adapter that inject the same layers (see the module doc)."""

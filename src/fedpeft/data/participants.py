@@ -41,12 +41,18 @@ def _fold_clients(fold: int, folds: int, client_groups: list[str] | None) -> fro
 
 
 def profile_of_clients(profiles: list[ClientProfile], num_clients: int, seed: int) -> list[ClientProfile | None]:
-    """Each client's resource tier (``federation.client_profiles``): tier i gets round(share_i · K) clients by
-    largest remainder (ties to the earlier tier), the clients drawn by a seeded permutation; [None] * K without
-    tiers."""
+    """Each client's resource tier (``federation.client_profiles``): the clients a tier names, or tier i gets
+    round(share_i · K) clients by largest remainder (ties to the earlier tier), the clients drawn by a seeded
+    permutation; [None] * K without tiers."""
     if not profiles:
         return [None] * num_clients
-    exact = [p.share * num_clients for p in profiles]
+    if all(p.clients is not None for p in profiles):  # named: each tier's own clients
+        named: list[ClientProfile | None] = [None] * num_clients
+        for p in profiles:
+            for c in p.clients or ():
+                named[c] = p
+        return named
+    exact = [(p.share or 0.0) * num_clients for p in profiles]
     counts = [int(np.floor(x)) for x in exact]
     for i in sorted(range(len(profiles)), key=lambda i: (-(exact[i] - counts[i]), i))[: num_clients - sum(counts)]:
         counts[i] += 1

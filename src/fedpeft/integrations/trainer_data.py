@@ -34,8 +34,10 @@ from fedpeft.backbones.encoding import Encoded
 from fedpeft.backbones.preference_encoding import PairEncoded
 from fedpeft.backbones.shared import shared_backbone
 from fedpeft.clients import ClientContext
+from fedpeft.comm.lora_pairs import truncate
 from fedpeft.config import ExperimentConfig
 from fedpeft.data.tasks.trainers import NAME
+from fedpeft.data.participants import profile_of_clients
 from fedpeft.data.types import Example, TaskData
 from fedpeft.experiment import Experiment
 from fedpeft.lazy import lazy
@@ -222,10 +224,11 @@ def trainer_experiment(cfg: ExperimentConfig, trainers: dict[int, Any], server: 
         cfg.model, cfg.task.max_length, cfg.task.max_response_length, cfg.runtime.autocast, cfg.runtime.padding_free))
     adapter.bind(AdapterContext(cfg.seed, task, objective.readout, backbone))
     fresh = objective.init_params(torch_rng(cfg.seed, 0, SERVER, "adapter-init"))
-    for view in views.values():
-        view.check(fresh)
+    for view in views.values():  # a lower tier's trainer holds the first r_k ranks (sharing.lora_ranks)
+        view.check(truncate(fresh, view.rank) if view.rank < cfg.method.adapter.r else fresh)
     exp = TrainerExperiment(cfg.seed, cfg.attack, cfg.model.name, task, backbone, objective, train_parts, test_parts,
-                            profiles=[None] * num, trainers=dict(trainers))
+                            profiles=profile_of_clients(cfg.federation.client_profiles, num, cfg.seed),
+                            trainers=dict(trainers))
     exp._encoded["train"] = _concat([e for e, _ in train], kind == "preference")
     exp._encoded["test"] = _concat([e for e, _ in test], kind == "preference")
     return exp

@@ -31,14 +31,16 @@ What happens, and where (each module's doc says why it is so):
   trainers' ``beta``, ``loss_type`` and ``label_smoothing``, against the base model with the adapter disabled (TRL's
   reference for a PEFT model): reward accuracy, DPO loss, rewards (``trainers.hf_dpo_trainer``).
 
-Supported: causal LMs under ``Trainer``, ``SFTTrainer`` or ``DPOTrainer`` with a PEFT LoRA adapter; methods whose client trains the
-LoRA tensors it receives: the FedAvg and FedOpt families (``fedit``, ``fedavg-lora``, ``method.aggregator``),
-FFA-LoRA (``ffa-lora``), robust aggregators, ``method.wrappers`` (clipping, DP-FedAvg), secure aggregation
-(``federation.secure_aggregation``), client selection (``federation.clients_per_round``). Refused with an error
+Supported: causal LMs under ``Trainer``, ``SFTTrainer`` or ``DPOTrainer`` with a PEFT LoRA adapter; methods whose
+client trains the LoRA tensors it receives: the FedAvg and FedOpt families (``fedit``, ``fedavg-lora``,
+``method.aggregator``), FFA-LoRA (``ffa-lora``), rank tiers (``flexlora``, ``hetlora`` without self-pruning: trainers
+whose LoRA ranks differ make ``federation.client_profiles``, one tier per rank, all at one scaling alpha/r), robust
+aggregators, ``method.wrappers`` (clipping, DP-FedAvg), secure aggregation (``federation.secure_aggregation``), client
+selection (``federation.clients_per_round``). Refused with an error
 naming the option: models that are not PEFT LoRA models, and LoRA settings fedpeft's adapter does not compute (the
 list in ``adapters.peft_model``); trainer options a round cannot keep (``trainers.hf_trainer``); exchanges that
 reshape the client's training (head pruning, HetLoRA's penalty, static backbone weights) or send it tensors its PEFT
-model does not hold (FedEx-LoRA's residuals, FLoRA's stacked ranks, per-client ranks); evaluation that re-tokenizes
+model does not hold (FedEx-LoRA's residuals, FLoRA's stacked ranks); evaluation that re-tokenizes
 prompts in fedpeft's own format (``evaluation.generate_every``, ``suites``, ``round_suites``, ``keep_best``); forked
 client workers; what fedpeft's DPO scoring cannot follow (``trainers.hf_dpo_trainer``). Not yet: quantized base
 models, several processes per client, multi-turn rows scored in several blocks.
@@ -111,7 +113,8 @@ def federation_config(trainers: Sequence[Any], *, rounds: int, local_steps: int 
     ``num_clients``: the federation's clients where ``trainers`` are not all of them (a Flower server's)."""
     if rounds < 1:
         raise ValueError(f"rounds: at least 1, got {rounds}")
-    lora = check_trainer(trainers[0])
+    views = [check_trainer(t) for t in trainers]
+    lora = max(views, key=lambda v: v.rank)  # the global adapter: the largest rank (tiers below it)
     base = trainers[0].model.get_base_model().config
     name = model_name or getattr(base, "_name_or_path", "") or ""
     if not name:
@@ -123,7 +126,7 @@ def federation_config(trainers: Sequence[Any], *, rounds: int, local_steps: int 
         "seed": seed, "method.name": method, "task.name": NAME, "task.max_length": room,
         "model.name": name, "federation.num_clients": num_clients or len(trainers), "federation.rounds": rounds,
         "evaluation.generate_every": 0, "method.adapter.name": "lora",
-        **{f"method.adapter.{k}": v for k, v in lora.settings().items()}}
+        **{f"method.adapter.{k}": v for k, v in lora.settings().items()}, **_tiers(views, lora)}
     other = dict(settings or {})
     ours = _trainer_keys(trainers)
     if other.get("method.trainer.name", ours["method.trainer.name"]) == ours["method.trainer.name"]:
@@ -134,6 +137,25 @@ def federation_config(trainers: Sequence[Any], *, rounds: int, local_steps: int 
     cfg = load_config(None, [f"{k}={json.dumps(v)}" for k, v in (keys | other).items()])
     check_config(cfg)
     return cfg
+
+
+def _tiers(views: Sequence[Any], top: Any) -> dict[str, Any]:
+    """``federation.client_profiles`` naming each client's tier by its trainer's LoRA rank, where the ranks differ
+    (HetLoRA, FlexLoRA: each client trains at its own rank r_k, one scaling alpha/r for all, as fedpeft's ``lora``
+    computes it); ValueError naming a trainer whose LoRA differs otherwise."""
+    if len({v.rank for v in views}) == 1:
+        return {}
+    scaling = top.config.lora_alpha / top.rank
+    for c, v in enumerate(views):
+        if abs(v.config.lora_alpha / v.rank - scaling) > 1e-12 * scaling:
+            raise ValueError(f"trainers: client {c}'s LoRA scales by lora_alpha/r = {v.config.lora_alpha}/{v.rank}, "
+                             f"the rank-{top.rank} adapter's by {top.config.lora_alpha}/{top.rank}; tiers of LoRA "
+                             f"ranks share one scaling: set its lora_alpha to {scaling * v.rank:g}")
+        if v.modules != top.modules:
+            raise ValueError(f"trainers: client {c}'s LoRA adapts other modules than the rank-{top.rank} adapter's")
+    ranks = sorted({v.rank for v in views})
+    return {"federation.client_profiles": [
+        {"name": f"r{r}", "rank": r, "clients": [c for c, v in enumerate(views) if v.rank == r]} for r in ranks]}
 
 
 def _split_steps(max_steps: int, rounds: int) -> int:

@@ -15,7 +15,9 @@ Refused (``check_trainer``, before any round, each error naming the option): a m
 length; another ``train_sampling_strategy`` than random; ``auto_find_batch_size``, ``load_best_model_at_end``,
 distributed training (several processes, DeepSpeed, FSDP). Per round (``fit``): a sharing policy that freezes part of
 a tensor (head pruning), swaps backbone weights or adds a penalty: those need fedpeft's own gradient loop
-(``trainers.gradient``).
+(``trainers.gradient``). A client of a lower rank tier (HetLoRA, FlexLoRA: ``federation.client_profiles``) trains
+with a trainer whose PEFT model has the tier's rank: it takes the first r_k ranks of what it received, and its
+trained factors go back zero-padded to the global rank, as fedpeft's own trainers leave the frozen padding.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedpeft.adapters.peft_model import PeftLora
 from fedpeft.clients import ClientContext
 from fedpeft.comm.codec import Message
+from fedpeft.comm.lora_pairs import RANK_DIM, factor, pad, rank_of, truncate
 from fedpeft.comm.update import Params, Update
 from fedpeft.lazy import lazy
 from fedpeft.rng import torch_rng
@@ -110,6 +113,10 @@ class HFTrainer(TrainerBase):
                              "(head pruning, HetLoRA), which a transformers Trainer's own loop cannot take; use a "
                              "fedpeft gradient trainer (adamw)")
         lora = PeftLora(trainer.model)
+        glob_rank = rank_of({k: v for k, v in params.items() if factor(k)})
+        tiered = glob_rank is not None and lora.rank < glob_rank  # HetLoRA / FlexLoRA: a lower tier's trainer
+        if tiered:
+            params, frozen = _own_rank(params, frozen or {}, lora.rank)
         lora.load(params)
         hold = _held(frozen or {}, lora.params)
         s = self.settings
@@ -130,8 +137,23 @@ class HFTrainer(TrainerBase):
                 p.requires_grad_(True)
         trained = lora.read()
         trained |= {k: params[k].detach().to(torch.float32).cpu().clone() for k in hold}
+        if tiered:  # back to the global rank, the padding zero as the exchange froze it
+            trained = pad(trained, glob_rank)
         update = Update(client.client_id, trained, client.num_examples, scalars={"train_loss": loss, "steps": steps})
         return update, ({} if s.reset_optimizer else opt_state)
+
+
+def _own_rank(params: Params, frozen: dict[str, Any], rank: int) -> tuple[Params, dict[str, Any]]:
+    """A lower tier's round (``sharing.lora_ranks``): the received factors zero-padded to the global rank, frozen
+    beyond the client's own ``rank``, as the trainer's rank-``rank`` PEFT model holds them (the first ``rank`` rows
+    of every A and columns of every B); ValueError if the exchange would train an entry beyond it."""
+    for k, mask in frozen.items():
+        if (f := factor(k)) is not None:
+            dim = RANK_DIM[f]
+            if not bool(mask.narrow(dim, rank, mask.shape[dim] - rank).all()):
+                raise ValueError(f"method.sharing: the exchange trains '{k}' beyond this client's LoRA rank {rank} "
+                                 "(its trainer's LoraConfig.r); give the trainer the tier's rank")
+    return truncate(params, rank), truncate(frozen, rank)
 
 
 def _held(frozen: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
