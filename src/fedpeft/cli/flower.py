@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -188,6 +188,20 @@ def flower_register(
                                                     else ""))
 
 
+def _flower_config(config: Path | None, set_: list[str]) -> Any:
+    """The experiment of CONFIG and --set for a Flower deployment (runtime.name=flower); its notes shown."""
+    from fedpeft.config import ConfigError
+    from fedpeft.resolve import load_config
+
+    try:
+        cfg = load_config(config, list(set_) + ["runtime.name=flower"])
+    except ConfigError as e:
+        fail(str(e))
+    for note in cfg.notes:
+        warn(note)
+    return cfg
+
+
 @app.command("app")
 def flower_app(
     out: Annotated[Path, typer.Argument(help="the app directory to write (letters, digits and hyphens)")],
@@ -201,16 +215,9 @@ def flower_app(
 ) -> None:
     """Write a Flower app (FAB format v1) that runs the experiment: `flwr build` bundles it for Flower Hub, `flwr
     run OUT FEDERATION` submits it; every experiment key is in its run config (`--run-config "federation.rounds=5"`)."""
-    from fedpeft.config import ConfigError
-    from fedpeft.resolve import load_config
     from fedpeft.runtime.flower.app_bundle import write_app
 
-    try:
-        cfg = load_config(config, list(set_) + ["runtime.name=flower"])
-    except ConfigError as e:
-        fail(str(e))
-    for note in cfg.notes:
-        warn(note)
+    cfg = _flower_config(config, set_)
     if license_file is not None and not license_file.is_file():
         fail(f"--license: no such file {license_file}")
     if (out / "pyproject.toml").exists():
@@ -241,17 +248,10 @@ def flower_run(
 ) -> None:
     """Submit an experiment to a SuperLink with `flwr run` and wait for it (runtime.name=flower): TLS with
     --root-certificates, or --insecure."""
-    from fedpeft.config import ConfigError
     from fedpeft.outputs import check_output_dir, os_error_line
-    from fedpeft.resolve import load_config
     from fedpeft.runtime.flower.deployment import run_flower
 
-    try:
-        cfg = load_config(config, list(set_) + ["runtime.name=flower"])
-    except ConfigError as e:
-        fail(str(e))
-    for note in cfg.notes:
-        warn(note)
+    cfg = _flower_config(config, set_)
     out_dir = run_dir(cfg, out)
     try:
         check_output_dir(out_dir, "--out")
