@@ -36,8 +36,8 @@ from fedpeft.backbones.shared import shared_backbone
 from fedpeft.clients import ClientContext
 from fedpeft.comm.lora_pairs import truncate
 from fedpeft.config import ExperimentConfig
-from fedpeft.data.tasks.trainers import NAME
 from fedpeft.data.participants import profile_of_clients
+from fedpeft.data.tasks.trainers import NAME
 from fedpeft.data.types import Example, TaskData
 from fedpeft.experiment import Experiment
 from fedpeft.lazy import lazy

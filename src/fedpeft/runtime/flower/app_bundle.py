@@ -61,7 +61,7 @@ __all__ = ["server_app"]
 
 
 def requirement(package: str) -> str:
-    """``package`` with the bounds fedpeft's installed metadata gives it (``flwr>=1.41,<1.42``); fedpeft itself
+    """``package`` with the bounds fedpeft's installed metadata gives it (``flwr>=1.41,<1.43``); fedpeft itself
     from its installed version up to the next minor."""
     if package == "fedpeft":
         major, minor, *_ = metadata.version("fedpeft").split(".")
