@@ -147,10 +147,10 @@ def _own_rank(params: Params, frozen: dict[str, Any], rank: int) -> tuple[Params
     """A lower tier's round (``sharing.lora_ranks``): the received factors zero-padded to the global rank, frozen
     beyond the client's own ``rank``, as the trainer's rank-``rank`` PEFT model holds them (the first ``rank`` rows
     of every A and columns of every B); ValueError if the exchange would train an entry beyond it."""
-    for k, mask in frozen.items():
+    for k, v in params.items():
         if (f := factor(k)) is not None:
-            dim = RANK_DIM[f]
-            if not bool(mask.narrow(dim, rank, mask.shape[dim] - rank).all()):
+            dim, mask = RANK_DIM[f], frozen.get(k)
+            if mask is None or not bool(mask.narrow(dim, rank, v.shape[dim] - rank).all()):
                 raise ValueError(f"method.sharing: the exchange trains '{k}' beyond this client's LoRA rank {rank} "
                                  "(its trainer's LoraConfig.r); give the trainer the tier's rank")
     return truncate(params, rank), truncate(frozen, rank)
