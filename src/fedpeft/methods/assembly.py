@@ -21,6 +21,7 @@ from fedpeft.privacy import sampling_rate
 from fedpeft.rng import SERVER, torch_rng
 from fedpeft.selection import SELECTORS, SelectorContext
 from fedpeft.exchange.stages import build as build_exchange
+from fedpeft.exchange.transport import Transport
 from fedpeft.sharing import SharingContext
 from fedpeft.trainers import TRAINERS, TrainerContext
 from fedpeft.transforms import TRANSFORMS
@@ -103,7 +104,7 @@ class Components:
     sharing: Any  # the exchange stage, or the chain of them (``exchange``)
     transforms: list[tuple[str, Any]]
     attacker_transforms: list[tuple[str, Any]]  # applied after the others by malicious clients only
-    downlink: Any
+    transport: Any  # the exchange's outermost stage: the download codec (``exchange.transport``)
     post_tuning: Any
     wire: WireSpec
     update_format: Any  # the trainer's (``fedpeft.formats``): the innermost stage of the exchange
@@ -135,11 +136,11 @@ def assemble(cfg: ExperimentConfig, experiment: Any) -> Components:
     # model replacement (Bagdasaryan et al. 2020): an attacker boosts its delta by attack.boost
     boost = cfg.attack.boost
     attacker = [("scale_delta", ScaleDelta(ScaleDeltaSettings(factor=boost), transform_ctx))] if boost != 1 else []
-    downlink = DOWNLINKS.get(m.downlink.name)(DOWNLINKS.settings_of(m.downlink), DownlinkContext(
+    transport = Transport(DOWNLINKS.get(m.downlink.name)(DOWNLINKS.settings_of(m.downlink), DownlinkContext(
         shared.embedding_table, tuple(clf.backbone.tokenizer.all_special_ids), shared.initial_params,
-        trainer_settings, cfg.seed))
+        trainer_settings, cfg.seed)), shared.initial_params)
     post_tuning = POST_TUNING.get(m.post_tuning.name)(POST_TUNING.settings_of(m.post_tuning),
                                                       PostTuningContext(clf, cfg.evaluation.batch_size))
-    return Components(aggregator, trainer, selector, sharing, transforms, attacker, downlink, post_tuning,
-                      WireSpec(m.codec.dtype, downlink.wire_overrides()), trainer.update_format(),
+    return Components(aggregator, trainer, selector, sharing, transforms, attacker, transport, post_tuning,
+                      WireSpec(m.codec.dtype, transport.wire_overrides()), trainer.update_format(),
                       shared.initial_params, shared.embedding_table)

@@ -6,9 +6,10 @@
 - selector: which clients train (``selection``); the sharing policy: which tensors are exchanged
   (``sharing``); client-side update transforms (``transforms``).
 
-Two more components act around the exchange: the download codec (``downlink``: how the global tensors
-travel to the clients, e.g. as a compressed residual) and ``post_tuning`` (after the last round, each
-evaluated client adapts the global tensors on a few shots of its own data before it is scored).
+Two more components act around the exchange: its outermost stage, the transport (``exchange.transport`` over the
+download codec ``downlink``: how the global tensors travel to the clients, e.g. as a compressed residual), and
+``post_tuning`` (after the last round, each evaluated client adapts the global tensors on a few shots of its own data
+before it is scored).
 
 The server and client state layouts are in ``methods.state``; how tensors are scored is ``methods.evaluation``, and
 what the method reads of the run is ``methods.assembly.RunFacts`` (it never reads the config).
@@ -24,8 +25,6 @@ from fedpeft.attacks.local_asr import local_asr
 from fedpeft.clients import ClientContext, sub_state, with_sub_state
 from fedpeft.comm.codec import WIRE_DTYPES, Message, decode, encode
 from fedpeft.comm.update import WEIGHT, Params, ReplySchema, Update, pack, unpack
-from fedpeft.downlink import sync
-from fedpeft.downlink.base import SEP
 from fedpeft.exchange.aggregation_error import aggregation_error
 from fedpeft.lazy import lazy
 from fedpeft.methods.assembly import Components, RunFacts
@@ -51,7 +50,7 @@ class ComposedMethod:
         self.seed = facts.seed
         self.non_participants = frozenset(getattr(experiment, "non_participants", ()))
         self.aggregator, self.trainer, self.selector = parts.aggregator, parts.trainer, parts.selector
-        self.sharing, self.transforms, self.downlink = parts.sharing, parts.transforms, parts.downlink
+        self.sharing, self.transforms, self.transport = parts.sharing, parts.transforms, parts.transport
         self.attacker_transforms = parts.attacker_transforms
         self.post_tuning, self.wire = parts.post_tuning, parts.wire
         self.format = parts.update_format
@@ -83,28 +82,16 @@ class ComposedMethod:
         return Message(self.sharing.for_client(dict(msg.tensors), client, st.sharing), dict(msg.scalars))
 
     def _encode_down(self, msg: Message, st: ServerState, client: int, upto: int) -> Message:
-        """``msg`` with the codec's tensors in place of the global ones it compresses, for this client."""
-        keys = self.downlink.keys
-        if not keys:
-            return msg
+        """``msg`` as it travels to this client (``exchange.transport``)."""
         first = int(st.history.get(client, {}).get("round", 1))
-        down = sync.instruction(self.downlink, st.down, st.glob, first, upto)
-        rest = {k: v for k, v in msg.tensors.items() if k not in keys}
-        return Message(rest | down.tensors, dict(msg.scalars) | down.scalars)
+        return self.transport.send(msg, st.glob, st.down, first, upto)
 
     def _decode_down(self, instruction: Message, client: ClientContext) -> Message:
-        """Client side: the instruction with the global tensors rebuilt from the codec's message."""
-        keys = self.downlink.keys
-        if not keys:
-            return instruction
-        coded = {k: v for k, v in instruction.tensors.items() if k.split(SEP)[0] in keys and SEP in k}
-        current, state = sync.rebuild(self.downlink, Message(coded, instruction.scalars),
-                                      sub_state(client.state, DOWN), self.initial_params)
-        client.state = with_sub_state(client.state, DOWN, state)
-        rest = {k: v for k, v in instruction.tensors.items() if k not in coded}
-        if self.downlink.stateful:  # the held copy stays as rebuilt: a trainer may work on what it is given in place
-            current = {k: v.clone() for k, v in current.items()}
-        return Message(rest | current, dict(instruction.scalars))
+        """Client side: the instruction with the global tensors as the transport rebuilds them."""
+        instruction, held = self.transport.receive(instruction, sub_state(client.state, DOWN))
+        if held is not None:
+            client.state = with_sub_state(client.state, DOWN, held)
+        return instruction
 
     def reply_schema(self, state: Message) -> ReplySchema:
         st = ServerState.from_message(state)
@@ -153,12 +140,7 @@ class ComposedMethod:
         history = dict(st.history)
         for client, s in scalars.items():
             history[client] = {"round": round, **_numeric({"loss": s.get("train_loss")})}
-        down = st.down
-        if self.downlink.keys:  # the server keeps exactly the p' the clients will rebuild
-            keys = self.downlink.keys
-            rebuilt, message = self.downlink.encode_round({k: glob[k] for k in keys}, {k: st.glob[k] for k in keys},
-                                                         agg)
-            glob, down = glob | rebuilt, sync.record(self.downlink, st.down, message, round)
+        glob, down = self.transport.after_round(glob, st.glob, agg, st.down, round)  # the p' clients rebuild
         measures = self._measures(st.glob, glob, updates, shared)
         return ServerState(round, glob, agg, sharing, history, down, measures).to_message()
 
@@ -213,7 +195,7 @@ class ComposedMethod:
         no download codec rebuilding them from its own messages, no tensor the sharing policy keeps on the clients
         that the evaluation does not overwrite (FedPepTAO's layers after the selection; not during warm-up), and
         nothing the wire changes (a float16 wire rounds them), and the same tensors for every client."""
-        if self._post_tunes(round) or self.downlink.keys or self.sharing.per_client:
+        if self._post_tunes(round) or self.transport.rebuilds or self.sharing.per_client:
             return False
         received = self.format.start(decode(encode(self.format.send(self._shared(st, round + 1), None), self.wire)))
         if set(self.sharing.private_state(st.glob)) - set(received):
