@@ -2,8 +2,8 @@
 
 The sharing stages decide which tensors a client is sent and in what shape; this stage decides how they travel: as
 they are (``dense``: every hook is the identity, nothing is kept), or as a download codec's messages from which
-every client rebuilds them (``downlink``: a quantised or PCA-compressed copy, the discrete prompts' word-analogy residuals,
-DeComFL's seed history). Its four hooks are all the method calls:
+every client rebuilds them (``downlink``: a quantised or PCA-compressed copy, the discrete prompts' word-analogy
+residuals, DeComFL's seed history). Its four hooks are all the method calls:
 
 - server, after aggregation: ``after_round`` replaces the codec's global tensors by the p' that every client will
   rebuild (the server keeps exactly that) and logs the round's message (``downlink.sync.record``);
