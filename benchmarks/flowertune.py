@@ -103,6 +103,12 @@ def run_fedpeft(args, runtime: str, out: Path, extra: tuple[str, ...] = ()) -> d
 # ---------------------------------------------------------------- the FlowerTune template, ported
 
 
+def completion_mask(enc, i: int) -> list[int]:
+    """TRL's ``completion_mask`` of encoded row ``i``: 1 on the response tokens, as fedpeft scores them."""
+    start = int(enc.response_start[i])
+    return [0] * start + [1] * (len(enc.input_ids[i]) - start)
+
+
 def write_client_data(args, folder: Path) -> None:
     """Each client's training rows exactly as fedpeft encodes them: input ids and the completion (response) mask."""
     from fedpeft.experiment import build_experiment
@@ -111,8 +117,8 @@ def write_client_data(args, folder: Path) -> None:
     exp = build_experiment(load_config(None, fedpeft_overrides(args, "embedded")))
     for k in range(exp.num_clients):
         enc = exp.client(k).train
-        rows = [{"input_ids": ids, "completion_mask": [0] * int(s) + [1] * (len(ids) - int(s))}
-                for ids, s in zip(enc.input_ids, enc.response_start, strict=True)]
+        rows = [{"input_ids": list(enc.input_ids[i]), "completion_mask": completion_mask(enc, i)}
+                for i in range(len(enc))]
         (folder / f"client_{k}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 

@@ -58,6 +58,13 @@ range. Figures:
    policy's and the reference's passes, the reference with the LoRA layers switched off); the trained tensors must
    agree. Goal <= 1.05x.
 
+10. SFT (issue 69's timing fairness): one ``fedit`` client's local steps (SmolLM2, LoRA on every linear projection,
+    WebNLG rows of at most 256 tokens, batch 4) against TRL's ``SFTTrainer`` on the same rows in the same order,
+    and the same fedpeft client with the LM head at every position (the model run whole, as TRL runs it): three
+    arms rotated (A B C, B C A, ...); rows: TRL / fedpeft at equal work, fedpeft at equal work / fedpeft (the
+    response-only head's saving), TRL / fedpeft. TRL's steps alone are timed (its setup left out); the trained
+    tensors must agree. Module docstring: what each arm does.
+
 Figure 7 (GPU) is a row marked "not measured yet".
 
 Figures 1-5 run one thread each, one after another, or ``--jobs 2`` at a time: each figure's arms still alternate

@@ -20,12 +20,14 @@ from benchmarks.perf.fig4_6_whole_runs import figure_4, figure_6, figure_6c
 from benchmarks.perf.fig5_black_box import figure_5
 from benchmarks.perf.fig8_startup import figure_8
 from benchmarks.perf.fig9_dpo import figure_9
+from benchmarks.perf.fig10_sft import figure_10
 from benchmarks.perf.report import write
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=perf.__doc__.split("\n\n")[0])
     runs = {"1": figure_1, "2": figure_2, "3": figure_3, "4": figure_4, "5": figure_5,
-            "2s": lambda a: figure_2(a, "2s"), "6": figure_6, "6c": figure_6c, "8": figure_8, "9": figure_9}
+            "2s": lambda a: figure_2(a, "2s"), "6": figure_6, "6c": figure_6c, "8": figure_8, "9": figure_9,
+            "10": figure_10}
     ap.add_argument("--figures", nargs="+", default=list(runs), choices=list(runs))
     ap.add_argument("--reps", type=int, default=3, help="alternating repetitions of each figure's two arms")
     ap.add_argument("--clients", type=int, default=20, help="clients of the BBC federation (data per client)")

@@ -59,14 +59,24 @@ def clock(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def alternate(a: Callable[[], object], b: Callable[[], object], reps: int) -> tuple[list[float], list[float]]:
-    """Seconds of ``a`` and ``b`` per repetition, run A B, B A, A B, ... so that drifts of the machine's load hit
-    both arms alike; the figure reports the median ratio, so the first repetition's one-time costs (the first
-    arm's kernel setup for new shapes) move only the range."""
-    ta, tb = [], []
+def rotate(arms: list[Callable[[], tuple[float, object]]], reps: int) -> list[tuple[list[float], object]]:
+    """Each arm's seconds per repetition and its last output, the arms run in rotated order (A B C, B C A, C A B,
+    ...; with two arms A B, B A) so that drifts of the machine's load hit every arm alike. An arm returns
+    (seconds, output): its own clock, so an arm can time a window inside its call (``clock`` times the whole)."""
+    times: list[list[float]] = [[] for _ in arms]
+    outs: list[object] = [None] * len(arms)
     for r in range(reps):
-        for arm in ((a, ta), (b, tb)) if r % 2 == 0 else ((b, tb), (a, ta)):
-            arm[1].append(clock(arm[0])[0])
+        for j in [(r + i) % len(arms) for i in range(len(arms))]:
+            seconds, outs[j] = arms[j]()
+            times[j].append(seconds)
+    return list(zip(times, outs))
+
+
+def alternate(a: Callable[[], object], b: Callable[[], object], reps: int) -> tuple[list[float], list[float]]:
+    """Seconds of ``a`` and ``b`` per repetition, run A B, B A, A B, ... (``rotate``); the figure reports the
+    median ratio, so the first repetition's one-time costs (the first arm's kernel setup for new shapes) move only
+    the range."""
+    (ta, _), (tb, _) = rotate([lambda: clock(a), lambda: clock(b)], reps)
     return ta, tb
 
 

@@ -10,8 +10,14 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.perf.common import NOT_YET, Figure
 
-from benchmarks.perf.common import Figure, NOT_YET
+
+def figure_order(key: str) -> tuple[int, str]:
+    """Figures by number, then letter: 2, 2a, ..., 9, 10a (not 10a before 2)."""
+    digits = key[:len(key) - len(key.lstrip("0123456789"))]
+    return int(digits or 0), key
+
 
 def table(figures: list[Figure], kept: list[str]) -> list[str]:
     """The rows measured now, the rows of figures not run this time as the last run wrote them (``kept``), and
@@ -29,7 +35,7 @@ def table(figures: list[Figure], kept: list[str]) -> list[str]:
     for key, what, goal in NOT_YET:
         rows.setdefault(key, f"| {key} | {what} | not measured yet | – | {goal} | – |")
     return ["| # | figure | ratio (median, range) | arms, median s | goal | status |", "|---|---|---|---|---|---|",
-            *(rows[k] for k in sorted(rows))]
+            *(rows[k] for k in sorted(rows, key=figure_order))]
 
 
 def write(figures: list[Figure], args, seconds: float) -> None:
