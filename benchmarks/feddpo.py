@@ -30,6 +30,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.budget import budget_cell, measured
+from benchmarks.feddpo_openfedllm import openfedllm_table
 from benchmarks.grids import load_grid
 from benchmarks.runner import grid_parser, parse_grid_args, run_config, run_grid, write_results
 from benchmarks.stats import mean_std, paired_cell
@@ -194,50 +195,8 @@ def render(args) -> Path:
             d = [100 * (x - y) for x, y in pairs if x is not None and y is not None]
             cells.append(paired_cell(d))
         lines.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
-    lines += ["", *openfedllm_table(Path(args.openfedllm_dir), args.seeds)]
+    lines += ["", *openfedllm_table(Path(args.openfedllm_dir), args.seeds, matched=False)]
     return write_results(args.results, lines)
-
-
-def openfedllm_table(root: Path, seeds: list[int]) -> list[str]:
-    """fedpeft's ``feddpo`` against OpenFedLLM's ``main_dpo.py`` (``benchmarks.feddpo_openfedllm``): per seed the
-    held-out reward accuracy of both final adapters (scored alike, by fedpeft's DPO trainer), their paired
-    difference, the bytes per client-round each way and the seconds per round."""
-    from benchmarks.feddpo_openfedllm import AUTHORS_COMMIT, AUTHORS_REPO
-
-    rows, diffs = [], []
-    for s in seeds:
-        theirs, ours = root / f"s{s}" / "openfedllm.json", root / f"s{s}" / "fedpeft"
-        if not theirs.exists() or not (ours / "summary.json").exists():
-            rows.append(f"| {s} | – | – | – | – | – | not run yet |")
-            continue
-        t = json.loads(theirs.read_text())
-        recs = [json.loads(x) for x in (ours / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        summary = json.loads((ours / "summary.json").read_text())
-        a, b = recs[-1]["accuracy"], t["scores"]["accuracy"]
-        diffs.append(100 * (a - b))
-        # a round's training: fedpeft's rounds without an evaluation against the sum of OpenFedLLM's trainer calls
-        ours_s = statistics.fmean([r["wall_seconds"] for r in recs if r["round"] > 0 and r["accuracy"] is None]
-                                  or [r["wall_seconds"] for r in recs if r["round"] > 0])
-        theirs_s = sum(t["client_train_seconds"]) / t["rounds"]
-        rows.append(f"| {s} | {100 * a:.1f} | {100 * b:.1f} | {100 * (a - b):+.1f} | "
-                    f"{summary.get('bytes_up_per_client_round', 0):,.0f} / {t['scores']['bytes_per_direction']:,} | "
-                    f"{ours_s:.0f} / {theirs_s:.0f} ({ours_s / theirs_s:.2f}×) | n = {t['scores']['num_examples']} |")
-    return ["## Against OpenFedLLM's FedDPO", "",
-            f"`{AUTHORS_REPO}` @ `{AUTHORS_COMMIT}`, `main_dpo.py` run unchanged by `python -m "
-            "benchmarks.feddpo_openfedllm CHECKOUT --out runs/openfedllm/s<seed> --seed <seed>` (its substitutions, "
-            "listed in that module's docstring: the data (fedpeft's clients' pairs), TRL 1.16's API for its TRL 0.7.2 "
-            "calls with the base model as reference, a constant learning rate, CPU float32, the seed) beside "
-            "fedpeft's `feddpo` at its settings: LoRA r 8 / alpha 16 on q_proj and v_proj, the 4 HH-RLHF subsets "
-            "as clients, all every round, 3 rounds of 5 steps of 4 pairs, lr 5e-4, β 0.1, single-turn pairs that "
-            "fit 128 tokens uncut. Both final adapters are scored by fedpeft's DPO trainer on the same held-out "
-            "pairs; bytes: fedpeft's counted messages up per client-round against the LoRA state dict each way; "
-            "seconds: a round of training (fedpeft: a round without evaluation, its messages and aggregation "
-            "included; OpenFedLLM: its four trainers' `train()` calls), both runs one after the other on one "
-            "thread of the same machine.",
-            "", "| seed | fedpeft reward acc. % | OpenFedLLM reward acc. % | Δ (points) | bytes up per client-round: "
-            "fedpeft / OpenFedLLM state dict | seconds per round: fedpeft / OpenFedLLM | held-out pairs |",
-            "|---|---|---|---|---|---|---|", *rows, "",
-            f"Paired difference over the seeds both ran, fedpeft − OpenFedLLM: {paired_cell(diffs)}."]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
