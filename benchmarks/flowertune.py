@@ -17,7 +17,12 @@ records; the template: between the strategy's per-round callbacks). Peak memory:
 whole process tree (the driver, Ray and its actors), sampled every 0.2 s. Clients train in parallel on Flower (one
 actor per client, one thread each), one after another embedded (all threads).
 
+Repetitions (``--reps``): the arms run in order, then in reverse order, and so on, so that drifts of the shared
+machine's load hit every arm alike; each repetition's speed-up is the template's seconds per round over the arm's,
+both of that repetition, and the table gives their median and range (with one repetition, that one).
+
     python -m benchmarks.flowertune                 # CPU: 2 clients, 3 rounds of 4 steps, batch 4
+    python -m benchmarks.flowertune --reps 3        # the arms three times, in alternating order
     python -m benchmarks.flowertune --render-only   # rewrite the table from the saved measurements
 """
 
@@ -28,6 +33,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -230,11 +236,23 @@ ARMS = {"fedpeft embedded": ("embedded", ()), "fedpeft on flower-sim": ("flower-
         "FlowerTune template (TRL SFTTrainer) on flower-sim": ("peer", ())}
 
 
-def render(args, results: dict) -> Path:
-    def mean(xs):
-        return sum(xs) / len(xs)
+PEER = "FlowerTune template (TRL SFTTrainer) on flower-sim"
 
-    peer = results.get("FlowerTune template (TRL SFTTrainer) on flower-sim")
+
+def later_mean(run: dict) -> float:
+    """Seconds per round of one run, the first round (the simulation's actors starting) left out."""
+    xs = run["round_seconds"][1:] or run["round_seconds"]
+    return sum(xs) / len(xs)
+
+
+def repetitions(results: dict) -> dict[str, list[dict]]:
+    """Each arm's runs, one per repetition (a file of one run per arm, as written before ``--reps``, is one)."""
+    return {arm: runs if isinstance(runs, list) else [runs] for arm, runs in results.items()}
+
+
+def render(args, results: dict) -> Path:
+    reps = repetitions(results)
+    peer = reps.get(PEER)
     lines = ["# fedpeft against Flower's FlowerTune LLM template", "",
              (Path(args.notes).read_text() if Path(args.notes).exists() else ""), "",
              f"Command: `python -m benchmarks.flowertune --clients {args.clients} --rounds {args.rounds} --steps "
@@ -242,19 +260,27 @@ def render(args, results: dict) -> Path:
              f"({os.cpu_count()} cores). "
              f"SmolLM2-135M-Instruct, WebNLG training entries ({args.train_per_category} per category, split IID over "
              f"{args.clients} clients), LoRA r {args.r} / alpha {args.alpha} on all linear layers, AdamW lr {args.lr}, "
-             f"{args.rounds} rounds of {args.steps} steps of batch {args.batch}, every client every round.", "",
-             "| arm | s / round (mean; rounds 2+) | speed-up vs template | peak RSS (GB) | train loss per round |",
+             f"{args.rounds} rounds of {args.steps} steps of batch {args.batch}, every client every round; "
+             f"{max(map(len, reps.values()), default=0)} repetition(s), the arms in alternating order.", "",
+             "| arm | s / round (median over repetitions of the mean of rounds 2+; each repetition's rounds) | "
+             "speed-up vs template (median, range over repetitions) | peak RSS (GB) | train loss per round |",
              "|---|---|---|---|---|"]
     for arm in ARMS:
-        r = results.get(arm)
-        if not r:
+        runs = reps.get(arm)
+        if not runs:
             lines.append(f"| {arm} | not run | | | |")
             continue
-        later = r["round_seconds"][1:] or r["round_seconds"]
-        speed = (f"{mean(peer['round_seconds'][1:] or peer['round_seconds']) / mean(later):.2f}×"
-                 if peer else "–")
-        lines.append(f"| {arm} | {mean(later):.1f} ({', '.join(f'{s:.0f}' for s in r['round_seconds'])}) | "
-                     f"{speed} | {r['peak_rss'] / 1e9:.2f} | {', '.join(f'{x:.3f}' for x in r['train_loss'])} |")
+        per_rep = [later_mean(r) for r in runs]
+        if peer:
+            speed = [later_mean(p) / later_mean(r) for p, r in zip(peer, runs)]
+            spread = f" ({min(speed):.2f}–{max(speed):.2f})" if len(speed) > 1 else ""
+            cell = f"{statistics.median(speed):.2f}×{spread}"
+        else:
+            cell = "–"
+        rounds = "; ".join(", ".join(f"{x:.0f}" for x in r["round_seconds"]) for r in runs)
+        lines.append(f"| {arm} | {statistics.median(per_rep):.1f} ({rounds}) | {cell} | "
+                     f"{max(r['peak_rss'] for r in runs) / 1e9:.2f} | "
+                     f"{', '.join(f'{x:.3f}' for x in runs[-1]['train_loss'])} |")
     out = Path(args.results)
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -273,6 +299,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of the embedded run")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
+    p.add_argument("--reps", type=int, default=1, help="repetitions of the arms, in alternating order")
     p.add_argument("--runs-dir", default="runs/flowertune")
     p.add_argument("--results", default=str(RESULTS / "flowertune.md"))
     p.add_argument("--notes", default=str(RESULTS / "flowertune_notes.md"))
@@ -286,16 +313,20 @@ def main(argv: list[str] | None = None) -> None:
     results = json.loads(saved.read_text()) if saved.exists() else {}
     if not args.render_only:
         Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
-        for arm in args.arms:
-            kind, extra = ARMS[arm]
-            if kind == "peer":
-                results[arm] = run_peer(args)
-            else:
-                out = Path(args.runs_dir) / "".join(ch if ch.isalnum() else "-" for ch in arm.lower())
-                shutil.rmtree(out, ignore_errors=True)  # a timing run starts afresh
-                results[arm] = run_fedpeft(args, kind, out, extra)
-            saved.write_text(json.dumps(results, indent=1))
-            print(arm, json.dumps(results[arm]), flush=True)
+        fresh: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+        for rep in range(args.reps):
+            for arm in args.arms if rep % 2 == 0 else args.arms[::-1]:
+                kind, extra = ARMS[arm]
+                if kind == "peer":
+                    run = run_peer(args)
+                else:
+                    out = Path(args.runs_dir) / "".join(ch if ch.isalnum() else "-" for ch in arm.lower())
+                    shutil.rmtree(out, ignore_errors=True)  # a timing run starts afresh
+                    run = run_fedpeft(args, kind, out, extra)
+                fresh[arm].append(run)
+                results[arm] = fresh[arm]
+                saved.write_text(json.dumps(results, indent=1))
+                print(arm, rep, json.dumps(run), flush=True)
     print(f"wrote {render(args, results)}")
 
 
