@@ -1,7 +1,9 @@
 """Pack a benchmark's runs directory into a small archive under ``benchmarks/results/`` so its records survive the
 machine: a finished run keeps only what the tables read (config, metrics, summary, post-hoc and validity records);
 an unfinished run is kept whole (checkpoint included) so that ``tar xzf`` and the benchmark's command resume it,
-unless it is above ``--max-unfinished-mb`` (a full fine-tuning checkpoint), when it is left out.
+unless it is above ``--max-unfinished-mb`` (a full fine-tuning checkpoint), when it is left out. A folder that is no
+run but holds one (a comparison's seed folder, e.g. ``benchmarks.feddpo_openfedllm``'s ``s<seed>/``: fedpeft's run,
+the other codebase's output and the scores) is packed by the same rules, one level down.
 
     python -m benchmarks.archive_runs runs/fedbpt benchmarks/results/fedbpt_runs.tgz
     tar xzf benchmarks/results/fedbpt_runs.tgz        # restores runs/fedbpt/...
@@ -20,6 +22,24 @@ DONE = ("summary.json", "result.json")  # a fedpeft run's, another codebase's ru
 SKIPPED = {".lock", "report.html"}
 
 
+def finished(path: Path) -> bool:
+    return any((path / f).exists() for f in DONE)
+
+
+def is_group(path: Path) -> bool:
+    """A folder of runs rather than a run: no record of its own that it finished, a sub-folder that has one."""
+    return not finished(path) and any(c.is_dir() and finished(c) for c in path.iterdir())
+
+
+def runs_in(runs_dir: Path) -> list[Path]:
+    """The run folders under ``runs_dir``, groups opened (see ``is_group``)."""
+    out: list[Path] = []
+    for path in sorted(runs_dir.iterdir()):
+        if path.is_dir() and not path.is_symlink():
+            out += runs_in(path) if is_group(path) else [path]
+    return out
+
+
 def archive_members(runs_dir: Path, max_unfinished_bytes: float = float("inf")) -> list[Path]:
     """The files to pack, relative paths under ``runs_dir``'s parent, sorted so archives are reproducible."""
     members: list[Path] = []
@@ -28,8 +48,10 @@ def archive_members(runs_dir: Path, max_unfinished_bytes: float = float("inf")) 
             continue  # e.g. a checkout of another codebase linked in: not ours to pack
         if path.is_file() and path.name not in SKIPPED:
             members.append(path)  # per-benchmark records beside the runs (baselines, calibration)
-        elif path.is_dir() and any((path / f).exists() for f in DONE):
+        elif path.is_dir() and finished(path):
             members += [path / f for f in FINISHED_FILES if (path / f).exists()]
+        elif path.is_dir() and is_group(path):
+            members += archive_members(path, max_unfinished_bytes)
         elif path.is_dir():
             files = [p for p in sorted(path.rglob("*")) if p.is_file() and p.name not in SKIPPED]
             if sum(p.stat().st_size for p in files) <= max_unfinished_bytes:
@@ -55,8 +77,8 @@ def archive(runs_dir: Path, target: Path, max_unfinished_bytes: float = float("i
         partial.unlink(missing_ok=True)
         raise
     partial.replace(target)
-    runs = [p for p in runs_dir.iterdir() if p.is_dir() and not p.is_symlink()]
-    done = sum(any((p / f).exists() for f in DONE) for p in runs)
+    runs = runs_in(runs_dir)
+    done = sum(map(finished, runs))
     return done, len(runs) - done
 
 

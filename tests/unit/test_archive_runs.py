@@ -55,3 +55,21 @@ def test_the_same_runs_give_the_same_archive_bytes(tmp_path, monkeypatch):
     assert Path("one.tgz").read_bytes() == Path("two.tgz").read_bytes()
     assert Path("one.tgz").read_bytes()[4:8] == bytes(4)  # gzip's time field, zero (two calls may share a second)
     assert not list(Path(".").glob("*.tmp"))
+
+
+def test_a_folder_of_runs_is_packed_one_level_down(tmp_path, monkeypatch):
+    """A comparison's seed folder (fedpeft's run, the other codebase's output, the scores) is no run itself: its
+    finished run keeps its records, the other output is an unfinished folder under the size limit, the scores stay."""
+    monkeypatch.chdir(tmp_path)
+    seed = Path("runs/cmp/s0")
+    (seed / "fedpeft" / "checkpoint").mkdir(parents=True)
+    (seed / "other" / "checkpoint-3").mkdir(parents=True)
+    for f in ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint/server.safetensors"):
+        (seed / "fedpeft" / f).write_text(f)
+    (seed / "other" / "checkpoint-3" / "adapter.safetensors").write_bytes(b"x" * 1000)
+    (seed / "scores.json").write_text("{}")
+
+    assert archive_runs.archive(Path("runs/cmp"), Path("out.tgz"), max_unfinished_bytes=100) == (1, 1)
+    with tarfile.open("out.tgz") as tar:
+        assert set(tar.getnames()) == {"runs/cmp/s0/scores.json", "runs/cmp/s0/fedpeft/config.yaml",
+                                       "runs/cmp/s0/fedpeft/metrics.jsonl", "runs/cmp/s0/fedpeft/summary.json"}
