@@ -49,7 +49,7 @@ def write(figures: list[Figure], args, seconds: float) -> None:
             f"Command: `{cmd.strip()}` ({seconds / 60:.1f} min). Each ratio is A/B of the two arms named, measured "
             f"in this one run on {cpu} ({os.cpu_count()} cores), torch {torch.__version__}, {torch.get_num_threads()} "
             "thread, "
-            f"{args.reps} alternating repetitions (A B, B A, ...); the table gives the median of the per-repetition "
+            f"{args.reps} alternating repetitions (A B, B A, ...; three arms rotate: A B C, B C A, ...); the table gives the median of the per-repetition "
             "ratios and their range. Absolute seconds move with the shared machine's other load; the ratios are "
             "what to compare; rows of figures not run by this command are those of their last run. A speed-up goal "
             "(> 1×) is \"met\" only when every repetition's ratio is above 1; a median above 1 whose range still "
