@@ -6,6 +6,7 @@ run but holds one (a comparison's seed folder, e.g. ``benchmarks.feddpo_openfedl
 the other codebase's output and the scores) is packed by the same rules, one level down.
 
     python -m benchmarks.archive_runs runs/fedbpt benchmarks/results/fedbpt_runs.tgz
+    python -m benchmarks.archive_runs runs/openfedllm_matched OUT.tgz --exclude data   # no copy of shared data
     tar xzf benchmarks/results/fedbpt_runs.tgz        # restores runs/fedbpt/...
 """
 
@@ -40,10 +41,12 @@ def runs_in(runs_dir: Path) -> list[Path]:
     return out
 
 
-def archive_members(runs_dir: Path, max_unfinished_bytes: float = float("inf")) -> list[Path]:
-    """The files to pack, relative paths under ``runs_dir``'s parent, sorted so archives are reproducible."""
+def archive_members(runs_dir: Path, max_unfinished_bytes: float = float("inf"),
+                    exclude: frozenset[str] = frozenset()) -> list[Path]:
+    """The files to pack, relative paths under ``runs_dir``'s parent, sorted so archives are reproducible; entries
+    of ``runs_dir`` named in ``exclude`` are left out (e.g. a benchmark's copy of data from ``../shared/data``)."""
     members: list[Path] = []
-    for path in sorted(runs_dir.iterdir()):
+    for path in sorted(p for p in runs_dir.iterdir() if p.name not in exclude):
         if path.is_symlink():
             continue  # e.g. a checkout of another codebase linked in: not ours to pack
         if path.is_file() and path.name not in SKIPPED:
@@ -59,7 +62,8 @@ def archive_members(runs_dir: Path, max_unfinished_bytes: float = float("inf")) 
     return members
 
 
-def archive(runs_dir: Path, target: Path, max_unfinished_bytes: float = float("inf")) -> tuple[int, int]:
+def archive(runs_dir: Path, target: Path, max_unfinished_bytes: float = float("inf"),
+            exclude: frozenset[str] = frozenset()) -> tuple[int, int]:
     """Write ``target`` (.tgz) from ``runs_dir``; returns (finished runs, unfinished runs), the unfinished ones
     counted whether archived or left out by the size limit."""
     runs_dir = Path(runs_dir)
@@ -71,13 +75,13 @@ def archive(runs_dir: Path, target: Path, max_unfinished_bytes: float = float("i
     try:
         with open(partial, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as gz, \
                 tarfile.open(fileobj=gz, mode="w") as tar:
-            for path in archive_members(runs_dir, max_unfinished_bytes):
+            for path in archive_members(runs_dir, max_unfinished_bytes, exclude):
                 tar.add(path, arcname=str(path), recursive=False)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
     partial.replace(target)
-    runs = runs_in(runs_dir)
+    runs = [p for p in runs_in(runs_dir) if p.relative_to(runs_dir).parts[0] not in exclude]
     done = sum(map(finished, runs))
     return done, len(runs) - done
 
@@ -88,8 +92,10 @@ def main() -> None:
     parser.add_argument("target", type=Path)
     parser.add_argument("--max-unfinished-mb", type=float, default=float("inf"),
                         help="leave out unfinished runs larger than this (default: keep every one)")
+    parser.add_argument("--exclude", nargs="+", default=[], metavar="NAME",
+                        help="entries of the runs directory to leave out (a copy of shared data: never committed)")
     args = parser.parse_args()
-    done, open_ = archive(args.runs_dir, args.target, args.max_unfinished_mb * 1e6)
+    done, open_ = archive(args.runs_dir, args.target, args.max_unfinished_mb * 1e6, frozenset(args.exclude))
     size = args.target.stat().st_size / 1024
     print(f"{args.target}: {done} finished and {open_} unfinished runs, {size:.0f} KiB")
 

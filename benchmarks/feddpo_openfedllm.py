@@ -36,7 +36,10 @@ the same start and what is left between them is the implementations themselves:
     python -m benchmarks.feddpo_openfedllm --render-only     # -> benchmarks/results/feddpo_openfedllm.md
 
 The matched runs' table is ``benchmarks/results/feddpo_openfedllm.md``; the unmatched runs' table is also part of
-``benchmarks/results/feddpo.md`` (``benchmarks.feddpo`` renders it beside its grid).
+``benchmarks/results/feddpo.md`` (``benchmarks.feddpo`` renders it beside its grid). The runs are archived with
+``--exclude data`` (the comparison's pairs, written to ``<runs>/data``, are HH-RLHF's text from ``../shared/data``:
+never packed): ``python -m benchmarks.archive_runs --max-unfinished-mb 1 runs/openfedllm_matched
+benchmarks/results/feddpo_openfedllm_runs.tgz --exclude data``.
 """
 
 from __future__ import annotations

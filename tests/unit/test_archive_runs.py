@@ -73,3 +73,15 @@ def test_a_folder_of_runs_is_packed_one_level_down(tmp_path, monkeypatch):
     with tarfile.open("out.tgz") as tar:
         assert set(tar.getnames()) == {"runs/cmp/s0/scores.json", "runs/cmp/s0/fedpeft/config.yaml",
                                        "runs/cmp/s0/fedpeft/metrics.jsonl", "runs/cmp/s0/fedpeft/summary.json"}
+
+
+def test_excluded_entries_stay_out(tmp_path, monkeypatch):
+    """A benchmark's copy of shared data beside its runs is never packed."""
+    monkeypatch.chdir(tmp_path)
+    (Path("runs/cmp/data")).mkdir(parents=True)
+    Path("runs/cmp/data/train.jsonl").write_text("{}")
+    (Path("runs/cmp/a__s0")).mkdir()
+    Path("runs/cmp/a__s0/summary.json").write_text("{}")
+    assert archive_runs.archive(Path("runs/cmp"), Path("out.tgz"), exclude=frozenset({"data"})) == (1, 0)
+    with tarfile.open("out.tgz") as tar:
+        assert tar.getnames() == ["runs/cmp/a__s0/summary.json"]
