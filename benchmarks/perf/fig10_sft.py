@@ -9,7 +9,8 @@ blocks, no dropout), AdamW at 3e-4 with clipping at 1.0, one client's steps of 4
 - **fedpeft**: the whole client (``handle_train``: decode the instruction, the trainer, encode the reply); the
   transformer body runs alone and the LM head is applied to the positions that predict a response token only.
 - **fedpeft, equal work**: the same client with the model run whole, the LM head at every position (as TRL runs
-  it), and the response positions read from those logits afterwards: the arithmetic of TRL's step.
+  it), and the response positions read from those logits afterwards: TRL's LM-head work (TRL also takes the loss's
+  log-softmax, and its logged entropy, at every position; fedpeft's loss stays on the response positions).
 - **TRL**: ``SFTTrainer`` (TRL 1.16; ``completion_only_loss``, float32, no activation checkpointing, as
   ``benchmarks/flowertune.py`` ports the FlowerTune template) trained on the client's rows in fedpeft's step order
   (a sequential sampler); only its steps are timed (``on_step_begin`` to ``on_step_end`` of its own loop: the
