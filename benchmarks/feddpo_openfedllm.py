@@ -52,6 +52,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.budget import budget_cell, measured, rate
 from benchmarks.runner import write_results
 from benchmarks.stats import paired_cell
 
@@ -257,12 +258,12 @@ def openfedllm_table(root: Path, seeds: list[int], matched: bool) -> list[str]:
     per seed the held-out reward accuracy of both final adapters (scored alike, by fedpeft's DPO trainer), their
     paired difference, the bytes per client-round each way and the seconds per round; ``matched``: the runs of
     ``--matched-order``, with how far the two final adapters are apart."""
-    rows, diffs = [], []
+    rows, diffs, ran = [], [], None
     gap_head = " final adapters apart: ‖Δ‖ / ‖fedpeft's update‖, max abs |" if matched else ""
     for s in seeds:
         theirs, ours = root / f"s{s}" / "openfedllm.json", root / f"s{s}" / "fedpeft"
         if not theirs.exists() or not (ours / "summary.json").exists():
-            rows.append(f"| {s} | – | – | – | – | – |{' – |' if matched else ''} not run yet |")
+            rows.append(f"| {s} | – | – | – | – | – |{' – |' if matched else ''} – | not run yet |")
             continue
         t = json.loads(theirs.read_text())
         recs = [json.loads(x) for x in (ours / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -274,12 +275,19 @@ def openfedllm_table(root: Path, seeds: list[int], matched: bool) -> list[str]:
                                   or [r["wall_seconds"] for r in recs if r["round"] > 0])
         theirs_s = sum(t["client_train_seconds"]) / t["rounds"]
         gap = t.get("vs_fedpeft")
+        # OpenFedLLM's trainers: max_steps of batch pairs, constant lr, DPOConfig's weight decay 0
+        run = ran = t["settings"]
+        budget = (f"{budget_cell([measured(ours)], device=True)} / {run['steps']} steps · "
+                  f"{run['steps'] * run['batch']} ex. · lr {rate(run['lr'])} · wd 0 · cpu")
         gap_cell = (f" {gap['relative']:.1e}, {gap['max_abs']:.1e} |" if gap else " – |") if matched else ""
         rows.append(f"| {s} | {100 * a:.1f} | {100 * b:.1f} | {100 * (a - b):+.1f} | "
                     f"{summary.get('bytes_up_per_client_round', 0):,.0f} / {t['scores']['bytes_per_direction']:,} | "
-                    f"{ours_s:.0f} / {theirs_s:.0f} ({ours_s / theirs_s:.2f}×) |{gap_cell} "
+                    f"{ours_s:.0f} / {theirs_s:.0f} ({ours_s / theirs_s:.2f}×) |{gap_cell} {budget} | "
                     f"n = {t['scores']['num_examples']} |")
     flag = " --matched-order" if matched else ""
+    size = (f"{ran['rounds']} rounds of {ran['steps']} steps of {ran['batch']} pairs, lr {rate(ran['lr'])}, "
+            f"β {ran['beta']}, single-turn pairs that fit {ran['max_length']} tokens uncut" if ran else
+            "the launcher's rounds, steps, pairs, lr and β")
     what = ("the same pairs of each client and round in the same order and the same initial adapter on both sides "
             "(substitutions 6-7)" if matched else
             "OpenFedLLM's own data order (the same `random.seed(round)` subset for every client, its trainers' "
@@ -290,15 +298,16 @@ def openfedllm_table(root: Path, seeds: list[int], matched: bool) -> list[str]:
             "listed in that module's docstring: the data (fedpeft's clients' pairs), TRL 1.16's API for its TRL 0.7.2 "
             "calls with the base model as reference, a constant learning rate, CPU float32, the seed) beside "
             "fedpeft's `feddpo` at its settings: LoRA r 8 / alpha 16 on q_proj and v_proj, the 4 HH-RLHF subsets "
-            "as clients, all every round, 3 rounds of 5 steps of 4 pairs, lr 5e-4, β 0.1, single-turn pairs that "
-            f"fit 128 tokens uncut; {what}. Both final adapters are scored by fedpeft's DPO trainer on the same "
+            f"as clients, all every round, {size} (read from the runs); {what}. Both final adapters are scored by "
+            "fedpeft's DPO trainer on the same "
             "held-out pairs; bytes: fedpeft's counted messages up per client-round against the LoRA state dict each "
             "way; seconds: a round of training (fedpeft: a round without evaluation, its messages and aggregation "
             "included; OpenFedLLM: its four trainers' `train()` calls), both runs one after the other on one "
             "thread of the same machine.",
             "", "| seed | fedpeft reward acc. % | OpenFedLLM reward acc. % | Δ (points) | bytes up per client-round: "
-            f"fedpeft / OpenFedLLM state dict | seconds per round: fedpeft / OpenFedLLM |{gap_head} held-out pairs |",
-            "|---|---|---|---|---|---|---|" + ("---|" if matched else ""), *rows, "",
+            f"fedpeft / OpenFedLLM state dict | seconds per round: fedpeft / OpenFedLLM |{gap_head} budget / "
+            "client-round: fedpeft (read from its run) / OpenFedLLM (its trainers' settings) | held-out pairs |",
+            "|---|---|---|---|---|---|---|---|" + ("---|" if matched else ""), *rows, "",
             f"Paired difference over the seeds both ran, fedpeft − OpenFedLLM: {paired_cell(diffs)}."]
 
 
