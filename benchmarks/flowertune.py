@@ -85,6 +85,7 @@ def fedpeft_overrides(args, runtime: str, extra: tuple[str, ...] = ()) -> list[s
             f"method.trainer.batch_size={args.batch}", f"method.trainer.lr={args.lr}",
             "method.trainer.local_epochs=100",
             "evaluation.round_zero=false", "evaluation.local=false", f"evaluation.every={args.rounds}",
+            "evaluation.generate_every=0",  # a timing run: no decoding (its seconds are subtracted anyway)
             "runtime.progress=false", f"runtime.name={runtime}",
             f"runtime.threads={args.threads if runtime == 'embedded' else 1}", *extra]
 

@@ -273,9 +273,11 @@ def _run_rounds(plan: RunPlan, run: RunDir, exp: Experiment, method: Method, tra
               failed: str | None = None) -> dict[str, Any]:
         """Evaluate ``state`` (globally, and on the clients when asked), append the round's record (with
         ``round_failed``, the reason, for a round that was skipped)."""
+        t_eval = time.perf_counter()
         global_metrics, local_eval, eval_down = evaluate(rnd) if scored else ({"accuracy": None, "loss": None}, {}, 0)
-        rec = round_record(rnd, global_metrics, clients, local_eval, eval_down, time.perf_counter() - t0,
-                           exp.non_participants)
+        t_end = time.perf_counter()
+        rec = round_record(rnd, global_metrics, clients, local_eval, eval_down, t_end - t0, exp.non_participants,
+                           eval_seconds=t_end - t_eval)
         if failed is not None:
             rec["round_failed"] = failed
         if scored and evaluation.keep_best:

@@ -41,8 +41,9 @@ def local_generation(local_eval: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 def round_record(round: int, global_metrics: dict[str, float], clients: list[dict[str, Any]],
                  local_eval: dict[int, dict[str, Any]], eval_bytes_down: int, wall_seconds: float,
-                 non_participants: frozenset[int] = frozenset()) -> dict[str, Any]:
-    """One ``metrics.jsonl`` line: global test metrics, local accuracy spread, bytes this round, time."""
+                 non_participants: frozenset[int] = frozenset(), eval_seconds: float = 0.0) -> dict[str, Any]:
+    """One ``metrics.jsonl`` line: global test metrics, local accuracy spread, bytes this round, time (the round's
+    wall seconds, and the part of them spent evaluating: a round's training time is their difference)."""
     ok = [c for c in clients if c["status"] == "ok"]
     scored = {c: m for c, m in local_eval.items() if m.get("num_examples", 0) > 0}
     local_acc = [m["accuracy"] for m in scored.values()]
@@ -76,6 +77,7 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
         "train_loss": statistics.fmean(c["train_loss"] for c in ok) if ok and "train_loss" in ok[0] else None,
         "clients": clients,
         "wall_seconds": wall_seconds,
+        "eval_seconds": eval_seconds,
     }
 
 
