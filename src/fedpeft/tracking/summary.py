@@ -43,7 +43,7 @@ def round_record(round: int, global_metrics: dict[str, float], clients: list[dic
                  local_eval: dict[int, dict[str, Any]], eval_bytes_down: int, wall_seconds: float,
                  non_participants: frozenset[int] = frozenset(), eval_seconds: float = 0.0) -> dict[str, Any]:
     """One ``metrics.jsonl`` line: global test metrics, local accuracy spread, bytes this round, time (the round's
-    wall seconds, and the part of them spent evaluating: a round's training time is their difference)."""
+    wall seconds, and the part of them spent evaluating; the rest is training and exchange)."""
     ok = [c for c in clients if c["status"] == "ok"]
     scored = {c: m for c, m in local_eval.items() if m.get("num_examples", 0) > 0}
     local_acc = [m["accuracy"] for m in scored.values()]
