@@ -9,8 +9,9 @@ arms cannot hide a difference in how long or how hard they trained.
   fails on any difference between the arms of a paired contrast that the grid does not declare (``budget_differences``
   in ``benchmarks/grids/<name>.yaml``: arm -> {key: why}).
 - ``measured(run_dir)``: from ``metrics.jsonl`` the mean local optimizer steps and examples seen per client-round
-  over every accepted reply of the run (forward-only trainers: the candidates and examples their forwards scored), from ``config.yaml`` each trained part's learning rate, the weight decay and
-  the device. ``budget_cell`` writes the runs of one arm as one table cell.
+  over every accepted reply of the run (forward-only trainers: the candidates and examples their forwards scored), from
+  ``config.yaml`` each trained part's learning rate, the weight decay and the device. ``budget_cell`` writes the runs of
+  one arm as one table cell.
 """
 
 from __future__ import annotations

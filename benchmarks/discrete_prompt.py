@@ -35,7 +35,8 @@ SETTINGS = {
     "domains": lambda seed: ["task.name=sentiment-domains", "federation.partition.scheme=domains",
                              "federation.partition.clients_per_domain=2", "federation.num_clients=10",
                              "federation.non_participants.folds=5", f"federation.non_participants.fold={seed % 5}"],
-    "sst2-dir0.4": lambda seed: ["task.name=sst2", "task.max_train=500", "task.max_test=800", "federation.partition.scheme=dirichlet",
+    "sst2-dir0.4": lambda seed: ["task.name=sst2", "task.max_train=500", "task.max_test=800",
+                                 "federation.partition.scheme=dirichlet",
                                  "federation.partition.alpha=0.4", "federation.partition.min_size=20",
                                  "federation.num_clients=10", "federation.non_participants.fraction=0.2"],
 }
@@ -149,7 +150,8 @@ def render(args) -> Path:
     lines = ["# Personalized gradient-free discrete prompt tuning: MiniLM at CPU scale", "",
              f"Rendered with: `python -m benchmarks.discrete_prompt {' '.join(args.argv)}`", "",
              f"Setup: MiniLM with the similarity readout (frozen), 10 clients, all participants train every round, "
-             f"{args.rounds} rounds; per-domain / per-task caps {args.max_train} train and {args.max_test} test examples, "
+             f"{args.rounds} rounds; per-domain / per-task caps {args.max_train} train and {args.max_test} test "
+             "examples, "
              f"inputs cut at {args.max_length} tokens. Scaled from the paper (T = 50, S = 40, d = 500, popsize 20): "
              f"T = 10 prompt tokens, S = 10 search steps of K = 5 candidates on minibatches of 16, BBT subspace "
              f"d = 50 (BBT(Fed): 4 local CMA-ES iterations of 10 candidates on the whole local set); post-tuning: "
@@ -157,7 +159,8 @@ def render(args) -> Path:
              f"equal dev set (sigma 1 for BBT local-only), gradient post-tuning 10 Adam steps at 1e-2. Accuracy: "
              f"the final round's mean over clients of each client's own test shard, P (participants) and NP "
              f"(never trained), mean ± std over seeds {args.seeds}, paired (within a seed every arm shares the "
-             "partition, the non-participants and the initial tensors); 'before' = the global prompt before post-tuning. "
+             "partition, the non-participants and the initial tensors); 'before' = the global prompt before "
+             "post-tuning. "
              f"Bytes are real encoded messages (framing included); queries = prompt evaluations per client-round.",
              ""]
     if args.notes and Path(args.notes).exists():
@@ -204,9 +207,9 @@ def render(args) -> Path:
     if calib.exists():
         c = json.loads(calib.read_text())
         lines += ["## SmolLM2-135M zero-shot (manual prompt, next-token verbalizer), with and without contextual "
-                  "calibration", "", f"`python -m benchmarks.discrete_prompt --calibration`: each task's test split "
-                  f"(capped at 1,000 examples; n below), one deterministic run; standard error of an accuracy near "
-                  f"50 % with n = 872: 1.7 points.", "", "| task | n | majority % | uncalibrated % | predicted "
+                  "calibration", "", "`python -m benchmarks.discrete_prompt --calibration`: each task's test split "
+                  "(capped at 1,000 examples; n below), one deterministic run; standard error of an accuracy near "
+                  "50 % with n = 872: 1.7 points.", "", "| task | n | majority % | uncalibrated % | predicted "
                   "classes (uncal.) | calibrated % | predicted classes (cal.) |", "|---|---|---|---|---|---|---|"]
         for task, r in c.items():
             lines.append(f"| {task} | {r['n']} | {r['majority'] * 100:.1f} | {r['none'] * 100:.1f} | "
@@ -234,7 +237,8 @@ def calibration(args) -> dict:
             preds = []
             with torch.inference_mode():
                 for i in range(0, len(data), 32):
-                    preds.append(clf.logits(b.method.initial_params(), clf.batch(data, list(range(i, min(i + 32, len(data)))))).argmax(-1))
+                    batch = clf.batch(data, list(range(i, min(i + 32, len(data)))))
+                    preds.append(clf.logits(b.method.initial_params(), batch).argmax(-1))
             pred = torch.cat(preds)
             labels = torch.as_tensor(data.labels)
             row[mode] = float((pred == labels).float().mean())

@@ -209,7 +209,8 @@ def render(args) -> Path:
             done = f"{len(finals['authors'])} / {len(finals['fedpeft'])} of {len(args.seeds)}"
             lines.append(f"| {label} | {cells[0]} | {cells[1]} | {paired_cell(paired) if paired else '–'} | "
                          f"{mean_std(best) if best else '–'} | {budget_cell(budgets)} | "
-                         f"{'/'.join(sorted(devices)) or '–'} / {'/'.join(sorted({b.device for b in budgets})) or '–'} | "
+                         f"{'/'.join(sorted(devices)) or '–'} / "
+                         f"{'/'.join(sorted({b.device for b in budgets})) or '–'} | "
                          f"{', '.join(map(str, sorted(rounds))) or '–'} | {done} |")
         lines.append("")
     return write_results(args.results, lines)

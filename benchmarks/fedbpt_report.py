@@ -10,8 +10,8 @@ import statistics
 from pathlib import Path
 
 from benchmarks.budget import budget_cell, measured, mixed_pairs
-from benchmarks.fedbpt_arms import (ALPHAS, ARMS, BLACK_BOX, HEADLINE, MATCHED, REFERENCE, TASKS, job_name, overrides, part_key,
-                         plan)
+from benchmarks.fedbpt_arms import (ALPHAS, ARMS, BLACK_BOX, HEADLINE, MATCHED, REFERENCE, TASKS, job_name, overrides,
+                                     part_key, plan)
 from benchmarks.runner import finished
 from benchmarks.stats import mean_std, paired_cell, paired_ci
 

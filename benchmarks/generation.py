@@ -49,7 +49,8 @@ def overrides(args, task: str, arm: str, seed: int) -> list[str]:
     return [f"task.name={task}", f"task.max_train={args.train_per_category}",
             f"task.max_test={args.test_per_category}", f"task.max_length={t['max_length']}",
             f"task.max_response_length={args.max_response}", "model.name=smollm2", f"seed={seed}",
-            "task.truncation=keep_end",  # the grid's first runs cut long prompts at their start: new runs pair with them
+            # the grid's first runs cut long prompts at their start: new runs pair with them
+            "task.truncation=keep_end",
             f"federation.num_clients={t['clients']}", "federation.partition.scheme=by_column",
             f"federation.rounds={args.rounds}", f"method.trainer.max_steps={steps}",
             f"method.trainer.batch_size={args.batch}",

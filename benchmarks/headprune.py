@@ -215,8 +215,9 @@ def render(args) -> Path:
                 if done:
                     curves[arm] = [statistics.fmean(r["acc"][i] for r in done.values())
                                    for i in range(min(len(r["acc"]) for r in done.values()))]
-            lines += ["", *_contrasts(runs, task, part, args), "Mean accuracy per round (%):", "", "| arm | " + " | ".join(
-                str(i + 1) for i in range(args.rounds)) + " |", "|---|" + "---|" * args.rounds]
+            lines += ["", *_contrasts(runs, task, part, args), "Mean accuracy per round (%):", "",
+                      "| arm | " + " | ".join(str(i + 1) for i in range(args.rounds)) + " |",
+                      "|---|" + "---|" * args.rounds]
             for arm, c in curves.items():
                 lines.append(f"| {arm} | " + " | ".join(f"{a * 100:.1f}" for a in c) + " |")
             lines.append("")
@@ -258,7 +259,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--step-time", action="store_true", help="measure masked vs physically pruned step time, then render")
+    p.add_argument("--step-time", action="store_true",
+                   help="measure masked vs physically pruned step time, then render")
     p.add_argument("--step-reps", type=int, default=5)
     return parse_grid_args(p, argv)
 

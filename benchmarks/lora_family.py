@@ -328,8 +328,8 @@ FEDIT = "FedAvg-LoRA (fedit)"  # the row every generation arm is compared with
 
 
 def _generation_finals(args) -> dict[str, dict[int, tuple[dict, dict, str, Budget]]]:
-    """Label -> seed -> (final record with the client names, summary, device, budget): this benchmark's generation arms and
-    the generation benchmark's zero-shot (fedit's round 0), fedit and local-only runs."""
+    """Label -> seed -> (final record with the client names, summary, device, budget): this benchmark's generation arms
+    and the generation benchmark's zero-shot (fedit's round 0), fedit and local-only runs."""
     from benchmarks import generation
 
     if not Path(args.generation_runs).is_dir():  # its rows would render empty, as if those runs had never been done

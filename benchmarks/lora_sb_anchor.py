@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
         row = (seed, pick, len(modules), agree / total, (num / den) ** 0.5, (err_ours / size) ** 0.5,
                (err_theirs / size) ** 0.5)
         rows.append(row)
-        print("seed {}: examples {}, {} modules, sign agreement {:.6f}, distance {:.3g}, error ours {:.4f} theirs {:.4f}".format(*row))
+        print("seed {}: examples {}, {} modules, sign agreement {:.6f}, distance {:.3g}, "
+              "error ours {:.4f} theirs {:.4f}".format(*row))
     lines = ["# LoRA-SB's initialisation against the authors' code", "",
              f"Rendered with: `python -m benchmarks.lora_sb_anchor {' '.join(argv or sys.argv[1:])}` (CPU).", "",
              __doc__.split("\n\n")[1].replace("\n", " "), "",

@@ -119,7 +119,8 @@ def render(args) -> Path:
              f"{args.steps_many} with 100; SecAgg+ with num_shares 3, threshold 2 "
              "and Flower's quantization (clipping range 8, 2^22 levels, max weight 1000). Accuracy: the final round "
              "(the only one evaluated), mean ± std over the finished seeds; Δ: paired by seed against the plain run. "
-             "Bytes: per selected client and round (halted rounds included), every protocol message counted. Wall: mean seconds per round without "
+             "Bytes: per selected client and round (halted rounds included), every protocol message counted. "
+             "Wall: mean seconds per round without "
              "evaluation (training and protocol) on this machine, shared with other benchmarks.", "",
              "Δ: mean [95 % t-interval] over the seeds both rows finished (n; pairs whose runs ran on two devices "
              "counted). Budget: the mean local steps and examples a client-round trained on, over the replies of "

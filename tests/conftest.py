@@ -17,7 +17,8 @@ def _threads_per_worker() -> int | None:
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not workers:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: no affinity
+    # macOS: no affinity
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // int(workers))
 
 

@@ -74,6 +74,6 @@ sequential runs (4b: 1.05x alone, 1.25x beside another figure); figures 2s, 6 an
 alone after them, as does 8 (fresh processes timed whole).
 
 Usage (the default size: 25-27 minutes on 2 free cores, measured):
-    nice .venv/bin/python -m benchmarks.perf                       # figures 1-6, 2s, 6c, 8 -> benchmarks/results/perf.md
+    nice .venv/bin/python -m benchmarks.perf          # figures 1-6, 2s, 6c, 8 -> benchmarks/results/perf.md
     nice .venv/bin/python -m benchmarks.perf --figures 3 5 --reps 5
 """

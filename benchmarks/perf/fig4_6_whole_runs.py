@@ -102,7 +102,8 @@ def figure_6(args) -> list[Figure]:
                          "workers", ("flower-sim", emb), seconds["flower-sim"], seconds[emb], ">= 1.0x",
                    lambda x: x >= 1.0, note, level_at=1.0),
             figure("6b", f"embedded: one process / {cores} client workers (`runtime.client_workers`)",
-                   ("embedded x1", emb), seconds["embedded x1"], seconds[emb], "> 1x", lambda x: x > 1.0, note, level_at=1.0)]
+                   ("embedded x1", emb), seconds["embedded x1"], seconds[emb], "> 1x", lambda x: x > 1.0, note,
+                   level_at=1.0)]
 
 
 def figure_6c(args) -> list[Figure]:

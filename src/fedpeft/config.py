@@ -1,9 +1,9 @@
 """The experiment schema: pydantic models that only compose sections; no registry or preset is imported here.
 
 Each method component (``method.adapter``, ``trainer``, ``aggregator``, ``selector``, ``sharing``,
-``downlink``, ``post_tuning``, and the lists ``transforms`` and ``wrappers``) is a ``Component``: ``name`` plus that component's own keys, which its
-own settings model (registered next to its code) validates. Presets, registries and YAML loading are
-resolved in ``fedpeft.resolve``, which only entry points import.
+``downlink``, ``post_tuning``, and the lists ``transforms`` and ``wrappers``) is a ``Component``: ``name`` plus that
+component's own keys, which its own settings model (registered next to its code) validates. Presets, registries and YAML
+loading are resolved in ``fedpeft.resolve``, which only entry points import.
 
 Long because it is the whole schema, one model tree that every entry point validates against.
 """

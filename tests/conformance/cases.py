@@ -1,5 +1,6 @@
 """The table every registered component needs a row in: the least settings it validates with (the smallest that
-still exercise it, as ``tests/conformance/test_presets.py`` runs them), and for aggregators how the shared tests drive them.
+still exercise it, as ``tests/conformance/test_presets.py`` runs them), and for aggregators how the shared tests drive
+them.
 
 A component registered without a row fails ``test_registries.py`` with the row to add.
 """
@@ -20,7 +21,8 @@ REGISTRIES = dict(AXIS_REGISTRIES | LIST_REGISTRIES, objective=OBJECTIVES, reado
 LEAST: dict[str, dict[str, dict[str, Any]]] = {
     "adapter": {"deep_prompt": {"num_tokens": 2}, "demonstrations": {}, "full": {}, "lora": {"r": 2},
                 "lora_sb": {"r": 2}, "p_tuning": {"num_tokens": 3},
-                "projected_prompt": {"num_tokens": 3, "intrinsic_dim": 8}, "soft_prompt": {"num_tokens": 3}, "template_only": {}, "token_prompt": {"num_tokens": 3}},
+                "projected_prompt": {"num_tokens": 3, "intrinsic_dim": 8}, "soft_prompt": {"num_tokens": 3},
+                "template_only": {}, "token_prompt": {"num_tokens": 3}},
     "trainer": {"adam": {"max_steps": 2}, "adamw": {"max_steps": 2}, "sgd": {"max_steps": 2},
                 "cmaes": {"iterations": 2}, "discrete_search": {"steps": 3}, "no-training": {},
                 "dpo": {"max_steps": 2}, "zo_sgd": {"local_steps": 2, "pool_size": 64},

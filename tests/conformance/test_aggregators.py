@@ -47,7 +47,8 @@ def make_glob(kind: str, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def make_updates(glob, seed: int) -> list[Update]:
     g = torch.Generator().manual_seed(seed)
-    return [Update(i, {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in glob.items()}, w, scalars={"steps": 3})
+    return [Update(i, {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in glob.items()}, w,
+                   scalars={"steps": 3})
             for i, w in enumerate(WEIGHTS)]
 
 

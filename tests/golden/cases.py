@@ -1,6 +1,6 @@
 """Small fixed runs of every preset whose ``metrics.jsonl`` (timing fields removed) was recorded before the
-composable-core refactor; ``tests/golden/test_golden.py`` checks that the refactored code reproduces them (up to the last
-bits of float32, which differ between CPUs). The configs keep every discrete decision that floats feed (which
+composable-core refactor; ``tests/golden/test_golden.py`` checks that the refactored code reproduces them (up to the
+last bits of float32, which differ between CPUs). The configs keep every discrete decision that floats feed (which
 CMA-ES candidates are parents) far from a tie, so that those last bits cannot send a run down another path on
 another CPU (``_BPT``; re-recordings listed at ``ADDED_SERVER_FIELDS``).
 

@@ -324,7 +324,8 @@ def test_killed_supernode_round_completes_and_node_rejoins(tmp_path):
             fed.start_node(f"node{i}", [i])
         result: dict = {}
         t = threading.Thread(target=lambda: result.update(
-            s=run_flower(cfg, run_dir, superlink=fed.address, rejoin_wait=120.0, timeout=540, insecure=True)), daemon=True)
+            s=run_flower(cfg, run_dir, superlink=fed.address, rejoin_wait=120.0, timeout=540, insecure=True)),
+            daemon=True)
         t.start()
         try:
             _wait_for(run_dir / "run.log", "round 1: accuracy", 300)

@@ -49,7 +49,8 @@ def test_truncation_and_zero_padding_keep_the_product():
     g = torch.Generator().manual_seed(0)
     p = _lora(g, 3) | {"head": torch.randn(2)}
     padded = pad(p, 7)
-    assert padded[f"m1{A}"].shape == (7, 5) and padded[f"m1{B}"].shape == (4, 7) and torch.equal(padded["head"], p["head"])
+    assert padded[f"m1{A}"].shape == (7, 5) and padded[f"m1{B}"].shape == (4, 7)
+    assert torch.equal(padded["head"], p["head"])
     for m, d in products(padded).items():
         torch.testing.assert_close(d, products(p)[m])  # zero rows of A and zero columns of B add nothing
     back = truncate(padded, 3)

@@ -214,7 +214,8 @@ def test_dp_fedavg_is_the_clipped_uniform_mean_plus_noise_of_std_z_s_over_m():
            Update(1, {"a": torch.tensor([1.0, 1.5]), "b": torch.tensor([0.0])}, 1)]   # norm 0.5: kept
     agg = _dp(clip=1.0, z=0.8, q=0.5)
     new, state = agg.aggregate(glob, ups, agg.init(glob), 2)
-    mean = {"a": torch.tensor([1.0 + (0.6 + 0.0) / 2, 1.0 + (0.8 + 0.5) / 2]), "b": torch.tensor([0.0])}  # weights ignored
+    # weights ignored
+    mean = {"a": torch.tensor([1.0 + (0.6 + 0.0) / 2, 1.0 + (0.8 + 0.5) / 2]), "b": torch.tensor([0.0])}
     gen = torch_rng(3, 2, SHARED, "dp-fedavg")
     std = 0.8 * 1.0 / 2
     for k in sorted(glob):  # the noise, drawn in key order from the round's derived stream

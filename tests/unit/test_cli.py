@@ -81,7 +81,8 @@ def test_flower_superlink_checks_who_may_submit_before_it_starts(monkeypatch):
     res = runner.invoke(app, ["flower", "superlink", "--insecure", "--control-from", "10.0.0.0/8",
                               "--i-understand-anyone-can-submit"])
     assert res.exit_code == 2 and "exclude each other" in res.output and not started
-    res = runner.invoke(app, ["flower", "superlink", "--insecure", "--host", "0.0.0.0", "--control-from", "10.0.4.0/24"])
+    res = runner.invoke(app, ["flower", "superlink", "--insecure", "--host", "0.0.0.0",
+                              "--control-from", "10.0.4.0/24"])
     assert res.exit_code == 0 and started[-1][3:5] == ["--control-from", "127.0.0.0/8,::1/128,10.0.4.0/24"]
     res = runner.invoke(app, ["flower", "superlink", "--insecure", "--i-understand-anyone-can-submit"])
     assert res.exit_code == 0 and started[-1][4] == "any" and "anyone who can connect" in res.output

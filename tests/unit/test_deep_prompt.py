@@ -28,7 +28,8 @@ def test_deep_prompt_changes_outputs_and_masked_prefix_is_a_no_op(tiny_cfg, mode
         with_p = bb.model(**({"inputs_embeds": prep.embeds} | prep.extra), output_hidden_states=True).hidden_states[-1]
         prep0 = ad.prepare(bb, params, ids, mask, 1)
         prep0.extra["attention_mask"][:, :3] = 0  # prefix masked out -> the frozen model's own output
-        masked = bb.model(**({"inputs_embeds": prep0.embeds} | prep0.extra), output_hidden_states=True).hidden_states[-1]
+        masked = bb.model(**({"inputs_embeds": prep0.embeds} | prep0.extra),
+                          output_hidden_states=True).hidden_states[-1]
     assert not torch.allclose(plain, with_p, atol=1e-4)
     assert torch.allclose(plain, masked, atol=1e-5)
 

@@ -82,7 +82,8 @@ def test_flower_app_command_writes_a_fab_v1_that_flwr_build_accepts(tmp_path):
     assert build.returncode == 0, build.stdout + build.stderr
     (fab,) = tmp_path.glob("*.fab")
     with zipfile.ZipFile(fab) as z:
-        assert {"LICENSE", "pyproject.toml", "fedpeft_flower_server.py", "fedpeft_flower_client.py"} <= set(z.namelist())
+        files = {"LICENSE", "pyproject.toml", "fedpeft_flower_server.py", "fedpeft_flower_client.py"}
+        assert files <= set(z.namelist())
     again = CliRunner().invoke(cli, ["flower", "app", str(tmp_path / "my-app")])
     assert again.exit_code == 2 and "already holds an app" in again.output
 

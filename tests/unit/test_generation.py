@@ -382,10 +382,10 @@ def test_cuda_generation_matches_cpu_and_bf16_training_learns(steerable, adapter
     assert bf16.generate(res.params, bf16.encode_prompts(EXAMPLES), max_new_tokens=4) is not None
 
 
-@pytest.mark.parametrize("override,field", [({"model": {"name": "tiny-llama", "readout": "similarity"}}, "model.readout"),
-                                            ({"model": {"name": "tiny-llama", "calibration": "contextual"}},
-                                             "model.calibration"),
-                                            ({"runtime": {"client_batch": 2}}, "runtime.client_batch")])
+@pytest.mark.parametrize("override,field", [
+    ({"model": {"name": "tiny-llama", "readout": "similarity"}}, "model.readout"),
+    ({"model": {"name": "tiny-llama", "calibration": "contextual"}}, "model.calibration"),
+    ({"runtime": {"client_batch": 2}}, "runtime.client_batch")])
 def test_classification_settings_on_a_generation_task_fail_before_loading(tmp_path: Path, override, field) -> None:
     from fedpeft.config import ConfigError
     from fedpeft.resolve import resolve

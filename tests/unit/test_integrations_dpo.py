@@ -15,7 +15,8 @@ pytest.importorskip("trl")
 from fedpeft.adapters.peft_model import PeftLora  # noqa: E402
 from fedpeft.integrations.transformers import federate  # noqa: E402
 from fedpeft.tracking.rundir import RunDir  # noqa: E402
-from tests.unit.test_integrations_transformers import QUIET, WORDS, _glob, _init, _max_diff, _peft_model, sft  # noqa: E402
+from tests.unit.test_integrations_transformers import (  # noqa: E402
+    QUIET, WORDS, _glob, _init, _max_diff, _peft_model, sft)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

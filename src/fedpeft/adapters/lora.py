@@ -30,7 +30,8 @@ torch = lazy("torch")
 
 # default target modules per architecture: the query/key/value projections of every attention block
 DEFAULT_TARGETS = {"bert": ("query", "key", "value"), "roberta": ("query", "key", "value"),
-                   "llama": ("q_proj", "k_proj", "v_proj"), "t5": ("q", "k", "v"), "bart": ("q_proj", "k_proj", "v_proj"),
+                   "llama": ("q_proj", "k_proj", "v_proj"), "t5": ("q", "k", "v"),
+                   "bart": ("q_proj", "k_proj", "v_proj"),
                    "distilbert": ("q_lin", "k_lin", "v_lin"), "gpt2": ("c_attn",)}
 QUERY_NAMES = {"query", "q_proj", "q", "q_lin"}
 ALL_LINEAR = "all-linear"  # PEFT's shorthand: every linear layer of the model except its output head

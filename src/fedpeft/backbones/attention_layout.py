@@ -45,7 +45,8 @@ def attention_layout(backbone: Backbone) -> list[LayerAttention]:
         raise ValueError(f"method.sharing.mode: head removal knows no attention layout for model type '{kind}'")
     q_name = LAYOUTS[kind][0]
     layers = sorted({m.group(1) for n, _ in backbone.model.named_modules()
-                     if (m := re.fullmatch(rf"(.*\.\d+)\.{re.escape(q_name)}", n))}, key=lambda p: int(p.rsplit(".", 1)[1]))
+                     if (m := re.fullmatch(rf"(.*\.\d+)\.{re.escape(q_name)}", n))},
+                    key=lambda p: int(p.rsplit(".", 1)[1]))
     return [LayerAttention(*(f"{prefix}.{leaf}" for leaf in LAYOUTS[kind])) for prefix in layers]
 
 

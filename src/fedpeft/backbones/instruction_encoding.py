@@ -2,14 +2,14 @@
 
 The prompt is ``task.prompt_template`` with ``{instruction}`` and ``{input}`` when the user sets one, else the
 tokenizer's chat template around one user turn (instruction, a blank line, the input) when the model has one
-(SmolLM2-Instruct does), else the Alpaca template (``ALPACA``; its no-input variant when the example has no input). The template's fixed text and
-the fields are tokenized separately, so a long field is cut and never the template. The response is the target
-text plus the end-of-sequence token, cut at ``max_response_length``; the prompt's fields are then cut, longest field
-first, until prompt + response fit ``max_length``: from their end by default (``task.truncation: keep_start``, as a
-tokenizer's right truncation: a structured input keeps its first slots, an instruction its first words), or from their
-start (``keep_end``: a long context keeps the question that ends it). Every cut is counted per field; above
-``CUT_WARN`` of the examples the encoding warns, naming the field and the setting to raise. Only response positions
-are scored (``Encoded.response_start``), as TRL's completion-only loss.
+(SmolLM2-Instruct does), else the Alpaca template (``ALPACA``; its no-input variant when the example has no input). The
+template's fixed text and the fields are tokenized separately, so a long field is cut and never the template. The
+response is the target text plus the end-of-sequence token, cut at ``max_response_length``; the prompt's fields are then
+cut, longest field first, until prompt + response fit ``max_length``: from their end by default (``task.truncation:
+keep_start``, as a tokenizer's right truncation: a structured input keeps its first slots, an instruction its first
+words), or from their start (``keep_end``: a long context keeps the question that ends it). Every cut is counted per
+field; above ``CUT_WARN`` of the examples the encoding warns, naming the field and the setting to raise. Only response
+positions are scored (``Encoded.response_start``), as TRL's completion-only loss.
 """
 
 from __future__ import annotations

@@ -93,7 +93,8 @@ class Backbone:
         device = torch.device(device)
         if getattr(self.model, "is_quantized", False):  # bitsandbytes weights stay where they were quantized
             if device.type != self.device.type:
-                raise ValueError(f"runtime.device: a quantized model lives on {self.device}; it cannot move to {device}")
+                raise ValueError(f"runtime.device: a quantized model lives on {self.device}; "
+                                 f"it cannot move to {device}")
             return self
         if self.device != device:
             self.model.to(device)

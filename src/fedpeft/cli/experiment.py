@@ -55,7 +55,8 @@ def run(
     config, out = _run_target(config, out, resume)
     if resume and out is not None and not (out / "config.yaml").exists():
         fail(f"--resume: {out} holds no run (no config.yaml); check the path, or drop --resume to start a new run")
-    overrides = list(set_) + ([f"runtime.name={runtime}"] if runtime else []) + (["runtime.progress=false"] if quiet else [])
+    overrides = (list(set_) + ([f"runtime.name={runtime}"] if runtime else [])
+                 + (["runtime.progress=false"] if quiet else []))
     try:
         cfg = load_config(config, overrides)
     except ConfigError as e:

@@ -13,7 +13,8 @@ app = typer.Typer(no_args_is_help=True, help="Run on Flower: a SuperLink, SuperN
 
 
 DEFAULT_REGISTRY = Path("~/.fedpeft/flower-nodes.json")
-_INSECURE = typer.Option("--insecure", help="no TLS: traffic in plain text (trusted networks only; explicit on purpose)")
+_INSECURE = typer.Option("--insecure",
+                         help="no TLS: traffic in plain text (trusted networks only; explicit on purpose)")
 _ROOT_CERT = typer.Option(help="CA certificate that signed the SuperLink's (from `fedpeft flower certs`): TLS")
 
 
@@ -101,7 +102,8 @@ def flower_supernode(
                                                           "for a SuperLink with --enable-supernode-auth")] = None,
     insecure: Annotated[bool, _INSECURE] = False,
     worker: Annotated[bool, typer.Option(help="keep the model in one long-lived worker process per node (one "
-                                              "backbone load per run) rather than loading it for every message")] = True,
+                                              "backbone load per run) rather than loading it for every "
+                                              "message")] = True,
     require_secure_aggregation: Annotated[bool, typer.Option(
         "--require-secure-aggregation", help="refuse every training message outside SecAgg+, and SecAgg+ below "
                                              "the node's floor (the policy file's min_* settings)")] = False,

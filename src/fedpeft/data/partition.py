@@ -212,7 +212,8 @@ def few_shot_indices(labels: np.ndarray, k: int, rng: np.random.Generator) -> np
 
 
 def stratified_subsample(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Sorted indices of a ``size``-example sample whose class proportions follow ``labels`` (sklearn's stratified split).
+    """Sorted indices of a ``size``-example sample whose class proportions follow ``labels`` (sklearn's stratified
+    split).
 
     Falls back to a plain random sample, with a warning, where stratification is impossible
     (a class with a single example, or ``size`` below the number of classes).

@@ -131,7 +131,8 @@ def federation_config(trainers: Sequence[Any], *, rounds: int, local_steps: int 
     ours = _trainer_keys(trainers)
     if other.get("method.trainer.name", ours["method.trainer.name"]) == ours["method.trainer.name"]:
         local_steps = local_steps or _split_steps(trainers[0].args.max_steps, rounds)
-        keys |= ours | {"method.trainer.local_steps": local_steps, "method.trainer.schedule_steps": rounds * local_steps}
+        keys |= ours | {"method.trainer.local_steps": local_steps,
+                        "method.trainer.schedule_steps": rounds * local_steps}
     else:
         keys["task.kind"] = ours["task.kind"]
     cfg = load_config(None, [f"{k}={json.dumps(v)}" for k, v in (keys | other).items()])

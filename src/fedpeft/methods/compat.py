@@ -1,9 +1,9 @@
 """Config-time check that the chosen components can work together, from what each one declares.
 
 Trainers declare the kind of update they produce (``kind``), the adapters they can train (``adapters``)
-and the auxiliary values they upload (``provides``, as sharing policies do); aggregators and wrappers the kinds they accept and the
-values they read (``accepts``, ``needs``); sharing policies and transforms what they need. A mismatch is a
-``ValueError`` naming the field and saying why, raised before anything is loaded.
+and the auxiliary values they upload (``provides``, as sharing policies do); aggregators and wrappers the kinds they
+accept and the values they read (``accepts``, ``needs``); sharing policies and transforms what they need. A mismatch is
+a ``ValueError`` naming the field and saying why, raised before anything is loaded.
 """
 
 from __future__ import annotations
@@ -126,12 +126,13 @@ def check_combination(cfg: ExperimentConfig) -> None:
                          "clients side by side (it changes the shared model's settings during a client's step); "
                          "keep 1")
     needs: set[str] = set()
-    for where, entry_name, registry in [("method.aggregator", m.aggregator.name, AGGREGATORS),
-                                        *[(f"method.wrappers.{i}", w.name, WRAPPERS) for i, w in enumerate(m.wrappers)]]:
+    wrappers = [(f"method.wrappers.{i}", w.name, WRAPPERS) for i, w in enumerate(m.wrappers)]
+    for where, entry_name, registry in [("method.aggregator", m.aggregator.name, AGGREGATORS), *wrappers]:
         cls = registry.get(entry_name)
         if kind not in cls.accepts:
             allowed = sorted(n for n in AGGREGATORS.names() if kind in AGGREGATORS.get(n).accepts)
-            raise ValueError(f"{where}.name: '{entry_name}' combines {' or '.join(KINDS[k] for k in sorted(cls.accepts))}"
+            accepted = " or ".join(KINDS[k] for k in sorted(cls.accepts))
+            raise ValueError(f"{where}.name: '{entry_name}' combines {accepted}"
                              f"; trainer '{m.trainer.name}' uploads {KINDS[kind]} (aggregators for it: "
                              f"{', '.join(allowed)})")
         needs |= set(cls.needs)

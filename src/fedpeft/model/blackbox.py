@@ -8,10 +8,10 @@ and the tokens it ran through the model (prompt tokens included).
 The client may also read the word-embedding matrix e(V) (``embedding_table``), as the discrete-prompt
 paper's clients do (spec: "PLM API (forward only) and embedding matrix e(V)").
 
-Population evaluation: ``losses(Z [P, d], ...)`` (or ``[P, T, d]`` prompts with ``param_dims=2``) stacks all P candidates along the batch dimension
-and runs them in ONE forward per data chunk (``batched=True``); ``batched=False`` runs one forward
-per candidate, for comparison. Both give the same per-candidate losses up to float rounding. With a ``gather``
-(vectorised clients, ``runtime.client_batch``) each forward is run together with other clients' (``gather``).
+Population evaluation: ``losses(Z [P, d], ...)`` (or ``[P, T, d]`` prompts with ``param_dims=2``) stacks all P
+candidates along the batch dimension and runs them in ONE forward per data chunk (``batched=True``); ``batched=False``
+runs one forward per candidate, for comparison. Both give the same per-candidate losses up to float rounding. With a
+``gather`` (vectorised clients, ``runtime.client_batch``) each forward is run together with other clients' (``gather``).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ cache, LoRA weights as call overrides); each row is then moved to the right (lef
 at the last column, positions count attended tokens only (HF ``generate``'s ``cumsum(mask) - 1``, after a prefix
 cache's length), and each step feeds the argmax token with the cache. The LM head runs on the last
 position only. LoRA decodes with its update merged into the base weights (W + s·B A) and its branch bypassed, as
-PEFT's ``merge_and_unload`` model does. The same tokens as HF ``generate(do_sample=False)`` on the merged model (LoRA) or PEFT's model
-(prompt tuning), and as a loop that recomputes the whole sequence each step (tests).
+PEFT's ``merge_and_unload`` model does. The same tokens as HF ``generate(do_sample=False)`` on the merged model (LoRA)
+or PEFT's model (prompt tuning), and as a loop that recomputes the whole sequence each step (tests).
 """
 
 from __future__ import annotations

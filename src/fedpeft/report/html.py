@@ -18,7 +18,8 @@ CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #222; background: #fafafa; }
 h1 { font-size: 1.5em; margin: 0 0 4px; } h2 { font-size: 1.15em; margin: 28px 0 8px; }
 .meta { color: #666; font-size: 0.9em; }
-#generations td, #generations th { white-space: pre-wrap; max-width: 28em; text-align: left; vertical-align: top; font-weight: normal; }
+#generations td, #generations th { white-space: pre-wrap; max-width: 28em; text-align: left; vertical-align: top;
+  font-weight: normal; }
 .plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 12px; }
 svg.chart { width: 100%; height: auto; background: #fff; border: 1px solid #ddd; border-radius: 4px; }
 svg .title { font-size: 15px; font-weight: 600; } svg .label { font-size: 12px; fill: #333; }

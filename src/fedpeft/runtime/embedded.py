@@ -56,8 +56,9 @@ class InProcessTransport:
 
     Clients run one after another, or side by side on forked workers sharing the backbone
     (``runtime.client_workers``), or in groups whose model calls (black-box forwards, gradient steps) share backbone
-    calls (``runtime.client_batch``, ``backbones.gather``); with ``federation.round_timeout`` each is held to the deadline
-    by its own elapsed time, as if they ran side by side: a later reply is ignored and logged, its state not kept."""
+    calls (``runtime.client_batch``, ``backbones.gather``); with ``federation.round_timeout`` each is held to the
+    deadline by its own elapsed time, as if they ran side by side: a later reply is ignored and logged, its state not
+    kept."""
 
     def __init__(self, plan: RunPlan, method: Method, exp: Experiment, bar: Progress,
                  reply_hook: ReplyHook | None, workers: ClientWorkers | None = None) -> None:

@@ -5,7 +5,8 @@ new state, its reply). glibc cannot shrink a heap below a live block, so with 1,
 freed pages stay resident: +42 MiB of peak RSS beyond the client states at 1,000 MiniLM clients (``benchmarks/
 perf.py`` figure 4). ``malloc_trim(0)`` returns every whole free page inside the heap (``madvise(MADV_DONTNEED)``)
 without moving anything, so numbers are unaffected. It walks the heap (a few ms), hence ``HeapTrimmer`` calls it
-at most once per ``interval_s`` (0.25 s: under 2 % of the time at 1,000 clients). Without glibc (macOS, musl, Windows) it does nothing.
+at most once per ``interval_s`` (0.25 s: under 2 % of the time at 1,000 clients). Without glibc (macOS, musl, Windows)
+it does nothing.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ class NodePolicy(BaseModel):
     require_secure_aggregation: bool = Field(
         False, description="refuse every TRAIN message outside SecAgg+, and SecAgg+ setups below the floor below")
     min_num_shares: int = Field(3, ge=2, description="with require_secure_aggregation: the fewest shares each "
-                                                     "secret may be split into (the node's neighbours, itself included)")
+                                                     "secret may be split into (the node's neighbours, itself "
+                                                     "included)")
     min_reconstruction_threshold: int = Field(
         2, ge=1, description="with require_secure_aggregation: the fewest shares that may rebuild a secret")
     threshold_majority: bool = Field(

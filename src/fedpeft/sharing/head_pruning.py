@@ -14,8 +14,9 @@ or plain FedAvg (B2, spec A10). The analytic OPs of the client step (spec §2.7)
 Variants beside the paper's scoring, to test whether importance beats random pruning: ``scoring: lowest`` keeps the
 least confident heads; ``scoring: random_fixed`` keeps one seeded random set in every client and round (``random``
 redraws it per client and round, so it trains most heads over a run where a scored variant trains a few: the fair
-control for "which heads" is the fixed set); ``sinks: cls_and_eos`` also discounts attention to the first token ([CLS]/BOS), which with
-[SEP] absorbs most of a confident head's attention; ``quota: per_layer`` keeps the same number in every layer.
+control for "which heads" is the fixed set); ``sinks: cls_and_eos`` also discounts attention to the first token
+([CLS]/BOS), which with [SEP] absorbs most of a confident head's attention; ``quota: per_layer`` keeps the same number
+in every layer.
 """
 
 from __future__ import annotations
@@ -174,7 +175,8 @@ class HeadPruning(ShareAll):
         else:
             alpha = torch.ones(self.num_heads, dtype=torch.float64)
             order = list(range(self.num_heads))
-        per_layer = int(self.ctx.objective.backbone.model.config.num_attention_heads) if s.quota == "per_layer" else None
+        heads_per_layer = int(self.ctx.objective.backbone.model.config.num_attention_heads)
+        per_layer = heads_per_layer if s.quota == "per_layer" else None
         kept = kept_heads(order, self.keep, per_layer)
         frozen = {}
         keep_set = set(kept)

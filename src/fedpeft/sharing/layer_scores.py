@@ -57,6 +57,7 @@ def aggregate_weighted(values: Sequence[torch.Tensor | float], weights: Sequence
     """Eq. 4: ``Σ_i (n_i / N) v_i`` over the reporting clients (scores per layer, or the ratio r)."""
     w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
     if len(values) == 0 or len(values) != len(w) or float(w.sum()) <= 0 or bool((w < 0).any()):
-        raise ValueError(f"aggregate_weighted: need one non-negative weight per value with a positive sum, got {weights}")
+        raise ValueError("aggregate_weighted: need one non-negative weight per value with a positive sum, "
+                         f"got {weights}")
     stacked = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values])
     return torch.tensordot(w / w.sum(), stacked, dims=1)

@@ -124,8 +124,9 @@ def build_summary(identity: dict[str, Any], records: list[dict[str, Any]], train
     chosen = ({"best_round": best["round"], "best_val_accuracy": best.get("val_accuracy"),
                "best_val_loss": best.get("val_loss"), "accuracy_at_best_round": best["accuracy"]}
               if best is not None else {})
-    classes = ({"confusion_round": scored["round"], "macro_f1": scored.get("macro_f1"), "confusion": scored["confusion"],
-                "per_class": per_class(scored["confusion"], names)} if scored is not None and names else {})
+    classes = ({"confusion_round": scored["round"], "macro_f1": scored.get("macro_f1"),
+                "confusion": scored["confusion"], "per_class": per_class(scored["confusion"], names)}
+               if scored is not None and names else {})
     return {
         **identity,
         "rounds": sum(r["round"] > 0 for r in records),

@@ -204,8 +204,8 @@ class CMAESSettings(BaseModel):
                                                              "(paper best: 0.6 SST-2, 0.4 AG News; 0 = vanilla BBT)")
     perturb_scope: Literal["text", "all"] = Field("text", description="replace only input-text tokens (spec A7) "
                                                                       "or every token (authors' code)")
-    perturb_resample: Literal["iteration", "round"] = Field("iteration", description="new mask per local "
-                                                                                     "iteration (Alg. 1) or per round (code)")
+    perturb_resample: Literal["iteration", "round"] = Field(
+        "iteration", description="new mask per local iteration (Alg. 1) or per round (code)")
     ratio_form: Literal["dataset", "sample"] = Field("dataset", description="Alg. 1 ratio of dataset losses or "
                                                                             "Eq. 7 mean of per-sample ratios")
     eps: float = Field(1e-8, gt=0, description="floor of the perturbed loss in the ratio")

@@ -48,12 +48,12 @@ def _subset(examples: list[Example], idx: np.ndarray) -> list[Example]:
 
 def _per_domain(examples: list[Example], pick: Callable[[np.ndarray], np.ndarray], per_group: bool) -> list[Example]:
     """Keep ``pick(labels)`` of each group's examples (groups in sorted order) if ``per_group``, else of all."""
-    domains = groups_of(examples) if per_group else None
-    if domains is None:
+    groups = groups_of(examples) if per_group else None
+    if groups is None:
         return _subset(examples, pick(labels_of(examples)))
     out: list[Example] = []
-    for name in np.unique(domains):
-        group = _subset(examples, np.flatnonzero(domains == name))
+    for name in np.unique(groups):
+        group = _subset(examples, np.flatnonzero(groups == name))
         out += _subset(group, pick(labels_of(group)))
     return out
 

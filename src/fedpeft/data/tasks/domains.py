@@ -1,7 +1,8 @@
 """``sentiment-domains``: binary sentiment over five offline corpora, every example tagged with its domain.
 
 A multi-domain task in the spirit of FDU-MTL (Liu et al. 2017): the domain is each example's ``group``, so
-with the ``by_column`` partition scheme (alias ``domains``) each client holds one domain. ``load_task`` applies ``few_shot``/``max_train``/``max_test`` per domain.
+with the ``by_column`` partition scheme (alias ``domains``) each client holds one domain. ``load_task`` applies
+``few_shot``/``max_train``/``max_test`` per domain.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 ``write_app(app_dir, cfg)`` writes the directory that ``flwr build`` bundles into a FAB and ``flwr run`` submits:
 
 - ``pyproject.toml``: ``[project]`` with the ``flwr`` and ``fedpeft`` dependencies bounded as fedpeft's own package
-  metadata bounds them (``flwr_requirement``), ``license = {file = "LICENSE"}``; ``[tool.flwr.app]`` with its publisher, components,
-  ``fab-format-version = 1`` and ``flwr-version-target`` (the Flower the app was written with);
+  metadata bounds them (``flwr_requirement``), ``license = {file = "LICENSE"}``; ``[tool.flwr.app]`` with its publisher,
+  components, ``fab-format-version = 1`` and ``flwr-version-target`` (the Flower the app was written with);
   ``[tool.flwr.app.config]``: the run's own keys (``out``, ``resume``, ``round-timeout``, ``join-timeout``,
   ``rejoin-wait``, ``node-registry``) and every key of the resolved experiment, nested as in its YAML, so that
   ``flwr run APP --run-config "federation.rounds=5"`` overrides one (Flower refuses a key the app does not hold);

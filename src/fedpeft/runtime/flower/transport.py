@@ -270,7 +270,8 @@ class FlowerTransport:
 
 class CountingGrid:
     """A ``Grid`` that counts the protocol bytes (``secure.inprocess.protocol_bytes``) of what it sends to and
-    receives from each node, and why a node failed (the secure-aggregation workflow only talks to a grid through ``send_and_receive``)."""
+    receives from each node, and why a node failed (the secure-aggregation workflow only talks to a grid through
+    ``send_and_receive``)."""
 
     def __init__(self, grid: Grid) -> None:
         self.grid = grid

@@ -1,12 +1,12 @@
 """A malicious SecAgg+ server, to test that honest nodes give it no single client's update.
 
-``DeviatingWorkflow`` runs fedpeft's SecAgg+ workflow (Flower's, ``runtime.secure.protocol``) honestly through setup, key sharing and the masked
-vectors (keeping each node's masked vector, as any server can), then deviates in the unmask stage as Bell et al.
-(CCS 2020, §4) list a malicious server may: it sends each node the survivor and dropped lists an ``Attack`` chooses
-for it, collects what the nodes answer, and tries to rebuild the target node's two secrets (its private-mask seed
-and its first secret key) and, with both, to take every mask off the target's masked vector. ``run_attack`` plays
-one round over in-process nodes; its ``AttackOutcome`` says which nodes refused, how many shares of each secret the
-server got, and the update it recovered (None when it could not).
+``DeviatingWorkflow`` runs fedpeft's SecAgg+ workflow (Flower's, ``runtime.secure.protocol``) honestly through setup,
+key sharing and the masked vectors (keeping each node's masked vector, as any server can), then deviates in the unmask
+stage as Bell et al. (CCS 2020, §4) list a malicious server may: it sends each node the survivor and dropped lists an
+``Attack`` chooses for it, collects what the nodes answer, and tries to rebuild the target node's two secrets (its
+private-mask seed and its first secret key) and, with both, to take every mask off the target's masked vector.
+``run_attack`` plays one round over in-process nodes; its ``AttackOutcome`` says which nodes refused, how many shares of
+each secret the server got, and the update it recovered (None when it could not).
 
 The attacks (``ATTACKS``): name the target both survivor and dropped (``both``); tell some of its neighbours it
 survived and the others it dropped (``split``); name a node that is no neighbour (``stranger``); name the

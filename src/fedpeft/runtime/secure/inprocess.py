@@ -1,8 +1,8 @@
 """A Flower ``Grid`` whose nodes are in this process: the embedded runtime's way to run Flower's SecAgg+ workflow.
 
 Every message crosses as Flower would send it: its records are serialized with Flower's protobuf serde and parsed
-again on the other side (so no object is shared, and the byte counts are the serialized records'), then handed to the node's
-handler (``secaggplus_mod`` around fedpeft's train step). A node whose handler raises, or that a test drops at a
+again on the other side (so no object is shared, and the byte counts are the serialized records'), then handed to the
+node's handler (``secaggplus_mod`` around fedpeft's train step). A node whose handler raises, or that a test drops at a
 stage, gives no reply, as a node that failed or timed out.
 """
 

@@ -4,12 +4,12 @@ The server side is Flower's ``SecAggPlusWorkflow`` (setup, share keys, collect m
 dropped set Bell et al. define and misshapen masked vectors left out (``workflow_class``), and each node is wrapped
 by Flower's ``secaggplus_mod`` behind the node's own checks (``secure_mod``: its policy, the masks' generator, the
 unmask request's consistency; masks from ``runtime.secure.masks``); fedpeft supplies what they call: a legacy
-``Strategy`` whose ``configure_fit`` hands each node the encoded instructions of its clients and whose ``aggregate_fit`` receives the
-unmasked weighted mean (``RoundStrategy``), and the train handler behind the mod, which runs ``client_update`` for
-the node's clients and returns their update tensors, averaged over the node's clients by example count, as the
-``FitRes`` parameters the mod quantizes, masks and uploads (``masked_train``). The parties are Flower nodes: in the
-embedded runtime and in simulation one client each; a deployed SuperNode owning several clients masks their sum
-together. The clear part of a reply is each client's scalars (the example count, the training loss, steps) and
+``Strategy`` whose ``configure_fit`` hands each node the encoded instructions of its clients and whose ``aggregate_fit``
+receives the unmasked weighted mean (``RoundStrategy``), and the train handler behind the mod, which runs
+``client_update`` for the node's clients and returns their update tensors, averaged over the node's clients by example
+count, as the ``FitRes`` parameters the mod quantizes, masks and uploads (``masked_train``). The parties are Flower
+nodes: in the embedded runtime and in simulation one client each; a deployed SuperNode owning several clients masks
+their sum together. The clear part of a reply is each client's scalars (the example count, the training loss, steps) and
 the names of the tensors: the tensors never leave a node unmasked.
 
 The workflow's randomness that changes results is seeded, the same in every runtime: the stochastic rounding of the
@@ -244,7 +244,8 @@ def node_reply(replies: dict[int, bytes], errors: dict[int, str], uniform: bool 
     for c, r in decoded.items():
         if sorted(r.tensors) != names:
             raise ValueError(f"client {c} uploads {sorted(r.tensors)}, the node's other clients {names}")
-        metrics |= {f"{c}.{k}": v for k, v in r.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        metrics |= {f"{c}.{k}": v for k, v in r.scalars.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
     weights = {c: 1 if uniform else int(r.scalars["num_examples"]) for c, r in decoded.items()}
     total = sum(weights.values())
     if max_weight is not None and total > max_weight:
