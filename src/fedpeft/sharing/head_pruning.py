@@ -175,8 +175,8 @@ class HeadPruning(ShareAll):
         else:
             alpha = torch.ones(self.num_heads, dtype=torch.float64)
             order = list(range(self.num_heads))
-        heads_per_layer = int(self.ctx.objective.backbone.model.config.num_attention_heads)
-        per_layer = heads_per_layer if s.quota == "per_layer" else None
+        model_cfg = self.ctx.objective.backbone.model.config
+        per_layer = int(model_cfg.num_attention_heads) if s.quota == "per_layer" else None
         kept = kept_heads(order, self.keep, per_layer)
         frozen = {}
         keep_set = set(kept)
