@@ -151,8 +151,8 @@ def render(args) -> Path:
              f"Rendered with: `python -m benchmarks.discrete_prompt {' '.join(args.argv)}`", "",
              f"Setup: MiniLM with the similarity readout (frozen), 10 clients, all participants train every round, "
              f"{args.rounds} rounds; per-domain / per-task caps {args.max_train} train and {args.max_test} test "
-             "examples, "
-             f"inputs cut at {args.max_length} tokens. Scaled from the paper (T = 50, S = 40, d = 500, popsize 20): "
+             f"examples, inputs cut at {args.max_length} tokens. "
+             "Scaled from the paper (T = 50, S = 40, d = 500, popsize 20): "
              f"T = 10 prompt tokens, S = 10 search steps of K = 5 candidates on minibatches of 16, BBT subspace "
              f"d = 50 (BBT(Fed): 4 local CMA-ES iterations of 10 candidates on the whole local set); post-tuning: "
              f"CMA-ES sigma 0.1, population 8, 8 iterations, 16 shots per class with an "
@@ -160,8 +160,8 @@ def render(args) -> Path:
              f"the final round's mean over clients of each client's own test shard, P (participants) and NP "
              f"(never trained), mean ± std over seeds {args.seeds}, paired (within a seed every arm shares the "
              "partition, the non-participants and the initial tensors); 'before' = the global prompt before "
-             "post-tuning. "
-             f"Bytes are real encoded messages (framing included); queries = prompt evaluations per client-round.",
+             "post-tuning. Bytes are real encoded messages (framing included); queries = prompt evaluations per "
+             "client-round.",
              ""]
     if args.notes and Path(args.notes).exists():
         lines += [Path(args.notes).read_text().strip(), ""]

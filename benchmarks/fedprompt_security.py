@@ -144,8 +144,7 @@ def render(args) -> Path:
     lines = ["# FedPrompt: backdoor, defences, local DP and prompt variants (MiniLM, CPU scale)", "",
              f"Rendered with: `python -m benchmarks.fedprompt_security {' '.join(args.argv)}`", "",
              "Setup: MiniLM (similarity readout), FedPrompt (20 soft tokens, Adam lr 0.03, batch 16, one local "
-             "epoch), "
-             f"10 clients all every round, {args.rounds} rounds, train capped at {args.max_train} and test at "
+             f"epoch), 10 clients all every round, {args.rounds} rounds, train capped at {args.max_train} and test at "
              f"{args.max_test} examples; client 0 malicious in poisoned runs (trigger 'cf', target class 1, "
              f"lambda = 1, honest weight). ACC = global test accuracy, ASR = share of triggered non-target test "
              f"inputs classified as the target; final round, mean ± std over seeds {args.seeds}, paired (within a seed "
