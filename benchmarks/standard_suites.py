@@ -7,7 +7,7 @@ the first items), the same items for every arm. Each (arm, suite) result is a fi
 (``<arm>/<suite>.json`` and its items), written when it completes: a rerun skips what is there, so the grid resumes.
 The table shows each arm's training budget read from its run directory (``benchmarks.budget``), each score with its
 standard error, and each trained arm's paired difference from zero-shot on the same items (mean of the per-item
-differences, a 95 % normal interval over items).
+differences, a 95 % normal interval over items: ``benchmarks.stats.items_cell``).
 
     python -m benchmarks.standard_suites --run runs/standard_eval/dolly__fedit--lora-all-linear--fedavg__s0
     python -m benchmarks.standard_suites --run runs/standard_eval/dolly__local-only-lora__s0 --clients 0 1 2
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
-import statistics
 from pathlib import Path
 
 import yaml
+
+from benchmarks.stats import items_cell
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_SUITES = ["flowertune-general-nlp:10", "mmlu:10", "gsm8k:100", "humaneval:40", "advbench:104"]
@@ -67,15 +67,13 @@ def load(runs_dir: Path) -> dict[str, dict[str, dict]]:
 
 
 def paired(a: list[dict], b: list[dict], suite: str) -> str:
-    """Mean per-item difference a - b (points) with a 95 % normal interval over the shared items."""
+    """Mean per-item difference a - b (points) with a 95 % normal interval over the shared items
+    (``stats.items_cell``)."""
     field = HEADLINE[suite][1]
     key = KEY[suite]
     other = {tuple(r[k] for k in key): float(r[field]) for r in b}
     d = [100 * (float(r[field]) - other[tuple(r[k] for k in key)]) for r in a if tuple(r[k] for k in key) in other]
-    if len(d) < 2:
-        return "–"
-    m, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
-    return f"{m:+.1f} [{m - 1.96 * se:+.1f}, {m + 1.96 * se:+.1f}] (n={len(d)})"
+    return items_cell(d)
 
 
 def render(runs_dir: Path, out: Path, runs: dict[str, str | None]) -> None:

@@ -1,6 +1,7 @@
 """The statistics every results file uses, in one place: mean ± std cells, paired 95 % t-intervals over seeds (with
-the pairs that mix devices counted), Welch intervals for unpaired runs (fedpeft against an authors' code), the
-standard error of an accuracy, and the bootstrap interval of a mean.
+the pairs that mix devices counted), normal intervals of per-item differences (two runs on the same items), Welch
+intervals for unpaired runs (fedpeft against an authors' code), the standard error of an accuracy, and the bootstrap
+interval of a mean.
 
 A contrast between two arms is read from paired seeds (the same partition, initial adapter and client sample within
 a seed): the differences d_s, their mean and a Student-t interval with n - 1 degrees of freedom. A pair whose two runs
@@ -50,6 +51,15 @@ def paired_cell(d: Sequence[float], mixed: int = 0) -> str:
     if ci is None:
         return "–" if not d else f"{d[0]:+.1f} (n=1{note})"
     return f"{ci[0]:+.1f} [{ci[1]:+.1f}, {ci[2]:+.1f}] (n={len(d)}{note})"
+
+
+def items_cell(d: Sequence[float]) -> str:
+    """'+m [+lo, +hi] (n=k)' of per-item paired differences already in points (two runs scored on the same items:
+    hundreds of them, so the normal quantile, as lm-eval's standard errors), '–' below 2 items."""
+    if len(d) < 2:
+        return "–"
+    m, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
+    return f"{m:+.1f} [{m - 1.96 * se:+.1f}, {m + 1.96 * se:+.1f}] (n={len(d)})"
 
 
 def welch_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float] | None:

@@ -30,6 +30,14 @@ def test_welch_interval_matches_scipy():
     assert welch_cell(a, b).endswith("(n=3 vs 4, unpaired)")
 
 
+def test_the_per_item_interval_is_the_normal_one_by_hand():
+    from benchmarks.stats import items_cell
+
+    d = [100.0, 0.0, 0.0, 0.0, -100.0, 0.0, 100.0, 0.0]  # mean 12.5, sd 64.09, se 22.66
+    assert items_cell(d) == "+12.5 [-31.9, +56.9] (n=8)"
+    assert items_cell([1.0]) == "–" and items_cell([]) == "–"
+
+
 @pytest.mark.parametrize("argv", [
     [],
     ["--paper-scale"],
