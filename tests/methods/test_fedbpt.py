@@ -71,6 +71,14 @@ def test_presets_listed_and_config_errors_name_fields():
         _cfg(**{"method.trainer.mirrors": 3})
 
 
+def test_the_suffix_placement_on_an_encoder_is_refused_in_plain_words():
+    from fedpeft.adapters.base import AdapterContext
+
+    clf = _classifier("tiny-bert", placement="suffix")
+    with pytest.raises(ValueError, match=r"'suffix' needs a causal LM .* \(got an encoder model, readout auto\)"):
+        clf.adapter.bind(AdapterContext(0, None, "auto", clf.backbone))
+
+
 def test_projection_is_shared_by_seed_with_spec_std():
     bb = load_backbone("tiny-bert")
     s = ProjectedPromptSettings(num_tokens=M, intrinsic_dim=200, sigma0=2.0, seed=11)

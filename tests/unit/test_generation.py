@@ -255,6 +255,29 @@ def _config(folder: Path, method: str = "fedit", **extra) -> dict:
             "runtime": {"progress": False, "threads": 1}}
 
 
+def test_every_reference_of_a_sample_is_recorded_not_just_the_first(monkeypatch) -> None:
+    """metrics.jsonl's samples carry all of an entry's references (WebNLG has up to 7), as the scores use them."""
+    import numpy as np
+
+    from fedpeft import generation_eval
+    from fedpeft.data.types import Example
+
+    class Format:
+        @staticmethod
+        def prompt_text(e):
+            return e.text_a
+
+    class Objective:
+        format = Format()
+
+    examples = [Example("Join a b", 0, target="a b", references=("a b", "b a", "a and b")),
+                Example("Join c d", 0, target="c d")]
+    monkeypatch.setattr(generation_eval, "generations", lambda *a, **k: ["b a", "d c"])
+    out = generation_eval.generation_metrics(Objective(), {}, examples, np.arange(2), set(), 4, 2, show=2)
+    assert [s["references"] for s in out["samples"]] == [["a b", "b a", "a and b"], ["c d"]]
+    assert out["exact_match"] == 50.0  # the second reference of the first entry matches
+
+
 def test_generation_run_end_to_end_and_generate_uses_its_adapter(tmp_path: Path) -> None:
     from fedpeft.cli import app
     from fedpeft.predict import open_model

@@ -111,6 +111,16 @@ def test_integer_labels_sort_numerically_and_label_names_set_the_order(tmp_path:
 # ---------------------------------------------------------------- errors
 
 
+def test_a_missing_relative_path_is_named_with_where_it_was_looked_for(tmp_path: Path, monkeypatch) -> None:
+    """Relative paths are read from the working directory (not the config's folder): the error says so and prints
+    the absolute path it tried."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_task(TaskConfig(name="csv", path="data/nowhere.csv"), 0)
+    assert str(err.value).startswith("task.path: file not found: data/nowhere.csv")
+    assert f"read from the working directory: {tmp_path / 'data' / 'nowhere.csv'}" in str(err.value)
+
+
 def test_missing_file_and_folder_without_train_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"task.path: file not found: .*nowhere.csv"):
         load_task(TaskConfig(name="csv", path=str(tmp_path / "nowhere.csv")), 0)

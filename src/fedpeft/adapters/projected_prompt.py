@@ -100,8 +100,9 @@ class ProjectedPrompt(AdapterBase):
         placement needs a causal LM read by the verbalizer."""
         family = ctx.backbone.family if ctx.backbone is not None else None
         if self.cfg.placement == "suffix" and (family != "causal" or ctx.readout != "verbalizer"):
+            got = f"{'an' if str(family)[:1] in 'aeiou' else 'a'} {family} model"
             raise ValueError(f"method.adapter.placement: 'suffix' needs a causal LM with the verbalizer readout "
-                             f"(got a {family} model, readout {ctx.readout}); use prefix")
+                             f"(got {got}, readout {ctx.readout}); use prefix")
         self.bind_seed(derive_seed(ctx.seed, 0, SERVER, "projection"))
 
     def bind_seed(self, seed: int) -> None:
