@@ -278,6 +278,25 @@ def test_every_reference_of_a_sample_is_recorded_not_just_the_first(monkeypatch)
     assert out["exact_match"] == 50.0  # the second reference of the first entry matches
 
 
+@pytest.mark.parametrize("extra", [
+    {"sharing": {"name": "fedex"}},  # FedEx-LoRA's residual, folded into a causal LM's linear layers
+    {"adapter": {"name": "lora_sb", "r": 4, "target_modules": ["all-linear"]}, "sharing": {"name": "fedsb"}},
+], ids=["fedex", "fed-sb"])
+def test_exact_lora_aggregation_runs_on_a_generation_task(tmp_path: Path, extra: dict) -> None:
+    """FedEx-LoRA and Fed-SB on instruction tuning of a causal LM (``fedit`` with their stage, as the LoRA-family
+    benchmark's WebNLG arms run them): every round's global update is the exact average, and the run is scored by
+    its generations."""
+    from fedpeft.resolve import resolve
+    from fedpeft.runtime.embedded import run_embedded
+
+    _write_task(tmp_path)
+    out = tmp_path / "run"
+    run_embedded(resolve(_config(tmp_path, trainer={"lr": 0.01}, **extra)), out)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= r["server"]["aggregation_error"] <= 1e-6 for r in records[1:])
+    assert {"bleu", "rouge_l"} <= set(records[-1]["generation"])
+
+
 def test_generation_run_end_to_end_and_generate_uses_its_adapter(tmp_path: Path) -> None:
     from fedpeft.cli import app
     from fedpeft.predict import open_model
