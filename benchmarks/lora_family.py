@@ -21,7 +21,8 @@ Criteria, fixed before the runs:
   paired by seed (same partition, adapter and client sample).
 - generation (``generation``): SmolLM2-135M-Instruct on WebNLG's 10 category clients at the generation benchmark's
   budget (``benchmarks/generation.py``; its FedAvg-LoRA = fedit, zero-shot and local-only rows are read from its
-  runs), LoRA r = 16 on every linear layer; BLEU on the seen / unseen test categories, final round.
+  runs), LoRA r = 16 on every linear layer (FedEx-LoRA on the same adapter; Fed-SB on the same modules at an r of
+  >= 10x less upload and at fedit's); BLEU on the seen / unseen test categories, final round.
 - >= 3 paired seeds; each row says how many are done and on which device.
 
     python -m benchmarks.lora_family --runs-dir runs/lora_family --workers 2      # CPU cut, resumable
