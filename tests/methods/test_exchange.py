@@ -191,21 +191,32 @@ def _chains() -> list[tuple[str, str]]:
     return out
 
 
-@pytest.mark.parametrize("stages", [(n,) for n in STAGES.names()] + _chains()[::2], ids=lambda s: "+".join(s))
-def test_every_stage_and_sampled_chains_round_trip_and_a_zero_update_stays_zero(stages, tmp_path, monkeypatch):
+# the adapters the gradient trainer trains, with the settings that make them tiny: a stage that names no adapters
+# serves them all (the black-box adapters' uploads are their trainers' formats, checked by the formats' conformance)
+GRADIENT_ADAPTERS = {"lora": {"method.adapter.r": 4}, "lora_sb": {"method.adapter.r": 4},
+                     "soft_prompt": {"method.adapter.num_tokens": 2}, "deep_prompt": {"method.adapter.num_tokens": 2},
+                     "p_tuning": {"method.adapter.num_tokens": 2}, "full": {}}
+
+
+def _stage_cases() -> list[tuple[tuple[str, ...], str]]:
+    """Every registered stage on every adapter it serves, then the sampled chains on an adapter both serve."""
+    single = [((n,), a) for n in STAGES.names() for a in sorted(STAGES.get(n).adapters or GRADIENT_ADAPTERS)]
+    return single + [(c, _adapter_for(c)) for c in _chains()[::2]]
+
+
+@pytest.mark.parametrize("stages, adapter", _stage_cases(), ids=lambda x: "+".join(x) if isinstance(x, tuple) else x)
+def test_every_stage_and_sampled_chains_round_trip_and_a_zero_update_stays_zero(stages, adapter, tmp_path,
+                                                                                 monkeypatch):
     """Clients that do not move (their training returns what they started from) upload what they were sent: every
-    stage's send, receive, upload, check and expand must give the aggregator replies of the declared shapes (all
-    accepted) that leave each global tensor as it was (LoRA factors: the product B·A, which zero-padding keeps)."""
-    adapter = _adapter_for(stages)
+    stage's send, receive, upload, check and expand, on every adapter it serves, must give the aggregator replies of
+    the declared shapes (all accepted) that leave each global tensor as it was (LoRA factors: the product B·A, which
+    zero-padding keeps)."""
     import fedpeft.trainers.gradient as gradient
 
     monkeypatch.setattr(gradient, "train_local", lambda clf, params, *a, **k: gradient.TrainResult(
         {n: v.clone() for n, v in params.items()}, 1, 0.0, None))
     over = {"method.name": "fedavg-lora", "method.adapter.name": adapter, "federation.rounds": 1,
-            "evaluation.local": False,
-            "federation.client_profiles": json.dumps(TIERS), "method.adapter.r": 4}
-    if adapter == "deep_prompt":
-        over |= {"method.adapter.num_tokens": 2, "method.adapter.r": None}
+            "evaluation.local": False, "federation.client_profiles": json.dumps(TIERS), **GRADIENT_ADAPTERS[adapter]}
     if "layer_selection" in stages:
         over["method.sharing.warmup_rounds"] = 1
     if "ranks" not in stages and "stacking" not in stages:
